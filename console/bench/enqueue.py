@@ -1,0 +1,81 @@
+"""enqueue-single and enqueue-batch: courier.send / send_batch against a raw INSERT ceiling.
+
+The ceiling table has the queue's columns and defaults and only a primary key: the price
+of everything Courier adds (validation, backpressure, counters, indexes, NOTIFY) shows as
+the ratio.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sqlkit.connection import connect
+
+from .pgbench import run_script
+from .result import Measurement, ScenarioResult, measure_alternating
+
+RAW_TABLE = """
+CREATE TABLE IF NOT EXISTS public.bench_raw_queue
+    (LIKE courier.queue INCLUDING DEFAULTS INCLUDING IDENTITY);
+ALTER TABLE public.bench_raw_queue DROP CONSTRAINT IF EXISTS bench_raw_queue_pkey;
+ALTER TABLE public.bench_raw_queue ADD PRIMARY KEY (id);
+"""
+
+
+def _prepare(dsn: str) -> None:
+    with connect(dsn) as conn:
+        conn.execute(RAW_TABLE)
+        exists = conn.execute("SELECT 1 FROM courier.endpoints WHERE name = 'bench'").fetchone()
+        if not exists:
+            conn.execute("SELECT courier.create_endpoint('bench', 'noop', '{}')")
+        conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+
+
+def _reset(dsn: str) -> None:
+    with connect(dsn) as conn:
+        conn.execute("TRUNCATE courier.queue, public.bench_raw_queue")
+        conn.execute("VACUUM ANALYZE courier.queue_depth")
+
+
+def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> ScenarioResult:
+    _prepare(dsn)
+    payload = json.dumps({"order_id": 1, "amount": 99.99, "customer": "c-789"})
+    courier_sql = f"SELECT courier.send('bench', '{payload}'::jsonb);\n"
+    ceiling_sql = (f"INSERT INTO public.bench_raw_queue (endpoint_id, payload) "
+                   f"VALUES (1, '{payload}'::jsonb);\n")
+
+    def run(script: str) -> Measurement:
+        _reset(dsn)
+        result = run_script(dsn, script, clients=clients, seconds=seconds)
+        return Measurement(result.transactions_per_second, result.latency_ms)
+
+    courier, ceiling = measure_alternating(lambda: run(courier_sql), lambda: run(ceiling_sql), rounds)
+    return ScenarioResult(
+        scenario="enqueue-single", variant=f"{clients} clients", unit="msg/s",
+        courier=courier, ceiling=ceiling, target_ratio=0.7,
+        notes="one courier.send() per transaction vs one raw INSERT; durable commits",
+    )
+
+
+def enqueue_batch(dsn: str, *, clients: int, seconds: float, rounds: int) -> list[ScenarioResult]:
+    _prepare(dsn)
+    results = []
+    for size in (100, 1000):
+        array = "ARRAY[" + ",".join(
+            f"'{json.dumps({'order_id': n, 'amount': 99.99})}'" for n in range(size)) + "]::jsonb[]"
+        courier_sql = f"SELECT courier.send_batch('bench', {array});\n"
+        ceiling_sql = (f"INSERT INTO public.bench_raw_queue (endpoint_id, payload) "
+                       f"SELECT 1, p FROM unnest({array}) AS p;\n")
+
+        def run(script: str, size: int = size) -> Measurement:
+            _reset(dsn)
+            result = run_script(dsn, script, clients=clients, seconds=seconds)
+            return Measurement(result.transactions_per_second * size, result.latency_ms)
+
+        courier, ceiling = measure_alternating(lambda c=courier_sql: run(c), lambda c=ceiling_sql: run(c), rounds)
+        results.append(ScenarioResult(
+            scenario="enqueue-batch", variant=f"batch {size}, {clients} clients", unit="msg/s",
+            courier=courier, ceiling=ceiling, target_ratio=0.6, target_absolute=100_000,
+            notes="send_batch vs raw INSERT ... SELECT unnest(...)",
+        ))
+    return results

@@ -1,0 +1,50 @@
+"""Drive a SQL script with pgbench (shipped with the embedded PostgreSQL) and read its rate.
+
+Both Courier and its ceiling run through the same client, so the ratio measures the
+database work and not Python's overhead.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlkit import embedded
+from sqlkit.errors import CourierError
+
+_TPS = re.compile(r"^tps = ([0-9.]+)", re.MULTILINE)
+_LATENCY = re.compile(r"^latency average = ([0-9.]+) ms", re.MULTILINE)
+_FAILED = re.compile(r"^number of failed transactions: (\d+)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class PgbenchRun:
+    transactions_per_second: float
+    latency_ms: float
+    failed: int
+
+
+def run_script(dsn: str, script: str, *, clients: int, seconds: float, threads: int = 2) -> PgbenchRun:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "script.sql"
+        path.write_text(script)
+        path.chmod(0o644)
+        Path(folder).chmod(0o755)
+        command = [
+            str(embedded.client_binary("pgbench")), "-n", "-M", "prepared",
+            "-c", str(clients), "-j", str(min(threads, clients)), "-T", str(max(1, round(seconds))),
+            "-f", str(path), dsn,
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    output = done.stdout + done.stderr
+    tps = _TPS.search(output)
+    if done.returncode != 0 or tps is None:
+        last = output.strip().splitlines()[-1] if output.strip() else f"exit {done.returncode}"
+        raise CourierError(f"pgbench failed: {last}")
+    latency = _LATENCY.search(output)
+    failed = _FAILED.search(output)
+    return PgbenchRun(float(tps[1]), float(latency[1]) if latency else 0.0,
+                      int(failed[1]) if failed else 0)

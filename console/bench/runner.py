@@ -1,0 +1,27 @@
+"""Runs the chosen scenarios in a scratch database and reports them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .enqueue import enqueue_batch, enqueue_single
+from .result import ScenarioResult
+from .scratch import scratch_database
+
+Scenario = Callable[..., ScenarioResult | list[ScenarioResult]]
+
+SCENARIOS: dict[str, Scenario] = {
+    "enqueue-single": enqueue_single,
+    "enqueue-batch": enqueue_batch,
+}
+
+
+def run(names: list[str], dsn: str, *, clients: int, seconds: float, rounds: int,
+        progress: Callable[[str], None] = lambda _: None) -> list[ScenarioResult]:
+    results: list[ScenarioResult] = []
+    with scratch_database(dsn) as bench_dsn:
+        for name in names:
+            progress(name)
+            outcome = SCENARIOS[name](bench_dsn, clients=clients, seconds=seconds, rounds=rounds)
+            results.extend(outcome if isinstance(outcome, list) else [outcome])
+    return results

@@ -1,0 +1,57 @@
+"""The `courier` command: a click group whose subcommands are thin layers over sqlkit."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+import psycopg
+from rich.markup import escape
+
+from sqlkit.errors import CourierError, from_psycopg
+
+from .context import dsn_option, error_console, wants_json
+
+
+class CourierGroup(click.Group):
+    """Turns every Courier error into one readable line and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CourierError as error:
+            self._fail(ctx, error)
+        except psycopg.Error as error:  # a query outside sqlkit's translation: still one line
+            self._fail(ctx, from_psycopg(error))
+        except KeyboardInterrupt:
+            error_console.print("interrupted")
+            sys.exit(130)
+
+    @staticmethod
+    def _fail(ctx: click.Context, error: CourierError) -> None:
+        if wants_json(ctx):
+            sys.stdout.write(json.dumps(error.as_dict()) + "\n")
+        else:
+            error_console.print(f"[bold red]error:[/] {escape(error.one_line())}",
+                                highlight=False, soft_wrap=True)
+        sys.exit(1)
+
+
+@click.group(cls=CourierGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@dsn_option
+@click.version_option(package_name="courier")
+def main() -> None:
+    """Courier: a PostgreSQL-native message queue and outbox dispatcher."""
+
+
+def _register() -> None:
+    from . import bench, config, db, demo, endpoint, send
+
+    for module in (db, endpoint, send, config, bench, demo):
+        for command in module.COMMANDS:
+            main.add_command(command)
+
+
+_register()

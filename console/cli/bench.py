@@ -1,0 +1,64 @@
+"""`courier bench`: measure scenarios against their ceilings (see BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from console.bench import runner
+from console.bench.result import ScenarioResult
+
+from .context import console, database_url, dsn_option
+
+
+def _table(results: list[ScenarioResult]) -> Table:
+    table = Table("scenario", "variant", "courier", "ceiling", "ratio", "target", "notes",
+                  title="courier bench")
+    for r in results:
+        target = []
+        if r.target_ratio is not None:
+            target.append(f"≥{r.target_ratio:.1f} of ceiling")
+        if r.target_absolute is not None:
+            target.append(f"≥{r.target_absolute:,.0f} {r.unit}")
+        verdict = {True: ("met", "green"), False: ("missed", "red"), None: ("-", "")}[r.meets_target]
+        table.add_row(
+            r.scenario, r.variant, f"{r.courier.rate:,.0f} {r.unit}",
+            f"{r.ceiling.rate:,.0f} {r.unit}" if r.ceiling else "-",
+            f"{r.ratio:.2f}" if r.ratio is not None else "-",
+            Text(f"{' and '.join(target)} {verdict[0]}", style=verdict[1]), r.notes,
+        )
+    return table
+
+
+@click.command("bench")
+@click.argument("scenarios", nargs=-1, type=click.Choice(sorted(runner.SCENARIOS)))
+@click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the results to this JSON file ('-' for stdout).")
+@click.option("--clients", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--seconds", type=click.FloatRange(1, 600), default=8, show_default=True,
+              help="Length of each measured run.")
+@click.option("--rounds", type=click.IntRange(1, 10), default=2, show_default=True,
+              help="Alternating courier/ceiling rounds; medians are reported.")
+@dsn_option
+def bench(scenarios: tuple[str, ...], json_file: Path | None, clients: int, seconds: float,
+          rounds: int) -> None:
+    """Run SCENARIOS (default: all) in a scratch database on the configured server."""
+    names = list(scenarios) or sorted(runner.SCENARIOS)
+    quiet = json_file is not None and str(json_file) == "-"
+    with console.status("benchmarking...") as status:
+        results = runner.run(names, database_url(), clients=clients, seconds=seconds, rounds=rounds,
+                             progress=lambda name: status.update(f"running {name}..."))
+    payload = [r.as_dict() for r in results]
+    if quiet:
+        click.echo(json.dumps(payload, indent=2))
+        return
+    console.print(_table(results))
+    if json_file is not None:
+        json_file.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+COMMANDS = [bench]

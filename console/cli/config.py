@@ -1,0 +1,51 @@
+"""`courier config get|set`: the runtime settings stored in the database."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from sqlkit import settings
+
+from .context import common_options, console, emit, open_connection
+
+
+@click.group("config")
+def config_group() -> None:
+    """Read and change runtime settings (ulak's GUCs, without the prefix)."""
+
+
+@config_group.command("get")
+@click.argument("name", required=False)
+@common_options
+def get(name: str | None) -> None:
+    """Show one setting, or all of them."""
+    with open_connection() as conn:
+        found = [settings.get(conn, name)] if name else settings.list_all(conn)
+    if name and not click.get_current_context().meta.get("courier.json"):
+        click.echo(found[0].value)
+        return
+
+    def render() -> None:
+        table = Table("name", "value", "default", "allowed", "unit", "description")
+        for s in found:
+            changed = s.value != s.default_value
+            table.add_row(s.name, f"[bold]{s.value}[/]" if changed else s.value, s.default_value,
+                          s.allowed, s.unit or "", s.description)
+        console.print(table)
+
+    emit(found[0] if name else found, render)
+
+
+@config_group.command("set", context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@click.argument("value")
+@common_options
+def set_command(name: str, value: str) -> None:
+    """Change a setting; out-of-range values are rejected."""
+    with open_connection() as conn:
+        stored = settings.set_value(conn, name, value)
+    emit({"name": name, "value": stored}, lambda: console.print(f"{name} = {stored}", highlight=False))
+
+
+COMMANDS = [config_group]

@@ -1,0 +1,117 @@
+"""What every subcommand shares: --dsn and --json, the database connection, and output."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+import click
+import psycopg
+from rich.console import Console
+
+from sqlkit import embedded
+from sqlkit.connection import connect
+from sqlkit.dsn import resolve_dsn
+from sqlkit.errors import DatabaseUnavailable
+
+console = Console()
+error_console = Console(stderr=True)
+
+
+def _remember(key: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    def callback(ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+        if value is not None and value is not False:
+            ctx.meta[f"courier.{key}"] = value
+        return value
+    return callback
+
+
+def dsn_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--dsn", expose_value=False, callback=_remember("dsn"), is_eager=True,
+        help="PostgreSQL connection string (default: COURIER_DSN, DATABASE_URL, PG* or the embedded database).",
+    )(func)
+
+
+def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--json", "as_json", is_flag=True, expose_value=False, callback=_remember("json"),
+        is_eager=True, help="Print machine-readable JSON instead of tables.",
+    )(func)
+
+
+def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    return dsn_option(json_option(func))
+
+
+def wants_json(ctx: click.Context | None = None) -> bool:
+    ctx = ctx or click.get_current_context(silent=True)
+    return bool(ctx and ctx.meta.get("courier.json"))
+
+
+def database_url(ctx: click.Context | None = None) -> str:
+    """The DSN to use, falling back to the running embedded database."""
+    ctx = ctx or click.get_current_context()
+    choice = resolve_dsn(ctx.meta.get("courier.dsn"))
+    if not choice.is_embedded:
+        return choice.dsn or ""
+    url = embedded.url()
+    if url is None:
+        raise DatabaseUnavailable(
+            "no database configured and the embedded PostgreSQL is not running",
+            hint="Run `courier db start`, or pass --dsn / set COURIER_DSN",
+        )
+    return url
+
+
+def open_connection(ctx: click.Context | None = None) -> psycopg.Connection:
+    return connect(database_url(ctx))
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, Decimal):
+        return float(value)
+    return value
+
+
+def emit(data: Any, render: Callable[[], None] | None = None) -> None:
+    """Print data as JSON under --json, otherwise call render (or print data plainly)."""
+    if wants_json() or render is None:
+        sys.stdout.write(json.dumps(_plain(data), indent=2) + "\n")
+    else:
+        render()
+
+
+def parse_json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise click.BadParameter(f"not valid JSON ({error.msg} at line {error.lineno} "
+                                 f"column {error.colno})", param_hint=what) from None
+
+
+def parse_json_object(text: str, what: str) -> dict[str, Any]:
+    value = parse_json(text, what)
+    if not isinstance(value, dict):
+        raise click.BadParameter("must be a JSON object", param_hint=what)
+    return value
+
+
+def when(value: datetime | None) -> str:
+    return "-" if value is None else value.astimezone().strftime("%Y-%m-%d %H:%M:%S")

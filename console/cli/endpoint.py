@@ -1,0 +1,158 @@
+"""`courier endpoint ...`: create, list, show, alter, enable, disable and drop endpoints."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from sqlkit import endpoints
+from sqlkit.endpoints import Endpoint
+
+from .context import common_options, console, emit, open_connection, parse_json_object, when
+
+PROTOCOLS = ["http", "redis", "amqp", "mqtt", "nats", "kafka", "noop", "pull"]
+CIRCUIT_STYLE = {"closed": "green", "half_open": "yellow", "open": "bold red"}
+
+
+def circuit_text(state: str) -> Text:
+    return Text(state, style=CIRCUIT_STYLE.get(state, ""))
+
+
+@click.group("endpoint")
+def endpoint_group() -> None:
+    """Manage the endpoints messages are delivered to."""
+
+
+@endpoint_group.command("create")
+@click.argument("name")
+@click.argument("protocol", type=click.Choice(PROTOCOLS))
+@click.argument("config", default="{}")
+@click.option("--retry-policy", help='JSON, e.g. {"max_retries": 5, "backoff": "linear"}.')
+@click.option("--description", help="Free text shown in the console.")
+@common_options
+def create(name: str, protocol: str, config: str, retry_policy: str | None,
+           description: str | None) -> None:
+    """Create endpoint NAME delivering over PROTOCOL with CONFIG (a JSON object)."""
+    config_doc = parse_json_object(config, "CONFIG")
+    policy = parse_json_object(retry_policy, "--retry-policy") if retry_policy else None
+    with open_connection() as conn:
+        endpoint_id = endpoints.create(conn, name, protocol, config_doc, policy, description)
+    emit({"id": endpoint_id, "name": name, "protocol": protocol},
+         lambda: console.print(f"created endpoint {name} (id {endpoint_id}, {protocol})", highlight=False))
+
+
+@endpoint_group.command("list")
+@common_options
+def list_command() -> None:
+    """List endpoints with their circuit state and queue depth."""
+    with open_connection() as conn:
+        found = endpoints.list_all(conn)
+
+    def render() -> None:
+        table = Table(title=f"{len(found)} endpoint(s)")
+        table.add_column("name", no_wrap=True)
+        table.add_column("protocol")
+        table.add_column("on")
+        table.add_column("circuit", no_wrap=True)
+        table.add_column("fails", justify="right")
+        table.add_column("pending", justify="right")
+        table.add_column("in flight", justify="right")
+        table.add_column("last error", overflow="ellipsis", max_width=30)
+        for e in found:
+            table.add_row(e.name, e.protocol, "yes" if e.enabled else Text("no", style="red"),
+                          circuit_text(e.circuit_state), str(e.circuit_failure_count),
+                          str(e.pending_messages), str(e.processing_messages), e.last_error or "")
+        console.print(table)
+
+    emit(found, render)
+
+
+def _show(e: Endpoint) -> None:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    for label, value in [
+        ("name", e.name), ("id", str(e.id)), ("protocol", e.protocol),
+        ("enabled", "yes" if e.enabled else "no"), ("circuit", circuit_text(e.circuit_state)),
+        ("failures", str(e.circuit_failure_count)), ("pending", str(e.pending_messages)),
+        ("processing", str(e.processing_messages)), ("last success", when(e.last_success_at)),
+        ("last failure", when(e.last_failure_at)), ("last error", e.last_error or "-"),
+        ("config", json.dumps(e.config, indent=2)),
+        ("retry policy", json.dumps(e.retry_policy) if e.retry_policy else "global defaults"),
+        ("description", e.description or "-"), ("created", when(e.created_at)),
+    ]:
+        table.add_row(label, value)
+    console.print(table)
+
+
+@endpoint_group.command("show")
+@click.argument("name")
+@common_options
+def show(name: str) -> None:
+    """Show one endpoint (secrets redacted)."""
+    with open_connection() as conn:
+        found = endpoints.get(conn, name)
+    emit(found, lambda: _show(found))
+
+
+@endpoint_group.command("alter")
+@click.argument("name")
+@click.option("--config", help="Replacement config (a JSON object), validated for the protocol.")
+@click.option("--retry-policy", help="Replacement retry policy (a JSON object).")
+@click.option("--description")
+@common_options
+def alter(name: str, config: str | None, retry_policy: str | None, description: str | None) -> None:
+    """Change an endpoint's config, retry policy or description."""
+    if config is None and retry_policy is None and description is None:
+        raise click.UsageError("nothing to change: give --config, --retry-policy or --description")
+    config_doc = parse_json_object(config, "--config") if config is not None else None
+    policy = parse_json_object(retry_policy, "--retry-policy") if retry_policy is not None else None
+    with open_connection() as conn:
+        endpoints.alter(conn, name, config_doc, policy, description)
+        found = endpoints.get(conn, name)
+    emit(found, lambda: console.print(f"altered endpoint {name}", highlight=False))
+
+
+def _toggle(name: str, enable: bool) -> None:
+    with open_connection() as conn:
+        changed = endpoints.enable(conn, name) if enable else endpoints.disable(conn, name)
+    state = "enabled" if enable else "disabled"
+    emit({"name": name, "enabled": enable, "changed": changed},
+         lambda: console.print(f"{name} {state}" if changed else f"{name} was already {state}",
+                               highlight=False))
+
+
+@endpoint_group.command("enable")
+@click.argument("name")
+@common_options
+def enable(name: str) -> None:
+    """Enable an endpoint so its messages are claimed again."""
+    _toggle(name, True)
+
+
+@endpoint_group.command("disable")
+@click.argument("name")
+@common_options
+def disable(name: str) -> None:
+    """Disable an endpoint: sends are refused and its messages wait."""
+    _toggle(name, False)
+
+
+@endpoint_group.command("drop")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Also delete the endpoint's queued messages.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@common_options
+def drop(name: str, force: bool, yes: bool) -> None:
+    """Drop an endpoint (refused while it has active messages, unless --force)."""
+    if force and not yes:
+        click.confirm(f"Drop {name} and delete all of its queued messages?", abort=True)
+    with open_connection() as conn:
+        endpoints.drop(conn, name, force)
+    emit({"name": name, "dropped": True}, lambda: console.print(f"dropped endpoint {name}", highlight=False))
+
+
+COMMANDS = [endpoint_group]

@@ -1,0 +1,125 @@
+"""`courier send`: enqueue a message (or a batch) from an argument, a file or stdin."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import click
+
+from sqlkit import messages
+from sqlkit.messages import SendOptions
+
+from .context import common_options, console, emit, open_connection, parse_json, parse_json_object
+
+
+class Timestamp(click.ParamType):
+    """An ISO 8601 time; without a zone it is taken as local time."""
+
+    name = "timestamp"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
+        if isinstance(value, datetime):
+            return value
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            self.fail(f"{value!r} is not an ISO 8601 time such as 2026-11-22T09:00:00+00:00", param, ctx)
+        return parsed if parsed.tzinfo else parsed.astimezone()
+
+
+class Header(click.ParamType):
+    name = "key=value"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, str]:
+        key, sep, val = str(value).partition("=")
+        if not sep or not key.strip():
+            self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
+        return key.strip(), val
+
+
+def _read_input(payload: str | None, file: click.File | None) -> tuple[str, str]:
+    if payload is not None and file is not None:
+        raise click.UsageError("give the payload as an argument or with --file, not both")
+    if payload is not None:
+        return payload, "PAYLOAD"
+    if file is not None:
+        return file.read(), "--file"
+    if sys.stdin.isatty():
+        raise click.UsageError("no payload: pass it as an argument, with --file, or on stdin")
+    return sys.stdin.read(), "stdin"
+
+
+def _batch_payloads(text: str, source: str) -> list[Any]:
+    stripped = text.strip()
+    if stripped.startswith("["):
+        value = parse_json(stripped, source)
+        return list(value)
+    return [parse_json(line, f"{source} line {n}")
+            for n, line in enumerate(stripped.splitlines(), 1) if line.strip()]
+
+
+@click.command("send")
+@click.argument("endpoint")
+@click.argument("payload", required=False)
+@click.option("-f", "--file", type=click.File("r"), help="Read the payload from a file ('-' for stdin).")
+@click.option("--priority", type=click.IntRange(0, 10), default=0, show_default=True,
+              help="0-10; higher is delivered first.")
+@click.option("--scheduled-at", type=Timestamp(), help="Do not deliver before this time.")
+@click.option("--delay", type=click.FloatRange(min=0), help="Do not deliver for this many seconds.")
+@click.option("--expires-at", type=Timestamp(), help="Drop the message if not delivered by then.")
+@click.option("--ttl", type=click.FloatRange(min=0, min_open=True), help="Expire after this many seconds.")
+@click.option("--idempotency-key", help="Deduplicate against active messages with this key.")
+@click.option("--correlation-id", type=click.UUID, help="Tracing id carried to the DLQ and archive.")
+@click.option("--ordering-key", help="Deliver strictly in order with other messages of this key.")
+@click.option("-H", "--header", "headers", type=Header(), multiple=True, help="KEY=VALUE; repeatable.")
+@click.option("--metadata", help="A JSON object stored with the message.")
+@click.option("--batch", is_flag=True,
+              help="The input is a JSON array or JSON Lines; send it with send_batch (one INSERT).")
+@common_options
+def send(endpoint: str, payload: str | None, file: click.File | None, priority: int,
+         scheduled_at: datetime | None, delay: float | None, expires_at: datetime | None,
+         ttl: float | None, idempotency_key: str | None, correlation_id: UUID | None,
+         ordering_key: str | None, headers: tuple[tuple[str, str], ...], metadata: str | None,
+         batch: bool) -> None:
+    """Enqueue PAYLOAD (JSON) for ENDPOINT."""
+    if scheduled_at and delay is not None:
+        raise click.UsageError("--scheduled-at and --delay are alternatives; give one")
+    if expires_at and ttl is not None:
+        raise click.UsageError("--expires-at and --ttl are alternatives; give one")
+    text, source = _read_input(payload, file)
+    now = datetime.now(UTC)
+
+    if batch:
+        single_only = [idempotency_key, correlation_id, ordering_key, scheduled_at, delay,
+                       expires_at, ttl, metadata, *headers]
+        if any(v is not None for v in single_only):
+            raise click.UsageError("--batch takes only --priority; other options apply to single sends")
+        payloads = _batch_payloads(text, source)
+        with open_connection() as conn:
+            ids = messages.send_batch(conn, endpoint, payloads, priority)
+        emit({"endpoint": endpoint, "ids": ids, "count": len(ids)},
+             lambda: console.print(f"sent {len(ids)} message(s) to {endpoint}"
+                                   + (f": ids {ids[0]}..{ids[-1]}" if ids else ""), highlight=False))
+        return
+
+    options = SendOptions(
+        priority=priority,
+        scheduled_at=scheduled_at or (now + timedelta(seconds=delay) if delay is not None else None),
+        idempotency_key=idempotency_key,
+        correlation_id=correlation_id,
+        expires_at=expires_at or (now + timedelta(seconds=ttl) if ttl is not None else None),
+        ordering_key=ordering_key,
+        headers=dict(headers) if headers else None,
+        metadata=parse_json_object(metadata, "--metadata") if metadata else None,
+    )
+    body = parse_json(text, source)
+    with open_connection() as conn:
+        message_id = messages.send(conn, endpoint, body, options)
+    emit({"endpoint": endpoint, "id": message_id},
+         lambda: console.print(f"sent message {message_id} to {endpoint}", highlight=False))
+
+
+COMMANDS = [send]

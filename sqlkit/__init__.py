@@ -1,0 +1,1 @@
+"""Courier's SQL layer: migrations, named queries, one connection layer and typed APIs."""

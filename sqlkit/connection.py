@@ -1,0 +1,129 @@
+"""One connection layer: sync and async connections and pools, LISTEN, and error mapping.
+
+Everything that talks to PostgreSQL goes through here, so every driver error leaves as a
+CourierError carrying its SQLSTATE.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from .errors import translated
+
+APPLICATION_NAME = "courier"
+NEW_MESSAGE_CHANNEL = "courier_new_msg"
+
+
+def _conninfo(dsn: str, application_name: str) -> str:
+    return psycopg.conninfo.make_conninfo(dsn, application_name=application_name)
+
+
+def connect(dsn: str, *, autocommit: bool = True, application_name: str = APPLICATION_NAME,
+            connect_timeout: int = 10) -> psycopg.Connection:
+    """Open one connection; autocommit unless the caller wants to group statements."""
+    with translated():
+        return psycopg.connect(
+            _conninfo(dsn, application_name),
+            autocommit=autocommit,
+            connect_timeout=connect_timeout,
+        )
+
+
+async def connect_async(dsn: str, *, autocommit: bool = True,
+                        application_name: str = APPLICATION_NAME) -> psycopg.AsyncConnection:
+    with translated():
+        return await psycopg.AsyncConnection.connect(
+            _conninfo(dsn, application_name), autocommit=autocommit, connect_timeout=10
+        )
+
+
+class Database:
+    """A pool of autocommit connections for code that runs many short operations."""
+
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8,
+                 application_name: str = APPLICATION_NAME) -> None:
+        self.dsn = dsn
+        self._pool = ConnectionPool(
+            _conninfo(dsn, application_name),
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True},
+            open=False,
+        )
+
+    def open(self, timeout: float = 10.0) -> Database:
+        with translated():
+            self._pool.open(wait=True, timeout=timeout)
+        return self
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> Database:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        with translated(), self._pool.connection() as conn:
+            yield conn
+
+
+class AsyncDatabase:
+    """The asyncio twin of Database, plus LISTEN for new-message notifications."""
+
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8,
+                 application_name: str = APPLICATION_NAME) -> None:
+        self.dsn = dsn
+        self._application_name = application_name
+        self._pool = AsyncConnectionPool(
+            _conninfo(dsn, application_name),
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True},
+            open=False,
+        )
+
+    async def open(self, timeout: float = 10.0) -> AsyncDatabase:
+        with translated():
+            await self._pool.open(wait=True, timeout=timeout)
+        return self
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def __aenter__(self) -> AsyncDatabase:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        with translated():
+            async with self._pool.connection() as conn:
+                yield conn
+
+    @contextlib.asynccontextmanager
+    async def listen(self, channel: str = NEW_MESSAGE_CHANNEL) -> AsyncIterator[AsyncIterator[str]]:
+        """A dedicated connection LISTENing on channel; yields an iterator of payloads."""
+        conn = await connect_async(self.dsn, application_name=self._application_name)
+        try:
+            with translated():
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+            async def payloads() -> AsyncIterator[str]:
+                with translated():
+                    async for notify in conn.notifies():
+                        yield notify.payload
+
+            yield payloads()
+        finally:
+            await conn.close()

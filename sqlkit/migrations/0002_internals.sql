@@ -1,0 +1,182 @@
+-- Internal machinery shared by the public API: typed settings, depth counters, the event
+-- log with secret redaction, and the immutability of what a producer enqueued.
+
+CREATE FUNCTION courier._setting_int(p_name text) RETURNS bigint
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$ SELECT value::bigint FROM courier.settings WHERE name = p_name $$;
+
+CREATE FUNCTION courier._setting_bool(p_name text) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$ SELECT value::boolean FROM courier.settings WHERE name = p_name $$;
+
+-- Replaces the value of every key that looks like a secret, at any depth.
+CREATE FUNCTION courier._redact(p_doc jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT CASE jsonb_typeof(p_doc)
+        WHEN 'object' THEN (
+            SELECT coalesce(jsonb_object_agg(
+                key,
+                CASE WHEN key ~* '(secret|password|passwd|token|authorization|api[_-]?key|credential|signing)'
+                          AND jsonb_typeof(value) <> 'object'
+                     THEN to_jsonb('***'::text)
+                     ELSE courier._redact(value) END), '{}'::jsonb)
+            FROM jsonb_each(p_doc))
+        WHEN 'array' THEN (
+            SELECT coalesce(jsonb_agg(courier._redact(value) ORDER BY ord), '[]'::jsonb)
+            FROM jsonb_array_elements(p_doc) WITH ORDINALITY AS e(value, ord))
+        ELSE p_doc
+    END
+$$;
+
+CREATE FUNCTION courier._log_event(p_event_type text, p_endpoint_id integer, p_details jsonb)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    INSERT INTO courier.event_log (event_type, endpoint_id, details)
+    VALUES (p_event_type, p_endpoint_id, courier._redact(coalesce(p_details, '{}'::jsonb)))
+$$;
+
+-- Depth counters ------------------------------------------------------------------------
+
+CREATE FUNCTION courier._count_queue_insert() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
+    SELECT endpoint_id, status, pg_backend_pid(), count(*)
+    FROM inserted_rows GROUP BY endpoint_id, status
+    ON CONFLICT (endpoint_id, status, backend_pid)
+    DO UPDATE SET messages = d.messages + excluded.messages;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION courier._count_queue_update() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
+    SELECT endpoint_id, status, pg_backend_pid(), sum(delta)
+    FROM (SELECT endpoint_id, status, 1 AS delta FROM new_rows
+          UNION ALL
+          SELECT endpoint_id, status, -1 FROM old_rows) AS changes
+    GROUP BY endpoint_id, status
+    HAVING sum(delta) <> 0
+    ON CONFLICT (endpoint_id, status, backend_pid)
+    DO UPDATE SET messages = d.messages + excluded.messages;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION courier._count_queue_delete() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
+    SELECT endpoint_id, status, pg_backend_pid(), -count(*)
+    FROM deleted_rows GROUP BY endpoint_id, status
+    ON CONFLICT (endpoint_id, status, backend_pid)
+    DO UPDATE SET messages = d.messages + excluded.messages;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION courier._count_queue_truncate() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    DELETE FROM courier.queue_depth;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER queue_count_insert AFTER INSERT ON courier.queue
+    REFERENCING NEW TABLE AS inserted_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION courier._count_queue_insert();
+CREATE TRIGGER queue_count_update AFTER UPDATE ON courier.queue
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION courier._count_queue_update();
+CREATE TRIGGER queue_count_delete AFTER DELETE ON courier.queue
+    REFERENCING OLD TABLE AS deleted_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION courier._count_queue_delete();
+CREATE TRIGGER queue_count_truncate AFTER TRUNCATE ON courier.queue
+    FOR EACH STATEMENT EXECUTE FUNCTION courier._count_queue_truncate();
+
+-- Folds the counter rows of backends that have exited into backend_pid 0, so the counter
+-- tables stay as small as the number of live connections.
+CREATE FUNCTION courier.compact_queue_depth() RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_folded integer;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtext('courier.compact_queue_depth')) THEN
+        RETURN 0;
+    END IF;
+
+    WITH gone AS (
+        DELETE FROM courier.queue_depth
+        WHERE backend_pid <> 0
+          AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+        RETURNING endpoint_id, status, messages
+    )
+    INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
+    SELECT endpoint_id, status, 0, sum(messages) FROM gone GROUP BY endpoint_id, status
+    ON CONFLICT (endpoint_id, status, backend_pid)
+    DO UPDATE SET messages = d.messages + excluded.messages;
+    GET DIAGNOSTICS v_folded = ROW_COUNT;
+
+    WITH gone AS (
+        DELETE FROM courier.delivery_totals
+        WHERE backend_pid <> 0
+          AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+        RETURNING endpoint_id, outcome, total
+    )
+    INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
+    SELECT endpoint_id, outcome, 0, sum(total) FROM gone GROUP BY endpoint_id, outcome
+    ON CONFLICT (endpoint_id, outcome, backend_pid)
+    DO UPDATE SET total = d.total + excluded.total;
+
+    DELETE FROM courier.queue_depth WHERE backend_pid = 0 AND messages = 0;
+    RETURN v_folded;
+END
+$$;
+
+CREATE FUNCTION courier._add_delivery_totals(p_endpoint_id integer, p_outcome text, p_count bigint)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
+    SELECT p_endpoint_id, p_outcome, pg_backend_pid(), p_count
+    WHERE p_count > 0
+    ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
+$$;
+
+-- Immutability ---------------------------------------------------------------------------
+
+CREATE FUNCTION courier._forbid_payload_change() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION '[courier] message % is immutable: payload and headers cannot change once enqueued', OLD.id
+        USING ERRCODE = '55000',
+              HINT = 'Send a new message instead, or replay the original from the archive.';
+END
+$$;
+
+CREATE TRIGGER queue_payload_immutable BEFORE UPDATE ON courier.queue
+    FOR EACH ROW
+    WHEN (OLD.payload IS DISTINCT FROM NEW.payload OR OLD.headers IS DISTINCT FROM NEW.headers)
+    EXECUTE FUNCTION courier._forbid_payload_change();

@@ -1,0 +1,65 @@
+"""Named SQL queries, loaded from queries.sql (`-- name: x` blocks) inside the package."""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from .errors import translated
+
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+
+
+@functools.cache
+def all_queries() -> dict[str, str]:
+    text = resources.files("sqlkit").joinpath("queries.sql").read_text(encoding="utf-8")
+    parts = _NAME.split(text)
+    # parts = [preamble, name1, body1, name2, body2, ...]
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def query(name: str) -> str:
+    try:
+        return all_queries()[name]
+    except KeyError:
+        raise KeyError(f"no query named {name!r} in sqlkit/queries.sql") from None
+
+
+def fetch_one(conn: psycopg.Connection, name: str, params: Any = None) -> dict[str, Any] | None:
+    with translated(), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query(name), params)
+        return cur.fetchone()
+
+
+def fetch_all(conn: psycopg.Connection, name: str, params: Any = None) -> list[dict[str, Any]]:
+    with translated(), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query(name), params)
+        return cur.fetchall()
+
+
+def fetch_value(conn: psycopg.Connection, name: str, params: Any = None) -> Any:
+    with translated(), conn.cursor() as cur:
+        cur.execute(query(name), params)
+        row = cur.fetchone()
+        return None if row is None else row[0]
+
+
+async def fetch_all_async(conn: psycopg.AsyncConnection, name: str,
+                          params: Any = None) -> list[dict[str, Any]]:
+    with translated():
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(query(name), params)
+            return await cur.fetchall()
+
+
+async def fetch_value_async(conn: psycopg.AsyncConnection, name: str, params: Any = None) -> Any:
+    with translated():
+        async with conn.cursor() as cur:
+            await cur.execute(query(name), params)
+            row = await cur.fetchone()
+            return None if row is None else row[0]

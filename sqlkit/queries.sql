@@ -1,0 +1,80 @@
+-- Named queries used by sqlkit's typed API. Each block starts with `-- name: <name>`.
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM courier.schema_migrations;
+
+-- name: create_endpoint
+SELECT courier.create_endpoint(%(name)s, %(protocol)s, %(config)s, %(retry_policy)s, %(description)s);
+
+-- name: alter_endpoint
+SELECT courier.alter_endpoint(%(name)s, %(config)s, %(retry_policy)s, %(description)s);
+
+-- name: drop_endpoint
+SELECT courier.drop_endpoint(%(name)s, %(force)s);
+
+-- name: enable_endpoint
+SELECT courier.enable_endpoint(%(name)s);
+
+-- name: disable_endpoint
+SELECT courier.disable_endpoint(%(name)s);
+
+-- name: validate_endpoint_config
+SELECT courier.validate_endpoint_config(%(protocol)s, %(config)s);
+
+-- name: list_endpoints
+SELECT e.id, e.name, e.protocol, courier._redact(e.config) AS config, e.retry_policy, e.description,
+       e.enabled, e.circuit_state, e.circuit_failure_count, e.last_success_at, e.last_failure_at,
+       e.last_error, e.created_at, e.updated_at,
+       coalesce(d.pending, 0)::bigint AS pending_messages,
+       coalesce(d.processing, 0)::bigint AS processing_messages
+FROM courier.endpoints e
+LEFT JOIN LATERAL (
+    SELECT sum(messages) FILTER (WHERE status = 'pending') AS pending,
+           sum(messages) FILTER (WHERE status = 'processing') AS processing
+    FROM courier.queue_depth WHERE endpoint_id = e.id
+) d ON true
+WHERE %(name)s::text IS NULL OR e.name = %(name)s::text
+ORDER BY e.name;
+
+-- name: send_with_options
+SELECT courier.send_with_options(
+    p_endpoint_name := %(endpoint)s, p_payload := %(payload)s, p_priority := %(priority)s,
+    p_scheduled_at := %(scheduled_at)s, p_idempotency_key := %(idempotency_key)s,
+    p_correlation_id := %(correlation_id)s, p_expires_at := %(expires_at)s,
+    p_ordering_key := %(ordering_key)s, p_headers := %(headers)s, p_metadata := %(metadata)s);
+
+-- name: send_batch_with_priority
+SELECT courier.send_batch_with_priority(%(endpoint)s, %(payloads)s::jsonb[], %(priority)s);
+
+-- name: get_message
+SELECT q.id, e.name AS endpoint_name, q.payload, q.headers, q.metadata, q.status, q.priority,
+       q.retry_count, q.next_retry_at, q.scheduled_at, q.expires_at, q.idempotency_key,
+       q.correlation_id, q.ordering_key, q.last_error, q.error_history, q.created_at, q.completed_at
+FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
+WHERE q.id = %(id)s;
+
+-- name: claim_batch
+SELECT * FROM courier.claim_batch_v1(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
+
+-- name: complete_batch
+SELECT courier.complete_batch_v1(%(ids)s::bigint[]);
+
+-- name: fail_batch
+SELECT courier.fail_batch_v1(%(ids)s::bigint[], %(errors)s::text[], %(next_attempt_at)s::timestamptz[]);
+
+-- name: list_settings
+SELECT name, value, default_value, value_type, min_value, max_value, unit, description, updated_at
+FROM courier.settings ORDER BY name;
+
+-- name: get_setting
+SELECT name, value, default_value, value_type, min_value, max_value, unit, description, updated_at
+FROM courier.settings WHERE name = %(name)s;
+
+-- name: set_setting
+SELECT courier.set_setting(%(name)s, %(value)s);
+
+-- name: metrics
+SELECT metric_name, metric_value, labels, metric_type FROM courier.metrics();
+
+-- name: endpoint_health
+SELECT * FROM courier.get_endpoint_health(%(name)s);
