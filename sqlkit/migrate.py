@@ -123,8 +123,10 @@ def migrate(dsn: str, target: int | None = None) -> list[Migration]:
                         (migration.version, migration.name, migration.checksum),
                     )
                 applied_now.append(migration)
-            with conn.transaction():
-                conn.execute(_grants_sql().encode())
+            # Grants name the functions of the latest schema, so only a complete schema gets them.
+            if max(_applied(conn), default=0) == available()[-1].version:
+                with conn.transaction():
+                    conn.execute(_grants_sql().encode())
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
     return applied_now
