@@ -104,15 +104,16 @@ def from_psycopg(error: psycopg.Error) -> CourierError:
     message = message.removeprefix("[courier] ")
     hint = diag.message_hint
     if sqlstate is None and isinstance(error, psycopg.OperationalError):
-        reason = str(error).strip().splitlines()[-1] if str(error).strip() else "connection failed"
+        # libpq spreads one failure over several lines (server address, reason, advice).
+        reason = "; ".join(" ".join(line.split()) for line in str(error).splitlines() if line.strip())
         return DatabaseUnavailable(
-            f"cannot connect to PostgreSQL: {reason}",
+            f"cannot connect to PostgreSQL: {reason or 'connection failed'}",
             hint="Check --dsn / COURIER_DSN / DATABASE_URL, or start the embedded database "
             "with `courier db start`",
         )
     cls = _BY_SQLSTATE.get(sqlstate or "") or _BY_CLASS.get((sqlstate or "")[:2], CourierError)
     if cls is SchemaMissing and "courier" in message:
-        hint = hint or _SCHEMA_HINT
+        hint = _SCHEMA_HINT  # PostgreSQL's own hint (add explicit casts) misleads here
     elif cls is SchemaMissing:
         cls = CourierError
     return cls(message, sqlstate, hint)

@@ -27,11 +27,17 @@ def get(name: str | None) -> None:
         return
 
     def render() -> None:
-        table = Table("name", "value", "default", "allowed", "unit", "description")
+        table = Table()
+        table.add_column("name", no_wrap=True)
+        table.add_column("value", no_wrap=True)
+        table.add_column("allowed", no_wrap=True)
+        wide = console.width >= 120  # descriptions only fit beside the rest on a wide terminal
+        if wide:
+            table.add_column("description", ratio=1)
         for s in found:
-            changed = s.value != s.default_value
-            table.add_row(s.name, f"[bold]{s.value}[/]" if changed else s.value, s.default_value,
-                          s.allowed, s.unit or "", s.description)
+            value = f"[bold]{s.value}[/] (default {s.default_value})" if s.value != s.default_value else s.value
+            cells = [s.name, value, f"{s.allowed} {s.unit or ''}".strip()]
+            table.add_row(*cells, *([s.description] if wide else []))
         console.print(table)
 
     emit(found[0] if name else found, render)

@@ -44,7 +44,9 @@ INSERT INTO courier.settings (name, value, default_value, value_type, min_value,
     ('response_body_max_size', '65536', '65536', 'integer', 0, 10485760, 'bytes',
      'Largest response body kept when responses are captured'),
     ('visibility_timeout', '30', '30', 'integer', 1, 43200, 'seconds',
-     'Default visibility timeout of a pull dequeue');
+     'Default visibility timeout of a pull dequeue'),
+    ('notify_on_send', 'true', 'true', 'boolean', NULL, NULL, NULL,
+     'NOTIFY workers on every single send (off: higher send throughput, workers poll)');
 
 CREATE TABLE courier.endpoints (
     id                    integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

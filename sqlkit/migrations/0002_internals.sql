@@ -3,15 +3,14 @@
 
 CREATE FUNCTION courier._setting_int(p_name text) RETURNS bigint
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, courier, pg_temp
 AS $$ SELECT value::bigint FROM courier.settings WHERE name = p_name $$;
 
 CREATE FUNCTION courier._setting_bool(p_name text) RETURNS boolean
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, courier, pg_temp
 AS $$ SELECT value::boolean FROM courier.settings WHERE name = p_name $$;
 
--- Replaces the value of every key that looks like a secret, at any depth.
+-- Replaces the value of every key that looks like a secret, at any depth, and the password
+-- of any URL with credentials in it (amqp://user:password@host).
 CREATE FUNCTION courier._redact(p_doc jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, courier, pg_temp
@@ -28,6 +27,8 @@ AS $$
         WHEN 'array' THEN (
             SELECT coalesce(jsonb_agg(courier._redact(value) ORDER BY ord), '[]'::jsonb)
             FROM jsonb_array_elements(p_doc) WITH ORDINALITY AS e(value, ord))
+        WHEN 'string' THEN
+            to_jsonb(regexp_replace(p_doc #>> '{}', '^([a-z][a-z0-9+.-]*://[^/?#@:]*:)[^/?#@]*@', '\1***@', 'i'))
         ELSE p_doc
     END
 $$;
@@ -42,10 +43,11 @@ AS $$
 $$;
 
 -- Depth counters ------------------------------------------------------------------------
+-- The trigger functions and small helpers carry no SET search_path: they run on every send,
+-- a SET clause costs a GUC save/restore per call, and they name every object in full.
 
 CREATE FUNCTION courier._count_queue_insert() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path = pg_catalog, courier, pg_temp
 AS $$
 BEGIN
     INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
@@ -59,7 +61,6 @@ $$;
 
 CREATE FUNCTION courier._count_queue_update() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path = pg_catalog, courier, pg_temp
 AS $$
 BEGIN
     INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
@@ -77,7 +78,6 @@ $$;
 
 CREATE FUNCTION courier._count_queue_delete() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path = pg_catalog, courier, pg_temp
 AS $$
 BEGIN
     INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
@@ -91,7 +91,6 @@ $$;
 
 CREATE FUNCTION courier._count_queue_truncate() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path = pg_catalog, courier, pg_temp
 AS $$
 BEGIN
     DELETE FROM courier.queue_depth;
@@ -155,7 +154,6 @@ $$;
 CREATE FUNCTION courier._add_delivery_totals(p_endpoint_id integer, p_outcome text, p_count bigint)
 RETURNS void
 LANGUAGE sql
-SET search_path = pg_catalog, courier, pg_temp
 AS $$
     INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
     SELECT p_endpoint_id, p_outcome, pg_backend_pid(), p_count

@@ -393,7 +393,7 @@ BEGIN
     IF v_active > 0 AND NOT p_force THEN
         RAISE EXCEPTION '[courier] endpoint "%" still has % active message(s)', p_name, v_active
             USING ERRCODE = '55006',
-                  HINT = 'Wait for them to drain, disable the endpoint, or drop with p_force := true to delete them';
+                  HINT = 'Wait for them to drain, or force the drop to delete them (`courier endpoint drop --force`, p_force := true)';
     END IF;
     DELETE FROM courier.queue WHERE endpoint_id = v_endpoint.id;
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
