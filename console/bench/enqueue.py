@@ -1,8 +1,8 @@
 """enqueue-single and enqueue-batch: courier.send / send_batch against a raw INSERT ceiling.
 
-The ceiling table has the queue's columns and defaults and only a primary key: the price
-of everything Courier adds (validation, backpressure, counters, indexes, NOTIFY) shows as
-the ratio.
+The ceiling table has the queue's columns and defaults and only a primary key (BENCHMARKS.md's
+"bare table of the same shape"): the price of everything Courier adds (validation,
+backpressure, depth counters, the claim index, NOTIFY) shows as the ratio.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from sqlkit.connection import connect
 
 from .pgbench import run_script
-from .result import Measurement, ScenarioResult, measure_alternating
+from .result import Measurement, ScenarioResult, measure_rounds
 
 RAW_TABLE = """
 CREATE TABLE IF NOT EXISTS public.bench_raw_queue
@@ -37,24 +37,42 @@ def _reset(dsn: str) -> None:
         conn.execute("VACUUM ANALYZE courier.queue_depth")
 
 
-def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> ScenarioResult:
+def _set_notify(dsn: str, on: bool) -> None:
+    with connect(dsn) as conn:
+        conn.execute("SELECT courier.set_setting('notify_on_send', %s)", ("true" if on else "false",))
+
+
+def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> list[ScenarioResult]:
     _prepare(dsn)
     payload = json.dumps({"order_id": 1, "amount": 99.99, "customer": "c-789"})
-    courier_sql = f"SELECT courier.send('bench', '{payload}'::jsonb);\n"
-    ceiling_sql = (f"INSERT INTO public.bench_raw_queue (endpoint_id, payload) "
-                   f"VALUES (1, '{payload}'::jsonb);\n")
+    send_sql = f"SELECT courier.send('bench', '{payload}'::jsonb);\n"
+    ceiling_sql = f"INSERT INTO public.bench_raw_queue (endpoint_id, payload) VALUES (1, '{payload}'::jsonb);\n"
+    table_sql = f"INSERT INTO courier.queue (endpoint_id, payload) VALUES (1, '{payload}'::jsonb);\n"
 
-    def run(script: str) -> Measurement:
+    def run(script: str, notify: bool = True) -> Measurement:
         _reset(dsn)
+        _set_notify(dsn, notify)
         result = run_script(dsn, script, clients=clients, seconds=seconds)
         return Measurement(result.transactions_per_second, result.latency_ms)
 
-    courier, ceiling = measure_alternating(lambda: run(courier_sql), lambda: run(ceiling_sql), rounds)
-    return ScenarioResult(
-        scenario="enqueue-single", variant=f"{clients} clients", unit="msg/s",
-        courier=courier, ceiling=ceiling, target_ratio=0.7,
-        notes="one courier.send() per transaction vs one raw INSERT; durable commits",
-    )
+    measured = measure_rounds({
+        "ceiling": lambda: run(ceiling_sql),
+        "send": lambda: run(send_sql),
+        "send, notify off": lambda: run(send_sql, notify=False),
+        "queue table only": lambda: run(table_sql),
+    }, rounds)
+    _set_notify(dsn, True)
+    notes = {
+        "send": "courier.send() per transaction, NOTIFY on (default)",
+        "send, notify off": "notify_on_send = false: workers poll instead",
+        "queue table only": "reference: raw INSERT into courier.queue (its indexes and depth trigger, no function)",
+    }
+    return [
+        ScenarioResult(scenario="enqueue-single", variant=f"{name}, {clients} clients", unit="msg/s",
+                       courier=measured[name], ceiling=measured["ceiling"],
+                       target_ratio=None if name == "queue table only" else 0.7, notes=note)
+        for name, note in notes.items()
+    ]
 
 
 def enqueue_batch(dsn: str, *, clients: int, seconds: float, rounds: int) -> list[ScenarioResult]:
@@ -72,10 +90,11 @@ def enqueue_batch(dsn: str, *, clients: int, seconds: float, rounds: int) -> lis
             result = run_script(dsn, script, clients=clients, seconds=seconds)
             return Measurement(result.transactions_per_second * size, result.latency_ms)
 
-        courier, ceiling = measure_alternating(lambda c=courier_sql: run(c), lambda c=ceiling_sql: run(c), rounds)
+        measured = measure_rounds({"ceiling": lambda c=ceiling_sql: run(c),
+                                   "courier": lambda c=courier_sql: run(c)}, rounds)
         results.append(ScenarioResult(
             scenario="enqueue-batch", variant=f"batch {size}, {clients} clients", unit="msg/s",
-            courier=courier, ceiling=ceiling, target_ratio=0.6, target_absolute=100_000,
+            courier=measured["courier"], ceiling=measured["ceiling"], target_ratio=0.6, target_absolute=100_000,
             notes="send_batch vs raw INSERT ... SELECT unnest(...)",
         ))
     return results

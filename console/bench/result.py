@@ -51,16 +51,14 @@ class ScenarioResult:
         }
 
 
-def measure_alternating(courier: Callable[[], Measurement], ceiling: Callable[[], Measurement],
-                        rounds: int) -> tuple[Measurement, Measurement]:
-    """Interleave the two so that machine noise hits both alike; report medians."""
-    ours, theirs = [], []
+def measure_rounds(runs: dict[str, Callable[[], Measurement]], rounds: int) -> dict[str, Measurement]:
+    """Run every measurement once per round, interleaved, so that machine noise hits them
+    alike; report each one's median."""
+    samples: dict[str, list[Measurement]] = {name: [] for name in runs}
     for _ in range(rounds):
-        theirs.append(ceiling())
-        ours.append(courier())
-
-    def median(ms: list[Measurement]) -> Measurement:
-        return Measurement(statistics.median(m.rate for m in ms),
-                           statistics.median(m.latency_ms for m in ms))
-
-    return median(ours), median(theirs)
+        for name, run in runs.items():
+            samples[name].append(run())
+    return {
+        name: Measurement(statistics.median(m.rate for m in ms), statistics.median(m.latency_ms for m in ms))
+        for name, ms in samples.items()
+    }

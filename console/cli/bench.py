@@ -16,22 +16,31 @@ from .context import console, database_url, dsn_option
 
 
 def _table(results: list[ScenarioResult]) -> Table:
-    table = Table("scenario", "variant", "courier", "ceiling", "ratio", "target", "notes",
-                  title="courier bench")
+    table = Table(title="courier bench", caption="ceilings are measured in the same run; see the notes below")
+    table.add_column("scenario", no_wrap=True)
+    table.add_column("variant")
+    table.add_column("courier", justify="right")
+    table.add_column("ceiling", justify="right")
+    table.add_column("ratio", justify="right")
+    table.add_column("target")
     for r in results:
         target = []
         if r.target_ratio is not None:
-            target.append(f"≥{r.target_ratio:.1f} of ceiling")
+            target.append(f">= {r.target_ratio:.1f}")
         if r.target_absolute is not None:
-            target.append(f"≥{r.target_absolute:,.0f} {r.unit}")
-        verdict = {True: ("met", "green"), False: ("missed", "red"), None: ("-", "")}[r.meets_target]
+            target.append(f">= {r.target_absolute / 1000:.0f}k/s")
+        verdict = {True: ("met", "green"), False: ("missed", "red"), None: ("", "")}[r.meets_target]
         table.add_row(
-            r.scenario, r.variant, f"{r.courier.rate:,.0f} {r.unit}",
-            f"{r.ceiling.rate:,.0f} {r.unit}" if r.ceiling else "-",
+            r.scenario, r.variant, f"{r.courier.rate:,.0f}",
+            f"{r.ceiling.rate:,.0f}" if r.ceiling else "-",
             f"{r.ratio:.2f}" if r.ratio is not None else "-",
-            Text(f"{' and '.join(target)} {verdict[0]}", style=verdict[1]), r.notes,
+            Text(f"{', '.join(target)} {verdict[0]}".strip(), style=verdict[1]),
         )
     return table
+
+
+def _notes(results: list[ScenarioResult]) -> str:
+    return "\n".join(f"- {r.scenario} / {r.variant}: {r.notes} ({r.unit})" for r in results if r.notes)
 
 
 @click.command("bench")
@@ -57,6 +66,7 @@ def bench(scenarios: tuple[str, ...], json_file: Path | None, clients: int, seco
         click.echo(json.dumps(payload, indent=2))
         return
     console.print(_table(results))
+    console.print(_notes(results), highlight=False)
     if json_file is not None:
         json_file.write_text(json.dumps(payload, indent=2) + "\n")
 
