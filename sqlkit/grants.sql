@@ -24,7 +24,9 @@ GRANT SELECT (id, name, protocol, retry_policy, description, enabled, circuit_st
 GRANT EXECUTE ON FUNCTION
     courier.metrics(),
     courier.get_endpoint_health(text),
-    courier.get_setting(text)
+    courier.get_setting(text),
+    courier.dlq_summary(),
+    courier.get_worker_status()
 TO courier_monitor;
 
 -- Admins run Courier: every table and function, including the worker primitives.
