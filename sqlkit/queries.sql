@@ -78,3 +78,65 @@ SELECT metric_name, metric_value, labels, metric_type FROM courier.metrics();
 
 -- name: endpoint_health
 SELECT * FROM courier.get_endpoint_health(%(name)s);
+
+-- name: dispatch_targets
+SELECT id, name, protocol, config, retry_policy, circuit_state
+FROM courier.endpoints WHERE enabled ORDER BY id;
+
+-- name: claim_for_endpoint
+SELECT * FROM courier.claim_batch_v2(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
+
+-- name: report_outcomes
+SELECT * FROM courier.report_outcomes_v1(%(ids)s::bigint[], %(outcomes)s::text[], %(errors)s::text[],
+                                         %(retry_after)s::integer[], %(responses)s::jsonb[]);
+
+-- name: release_batch
+SELECT courier.release_batch_v1(%(ids)s::bigint[], %(delay)s);
+
+-- name: recover_stale_messages
+SELECT courier.recover_stale_messages();
+
+-- name: worker_heartbeat
+SELECT courier.worker_heartbeat_v1(%(worker_id)s, %(hostname)s, %(pid)s, %(concurrency)s, %(in_flight)s,
+                                   %(delivered)s, %(failed)s, %(state)s);
+
+-- name: setting_values
+SELECT name, value FROM courier.settings;
+
+-- name: worker_status
+SELECT * FROM courier.get_worker_status();
+
+-- name: reset_circuit_breaker
+SELECT courier.reset_circuit_breaker(%(name)s);
+
+-- name: list_dlq
+SELECT id, original_message_id, endpoint_name, status, retry_count, last_error, correlation_id,
+       original_created_at, failed_at, redriven_at, redriven_message_id
+FROM courier.dlq
+WHERE (%(endpoint)s::text IS NULL OR endpoint_name = %(endpoint)s::text)
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: get_dlq
+SELECT * FROM courier.dlq WHERE id = %(id)s;
+
+-- name: dlq_summary
+SELECT * FROM courier.dlq_summary();
+
+-- name: dlq_failed_count
+SELECT coalesce(sum(messages), 0)::bigint FROM courier.dlq_depth d
+JOIN courier.endpoints e ON e.id = d.endpoint_id
+WHERE d.status = 'failed' AND (%(endpoint)s::text IS NULL OR e.name = %(endpoint)s::text);
+
+-- name: redrive_message
+SELECT courier.redrive_message(%(id)s);
+
+-- name: redrive_endpoint
+SELECT courier.redrive_endpoint(%(name)s, %(batch_size)s);
+
+-- name: redrive_all
+SELECT courier.redrive_all(%(batch_size)s);
+
+-- name: cleanup_dlq
+SELECT courier.cleanup_dlq();

@@ -1,0 +1,46 @@
+"""`courier worker`: the headless worker pool, with JSON log lines and a graceful SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import click
+
+from console.logs import log_json_lines
+from console.workers.pool import PoolSettings, WorkerPool
+
+from .context import database_url, dsn_option
+
+
+@click.command("worker")
+@click.option("--concurrency", type=click.IntRange(1, 10_000), default=16, show_default=True,
+              help="Messages in flight at once.")
+@click.option("--batch-size", type=click.IntRange(1, 10_000), default=50, show_default=True,
+              help="Most messages one claim takes.")
+@click.option("--poll-interval", type=click.FloatRange(0.01, 60), default=1.0, show_default=True,
+              help="Seconds between claims of an idle endpoint when no NOTIFY arrives.")
+@click.option("--drain-timeout", type=click.FloatRange(0, 3600), default=30.0, show_default=True,
+              help="On SIGTERM, seconds to let in-flight deliveries finish before releasing them.")
+@click.option("--worker-id", help="Name in heartbeats (default: host:pid:random).")
+@dsn_option
+def worker(concurrency: int, batch_size: int, poll_interval: float, drain_timeout: float,
+           worker_id: str | None) -> None:
+    """Run the worker pool until SIGTERM or SIGINT, then drain and exit."""
+    log_json_lines()
+    settings = PoolSettings(concurrency=concurrency, batch_size=batch_size, poll_interval=poll_interval,
+                            drain_timeout=drain_timeout)
+    if worker_id:
+        settings.worker_id = worker_id
+    pool = WorkerPool(database_url(), settings)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, pool.stop)
+        await pool.run()
+
+    asyncio.run(main())
+
+
+COMMANDS = [worker]

@@ -1,0 +1,33 @@
+"""Structured logging: JSON lines for headless workers, with each record's extras as fields."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
+
+
+class JsonLineFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        line.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def log_json_lines(level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLineFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("httpx").setLevel(logging.WARNING)

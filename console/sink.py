@@ -1,0 +1,110 @@
+"""A local webhook sink for the demo, the tests and benchmarks: it answers by path and
+remembers what it received.
+
+    /healthy            200
+    /flaky              503 about 30% of the time, else 200
+    /slow               200 after 0.2-1.5 s
+    /status/<code>      <code>; ?retry_after=N adds a Retry-After header
+    /sleep/<ms>         200 after <ms> milliseconds
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+
+@dataclass(frozen=True)
+class ReceivedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # the default listen backlog of 5 resets bursts of new connections
+    daemon_threads = True
+
+
+class WebhookSink:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, record: bool = True) -> None:
+        sink = self
+        self.received: list[ReceivedRequest] = []
+        self._record = record
+        self._lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                sink._handle(self)
+
+            do_PUT = do_PATCH = do_GET = do_DELETE = do_POST
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self._server = _Server((host, port), Handler)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> WebhookSink:
+        self._thread = threading.Thread(target=self._server.serve_forever, name="webhook-sink", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> WebhookSink:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def count(self, path_prefix: str = "") -> int:
+        with self._lock:
+            return sum(1 for r in self.received if r.path.startswith(path_prefix))
+
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        length = int(handler.headers.get("content-length") or 0)
+        body = handler.rfile.read(length) if length else b""
+        url = urlsplit(handler.path)
+        if self._record:
+            with self._lock:
+                self.received.append(ReceivedRequest(handler.command, url.path,
+                                                     {k.lower(): v for k, v in handler.headers.items()}, body))
+        status, extra = self._answer(url.path, parse_qs(url.query))
+        handler.send_response(status)
+        for key, value in extra.items():
+            handler.send_header(key, value)
+        handler.send_header("content-type", "application/json")
+        handler.send_header("content-length", "2")
+        handler.end_headers()
+        handler.wfile.write(b"{}")
+
+    @staticmethod
+    def _answer(path: str, query: dict[str, list[str]]) -> tuple[int, dict[str, str]]:
+        parts = path.strip("/").split("/")
+        extra = {"retry-after": query["retry_after"][0]} if "retry_after" in query else {}
+        if parts[0] == "flaky":
+            return (503 if random.random() < 0.3 else 200), extra
+        if parts[0] == "slow":
+            time.sleep(random.uniform(0.2, 1.5))
+            return 200, extra
+        if parts[0] == "status" and len(parts) > 1 and parts[1].isdigit():
+            return int(parts[1]), extra
+        if parts[0] == "sleep" and len(parts) > 1 and parts[1].isdigit():
+            time.sleep(int(parts[1]) / 1000)
+            return 200, extra
+        return 200, extra

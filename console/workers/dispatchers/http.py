@@ -1,0 +1,177 @@
+"""HTTP webhooks over httpx: one pooled client, auth, Standard Webhooks signing, CloudEvents,
+internal-address blocking, response capture, and ulak's error classes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import ipaddress
+import json
+import socket
+import time
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from sqlkit.messages import ClaimedMessage
+
+from ..outcome import Outcome
+from . import Target
+
+RETRY_AFTER_CAP = 86_400
+
+
+def classify(status: int, retry_after: str | None) -> Outcome:
+    """ulak's classes: 2xx success; 429 and 5xx retryable; 410 disable; other 4xx permanent."""
+    if 200 <= status < 300:
+        return Outcome.success()
+    if status == 410:
+        return Outcome.disable("HTTP 410 Gone")
+    if status == 429 or status >= 500:
+        honoured = parse_retry_after(retry_after) if status in (429, 503) else None
+        return Outcome.retryable(f"HTTP {status}", honoured)
+    return Outcome.permanent(f"HTTP {status}")
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> int | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), capped at 24 h."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(int(value), RETRY_AFTER_CAP)
+    try:
+        when = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0, min(int(when - (now if now is not None else time.time())), RETRY_AFTER_CAP))
+
+
+def standard_webhooks_signature(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
+    """The `webhook-signature` value of the Standard Webhooks spec (v1, HMAC-SHA256)."""
+    key = base64.b64decode(secret.removeprefix("whsec_")) if secret.startswith("whsec_") else secret.encode()
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+
+
+def _is_internal(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_multicast \
+        or ip.is_unspecified
+
+
+async def internal_address(host: str) -> str | None:
+    """The first loopback, private or otherwise internal address host resolves to, if any."""
+    try:
+        return host if _is_internal(host) else None
+    except ValueError:
+        pass
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return None  # unresolvable: the request itself fails as a connection error
+    for info in infos:
+        if _is_internal(str(info[4][0])):
+            return str(info[4][0])
+    return None
+
+
+class HttpDispatcher:
+    def __init__(self, settings: dict[str, str]) -> None:
+        self._default_timeout = float(settings.get("http_timeout", "10"))
+        self._allow_internal = settings.get("http_allow_internal_urls", "false") == "true"
+        self._capture_all = settings.get("capture_response", "false") == "true"
+        self._capture_limit = int(settings.get("response_body_max_size", "65536"))
+        self._client = httpx.AsyncClient(follow_redirects=False,
+                                         limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def deliver(self, target: Target, message: ClaimedMessage) -> Outcome:
+        config = target.config
+        url = config["url"]
+        if not (self._allow_internal or config.get("allow_internal")):
+            blocked = await internal_address(urlsplit(url).hostname or "")
+            if blocked:
+                return Outcome.permanent(f"internal address {blocked} blocked; set allow_internal on the endpoint "
+                                         "or http_allow_internal_urls to allow it")
+        body, headers = self._request_body(config, message)
+        timeout = httpx.Timeout(float(config.get("timeout", self._default_timeout)),
+                                connect=float(config.get("connect_timeout", config.get("timeout",
+                                                                                       self._default_timeout))))
+        try:
+            response = await self._client.request(config.get("method", "POST").upper(), url, content=body,
+                                                  headers=headers, timeout=timeout, auth=self._auth(config))
+        except httpx.TimeoutException as error:
+            return Outcome.retryable(f"timeout: {type(error).__name__}")
+        except httpx.TransportError as error:
+            return Outcome.retryable(f"connection error: {type(error).__name__}: {error}")
+        outcome = classify(response.status_code, response.headers.get("retry-after"))
+        if self._capture_all or config.get("capture_response"):
+            outcome = Outcome(outcome.kind, outcome.error, outcome.retry_after, self._captured(response, message))
+        return outcome
+
+    @staticmethod
+    def _auth(config: dict[str, Any]) -> httpx.Auth | None:
+        auth = config.get("auth")
+        if not auth:
+            return None
+        if auth["type"] == "basic":
+            return httpx.BasicAuth(auth["username"], auth["password"])
+        return _BearerAuth(auth["token"])
+
+    @staticmethod
+    def _request_body(config: dict[str, Any], message: ClaimedMessage) -> tuple[bytes, dict[str, str]]:
+        message_id = f"msg_{message.id}"
+        headers = {"content-type": "application/json", "user-agent": "courier",
+                   "x-courier-message-id": str(message.id), "x-courier-attempt": str(message.retry_count + 1)}
+        if message.correlation_id:
+            headers["x-correlation-id"] = str(message.correlation_id)
+        headers.update({k.lower(): str(v) for k, v in (config.get("headers") or {}).items()})
+        headers.update({k.lower(): str(v) for k, v in (message.headers or {}).items()})
+
+        cloudevents = config.get("cloudevents")
+        payload: Any = message.payload
+        if cloudevents:
+            attributes = {
+                "specversion": "1.0",
+                "id": message_id,
+                "source": cloudevents.get("source", f"courier/{message.endpoint_name}"),
+                "type": cloudevents.get("type", "courier.message"),
+                "time": message.created_at.isoformat(),
+                "datacontenttype": "application/json",
+            }
+            if cloudevents["mode"] == "structured":
+                payload = {**attributes, "data": message.payload}
+                headers["content-type"] = "application/cloudevents+json"
+            else:
+                headers.update({f"ce-{k}": v for k, v in attributes.items() if k != "datacontenttype"})
+        body = json.dumps(payload, separators=(",", ":")).encode()
+
+        signing = config.get("signing")
+        if signing:
+            timestamp = int(time.time())
+            headers["webhook-id"] = message_id
+            headers["webhook-timestamp"] = str(timestamp)
+            headers["webhook-signature"] = standard_webhooks_signature(signing["secret"], message_id, timestamp, body)
+        return body, headers
+
+    def _captured(self, response: httpx.Response, message: ClaimedMessage) -> dict[str, Any]:
+        text = response.content[: self._capture_limit].decode("utf-8", errors="replace")
+        return {"status": response.status_code, "body": text,
+                "truncated": len(response.content) > self._capture_limit,
+                "correlation_id": str(message.correlation_id) if message.correlation_id else None}
+
+
+class _BearerAuth(httpx.Auth):
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def auth_flow(self, request: httpx.Request):  # type: ignore[override]
+        request.headers["authorization"] = f"Bearer {self._token}"
+        yield request

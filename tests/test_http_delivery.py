@@ -1,0 +1,206 @@
+"""HTTP delivery through the worker pool against a real server on loopback."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+
+import pytest
+
+from console.sink import WebhookSink
+from console.workers.dispatchers.http import classify, parse_retry_after, standard_webhooks_signature
+from console.workers.outcome import OutcomeKind
+from tests.helpers import scalar
+from tests.workers import run_pool_until
+
+
+@pytest.fixture
+def sink():
+    with WebhookSink() as running:
+        yield running
+
+
+def create(conn, name: str, url: str, **config: object) -> None:
+    conn.execute("SELECT courier.create_endpoint(%s, 'http', %s::jsonb)",
+                 (name, json.dumps({"url": url, "allow_internal": True, **config})))
+
+
+def send(conn, name: str, payload: dict | None = None, **options: str) -> int:
+    names = "".join(f", {k} := %({k})s" for k in options)
+    return scalar(conn, f"SELECT courier.send_with_options(%(name)s, %(payload)s::jsonb{names})",
+                  {"name": name, "payload": json.dumps(payload or {"n": 1}), **options})
+
+
+def settled(conn) -> bool:
+    """Nothing in flight, and nothing a worker could claim right now."""
+    return scalar(conn, "SELECT count(*) FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id "
+                        "WHERE q.status = 'processing' OR (q.status = 'pending' AND e.enabled "
+                        "AND e.circuit_state = 'closed' AND coalesce(q.next_retry_at, now()) <= now())") == 0
+
+
+def deliver(dsn, conn, **settings) -> None:
+    run_pool_until(dsn, lambda: settled(conn), **settings)
+
+
+@pytest.mark.parametrize(("status", "kind"), [
+    (200, OutcomeKind.SUCCESS), (204, OutcomeKind.SUCCESS), (400, OutcomeKind.PERMANENT),
+    (404, OutcomeKind.PERMANENT), (410, OutcomeKind.DISABLE), (429, OutcomeKind.RETRYABLE),
+    (500, OutcomeKind.RETRYABLE), (503, OutcomeKind.RETRYABLE),
+])
+def test_status_classes(status, kind):
+    assert classify(status, None).kind is kind
+
+
+def test_retry_after_parsing():
+    assert parse_retry_after("120") == 120
+    assert parse_retry_after("999999") == 86400
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412480 - 30) == 30
+    assert parse_retry_after("soon") is None
+    assert classify(503, "7").retry_after == 7
+    assert classify(500, "7").retry_after is None  # only 429 and 503 carry it
+
+
+def test_standard_webhooks_signature_matches_the_spec_vector():
+    signature = standard_webhooks_signature("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                                            1614265330, b'{"test": 2432232314}')
+    assert signature == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def test_success_is_delivered_once_with_headers_and_body(dsn, conn, sink):
+    create(conn, "ok", f"{sink.url}/healthy", headers={"X-Team": "billing"})
+    message = send(conn, "ok", {"order": 1}, p_correlation_id="550e8400-e29b-41d4-a716-446655440000",
+                   p_headers='{"X-Tenant": "acme"}')
+    deliver(dsn, conn)
+    assert scalar(conn, "SELECT status FROM courier.queue WHERE id = %s", (message,)) == "completed"
+    (request,) = sink.received
+    assert json.loads(request.body) == {"order": 1}
+    assert request.headers["x-team"] == "billing" and request.headers["x-tenant"] == "acme"
+    assert request.headers["x-courier-message-id"] == str(message)
+    assert request.headers["x-correlation-id"] == "550e8400-e29b-41d4-a716-446655440000"
+
+
+def test_permanent_error_dead_letters_at_once(dsn, conn, sink):
+    create(conn, "bad", f"{sink.url}/status/422")
+    send(conn, "bad")
+    deliver(dsn, conn)
+    assert sink.count() == 1
+    assert scalar(conn, "SELECT last_error FROM courier.dlq") == "[PERMANENT] HTTP 422"
+
+
+def test_gone_auto_disables_the_endpoint(dsn, conn, sink):
+    create(conn, "gone", f"{sink.url}/status/410", auto_disable_on_gone=True)
+    send(conn, "gone")
+    deliver(dsn, conn)
+    assert scalar(conn, "SELECT enabled FROM courier.endpoints") is False
+    assert scalar(conn, "SELECT last_error FROM courier.dlq") == "[DISABLE] HTTP 410 Gone"
+
+
+def test_server_errors_retry_with_backoff(dsn, conn, sink):
+    create(conn, "busy", f"{sink.url}/status/503")
+    message = send(conn, "busy")
+    deliver(dsn, conn)
+    row = conn.execute("SELECT status, retry_count, extract(epoch FROM next_retry_at - now())::int "
+                       "FROM courier.queue WHERE id = %s", (message,)).fetchone()
+    assert row[0:2] == ("pending", 1) and 8 <= row[2] <= 10
+
+
+def test_retry_after_is_honoured(dsn, conn, sink):
+    create(conn, "limited", f"{sink.url}/status/429?retry_after=90")
+    message = send(conn, "limited")
+    deliver(dsn, conn)
+    delay = scalar(conn, "SELECT extract(epoch FROM next_retry_at - now())::int FROM courier.queue WHERE id = %s",
+                   (message,))
+    assert 88 <= delay <= 90
+
+
+def test_timeout_is_retryable(dsn, conn, sink):
+    create(conn, "slow", f"{sink.url}/sleep/2000", timeout=0.3)
+    message = send(conn, "slow")
+    deliver(dsn, conn)
+    assert scalar(conn, "SELECT last_error FROM courier.queue WHERE id = %s", (message,)).startswith(
+        "[RETRYABLE] timeout")
+
+
+def test_connection_refused_is_retryable(dsn, conn):
+    create(conn, "down", "http://127.0.0.1:9/hook")
+    message = send(conn, "down")
+    deliver(dsn, conn)
+    assert scalar(conn, "SELECT last_error FROM courier.queue WHERE id = %s", (message,)).startswith(
+        "[RETRYABLE] connection error")
+
+
+def test_internal_address_is_blocked_unless_allowed(dsn, conn, sink):
+    conn.execute("SELECT courier.create_endpoint('internal', 'http', %s::jsonb)",
+                 (json.dumps({"url": f"{sink.url}/healthy"}),))
+    send(conn, "internal")
+    deliver(dsn, conn)
+    assert sink.count() == 0
+    assert "internal address 127.0.0.1 blocked" in scalar(conn, "SELECT last_error FROM courier.dlq")
+
+    conn.execute("SELECT courier.set_setting('http_allow_internal_urls', 'true')")
+    send(conn, "internal")
+    deliver(dsn, conn)
+    assert sink.count() == 1
+
+
+def test_basic_and_bearer_auth(dsn, conn, sink):
+    create(conn, "basic", f"{sink.url}/healthy", auth={"type": "basic", "username": "u", "password": "p"})
+    create(conn, "bearer", f"{sink.url}/healthy", auth={"type": "bearer", "token": "t0k"})
+    send(conn, "basic")
+    send(conn, "bearer")
+    deliver(dsn, conn)
+    authorizations = sorted(r.headers["authorization"] for r in sink.received)
+    assert authorizations == ["Basic " + base64.b64encode(b"u:p").decode(), "Bearer t0k"]
+
+
+def test_standard_webhooks_signature_verifies(dsn, conn, sink):
+    secret = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
+    create(conn, "signed", f"{sink.url}/healthy", signing={"secret": secret})
+    send(conn, "signed", {"amount": 5})
+    deliver(dsn, conn)
+    (request,) = sink.received
+    signed = f"{request.headers['webhook-id']}.{request.headers['webhook-timestamp']}.".encode() + request.body
+    expected = base64.b64encode(hmac.new(b"0123456789abcdef0123456789abcdef", signed, hashlib.sha256).digest())
+    assert request.headers["webhook-signature"] == "v1," + expected.decode()
+
+
+def test_cloudevents_binary_and_structured(dsn, conn, sink):
+    create(conn, "ce-binary", f"{sink.url}/binary", cloudevents={"mode": "binary", "type": "order.created"})
+    create(conn, "ce-structured", f"{sink.url}/structured", cloudevents={"mode": "structured", "source": "shop"})
+    send(conn, "ce-binary", {"order": 1})
+    send(conn, "ce-structured", {"order": 2})
+    deliver(dsn, conn)
+    by_path = {r.path: r for r in sink.received}
+    binary = by_path["/binary"]
+    assert binary.headers["ce-specversion"] == "1.0" and binary.headers["ce-type"] == "order.created"
+    assert json.loads(binary.body) == {"order": 1}
+    structured = by_path["/structured"]
+    assert structured.headers["content-type"] == "application/cloudevents+json"
+    envelope = json.loads(structured.body)
+    assert envelope["source"] == "shop" and envelope["data"] == {"order": 2} and envelope["specversion"] == "1.0"
+
+
+def test_response_capture_with_correlation_id(dsn, conn, sink):
+    create(conn, "captured", f"{sink.url}/healthy", capture_response=True)
+    message = send(conn, "captured", p_correlation_id="550e8400-e29b-41d4-a716-446655440000")
+    deliver(dsn, conn)
+    response = scalar(conn, "SELECT response FROM courier.queue WHERE id = %s", (message,))
+    assert response == {"status": 200, "body": "{}", "truncated": False,
+                        "correlation_id": "550e8400-e29b-41d4-a716-446655440000"}
+
+
+def test_circuit_opens_and_stops_calling_a_failing_endpoint(dsn, conn, sink):
+    conn.execute("SELECT courier.set_setting('circuit_breaker_threshold', '3')")
+    create(conn, "flapping", f"{sink.url}/status/500")
+    for _ in range(10):
+        send(conn, "flapping")
+    deliver(dsn, conn, batch_size=1, concurrency=1)
+    assert scalar(conn, "SELECT circuit_state FROM courier.endpoints") == "open"
+    # Outcomes are reported in the background, so one more claim may slip in before the
+    # third failure lands; after that, nothing.
+    calls = sink.count()
+    assert 3 <= calls <= 4
+    run_pool_until(dsn, lambda: False, timeout=1.5, poll_interval=0.1)
+    assert sink.count() == calls

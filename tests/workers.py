@@ -1,0 +1,51 @@
+"""Helpers to run the worker pool in tests: in-process with asyncio, or as `courier worker`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from console.workers.pool import PoolSettings, WorkerPool
+
+COURIER = str(Path(sys.executable).parent / "courier")
+
+
+def run_pool_until(dsn: str, done: Callable[[], bool], *, timeout: float = 20.0, **settings: object) -> WorkerPool:
+    """Run an in-process pool until done() (checked from a thread) is true, then stop it."""
+    options = {"poll_interval": 0.1, "report_interval": 0.005, **settings}
+    pool = WorkerPool(dsn, PoolSettings(**options))  # type: ignore[arg-type]
+
+    async def main() -> None:
+        task = asyncio.create_task(pool.run())
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline and not task.done():
+                if await asyncio.to_thread(done):
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            pool.stop()
+            await task
+
+    asyncio.run(main())
+    return pool
+
+
+def start_worker_process(dsn: str, *args: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("COURIER_DSN", "DATABASE_URL")}
+    return subprocess.Popen([COURIER, "worker", "--dsn", dsn, "--poll-interval", "0.1", *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
