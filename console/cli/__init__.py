@@ -47,9 +47,9 @@ def main() -> None:
 
 
 def _register() -> None:
-    from . import bench, config, db, demo, endpoint, send, worker
+    from . import bench, config, db, demo, dlq, endpoint, send, worker
 
-    for module in (db, endpoint, send, config, worker, bench, demo):
+    for module in (db, endpoint, send, config, worker, dlq, bench, demo):
         for command in module.COMMANDS:
             main.add_command(command)
 

@@ -8,8 +8,9 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from sqlkit import endpoints
+from sqlkit import endpoints, observability, queries
 from sqlkit.endpoints import Endpoint
+from sqlkit.errors import NotFound
 
 from .context import common_options, console, emit, open_connection, parse_json_object, when
 
@@ -153,6 +154,45 @@ def drop(name: str, force: bool, yes: bool) -> None:
     with open_connection() as conn:
         endpoints.drop(conn, name, force)
     emit({"name": name, "dropped": True}, lambda: console.print(f"dropped endpoint {name}", highlight=False))
+
+
+@endpoint_group.command("reset-circuit")
+@click.argument("name")
+@common_options
+def reset_circuit(name: str) -> None:
+    """Force an endpoint's circuit breaker back to closed."""
+    with open_connection() as conn:
+        queries.fetch_value(conn, "reset_circuit_breaker", {"name": name})
+    emit({"name": name, "circuit_state": "closed"},
+         lambda: console.print(f"{name}: circuit closed", highlight=False))
+
+
+@endpoint_group.command("health")
+@click.argument("name", required=False)
+@common_options
+def health(name: str | None) -> None:
+    """get_endpoint_health(): circuit, failures, last success and failure, pending depth."""
+    with open_connection() as conn:
+        rows = observability.endpoint_health(conn, name)
+    if name and not rows:
+        raise NotFound(f'endpoint "{name}" does not exist', "P0002", "List endpoints with `courier endpoint list`")
+
+    def render() -> None:
+        table = Table(title="endpoint health")
+        table.add_column("endpoint", no_wrap=True)
+        table.add_column("on")
+        table.add_column("circuit", no_wrap=True)
+        table.add_column("fails", justify="right")
+        table.add_column("pending", justify="right")
+        table.add_column("oldest pending", no_wrap=True)
+        table.add_column("last success", no_wrap=True)
+        for h in rows:
+            table.add_row(h.endpoint_name, "yes" if h.enabled else Text("no", style="red"),
+                          circuit_text(h.circuit_state), str(h.circuit_failure_count), str(h.pending_messages),
+                          when(h.oldest_pending_message), when(h.last_success_at))
+        console.print(table)
+
+    emit(rows, render)
 
 
 COMMANDS = [endpoint_group]

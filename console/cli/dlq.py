@@ -1,0 +1,144 @@
+"""`courier dlq ...`: browse, redrive and clean up the dead-letter queue."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sqlkit import queries
+from sqlkit.errors import NotFound
+
+from .context import common_options, console, emit, open_connection, wants_json, when
+
+REDRIVE_BATCH = 1000
+
+
+@click.group("dlq")
+def dlq_group() -> None:
+    """The dead-letter queue: messages that failed permanently or ran out of retries."""
+
+
+@dlq_group.command("list")
+@click.option("--endpoint", help="Only this endpoint's entries.")
+@click.option("--status", type=click.Choice(["failed", "redriven"]), help="Only entries in this state.")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
+@common_options
+def list_command(endpoint: str | None, status: str | None, limit: int) -> None:
+    """Newest entries first."""
+    with open_connection() as conn:
+        rows = queries.fetch_all(conn, "list_dlq", {"endpoint": endpoint, "status": status, "limit": limit})
+
+    def render() -> None:
+        table = Table(title=f"{len(rows)} DLQ entr{'y' if len(rows) == 1 else 'ies'}")
+        table.add_column("id", justify="right")
+        table.add_column("endpoint", no_wrap=True)
+        table.add_column("status")
+        table.add_column("tries", justify="right")
+        table.add_column("failed at", no_wrap=True)
+        table.add_column("last error", overflow="ellipsis", max_width=36)
+        for row in rows:
+            table.add_row(str(row["id"]), row["endpoint_name"], row["status"], str(row["retry_count"]),
+                          when(row["failed_at"]), row["last_error"] or "")
+        console.print(table)
+
+    emit(rows, render)
+
+
+@dlq_group.command("show")
+@click.argument("dlq_id", type=int)
+@common_options
+def show(dlq_id: int) -> None:
+    """One entry with its payload, headers and every attempt's error."""
+    with open_connection() as conn:
+        row = queries.fetch_one(conn, "get_dlq", {"id": dlq_id})
+    if row is None:
+        raise NotFound(f"DLQ entry {dlq_id} does not exist", "P0002", "List entries with `courier dlq list`")
+
+    def render() -> None:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold")
+        grid.add_column()
+        for key in ("id", "original_message_id", "endpoint_name", "status", "retry_count", "correlation_id",
+                    "ordering_key", "original_created_at", "failed_at", "redriven_at", "redriven_message_id"):
+            grid.add_row(key, str(row[key]) if row[key] is not None else "-")
+        grid.add_row("payload", json.dumps(row["payload"], indent=2))
+        grid.add_row("headers", json.dumps(row["headers"], indent=2))
+        console.print(grid)
+        history = Table("attempt", "at", "outcome", "error", title="error history")
+        for attempt in row["error_history"]:
+            history.add_row(str(attempt.get("attempt")), str(attempt.get("at")), str(attempt.get("outcome", "")),
+                            str(attempt.get("error")))
+        console.print(history)
+
+    emit(row, render)
+
+
+@dlq_group.command("summary")
+@common_options
+def summary() -> None:
+    """Failed and redriven counts per endpoint."""
+    with open_connection() as conn:
+        rows = queries.fetch_all(conn, "dlq_summary")
+
+    def render() -> None:
+        table = Table("endpoint", "failed", "redriven", "oldest failure", "newest failure", title="DLQ")
+        for row in rows:
+            table.add_row(row["endpoint_name"], str(row["failed_count"]), str(row["redriven_count"]),
+                          when(row["oldest_failure"]), when(row["newest_failure"]))
+        console.print(table)
+
+    emit(rows, render)
+
+
+@dlq_group.command("redrive")
+@click.argument("dlq_ids", type=int, nargs=-1)
+@click.option("--endpoint", help="Redrive every failed entry of this endpoint.")
+@click.option("--all", "everything", is_flag=True, help="Redrive every failed entry.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@common_options
+def redrive(dlq_ids: tuple[int, ...], endpoint: str | None, everything: bool, yes: bool) -> None:
+    """Re-queue DLQ entries by id, for an endpoint, or all of them."""
+    chosen = sum(bool(x) for x in (dlq_ids, endpoint, everything))
+    if chosen != 1:
+        raise click.UsageError("give DLQ ids, --endpoint NAME or --all (exactly one)")
+    with open_connection() as conn:
+        if dlq_ids:
+            requeued = [queries.fetch_value(conn, "redrive_message", {"id": i}) for i in dlq_ids]
+            emit({"redriven": len(requeued), "message_ids": requeued},
+                 lambda: console.print(f"redrove {len(requeued)} entr{'y' if len(requeued) == 1 else 'ies'} "
+                                       f"as message(s) {', '.join(map(str, requeued))}", highlight=False))
+            return
+        total = queries.fetch_value(conn, "dlq_failed_count", {"endpoint": endpoint})
+        scope = f"endpoint {endpoint}" if endpoint else "all endpoints"
+        if total and not yes and not wants_json():
+            click.confirm(f"Redrive {total} failed message(s) of {scope}?", abort=True)
+        done = 0
+        with Progress(TextColumn("redriving"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, disable=wants_json() or total == 0) as progress:
+            task = progress.add_task("redrive", total=total)
+            while True:  # one short transaction per batch, so the queue is never locked for long
+                if endpoint:
+                    n = queries.fetch_value(conn, "redrive_endpoint", {"name": endpoint, "batch_size": REDRIVE_BATCH})
+                else:
+                    n = queries.fetch_value(conn, "redrive_all", {"batch_size": REDRIVE_BATCH})
+                if not n:
+                    break
+                done += n
+                progress.update(task, completed=done)
+    emit({"redriven": done, "scope": scope}, lambda: console.print(f"redrove {done} message(s) of {scope}",
+                                                                    highlight=False))
+
+
+@dlq_group.command("cleanup")
+@common_options
+def cleanup() -> None:
+    """Delete entries older than dlq_retention_days."""
+    with open_connection() as conn:
+        deleted = queries.fetch_value(conn, "cleanup_dlq")
+    emit({"deleted": deleted}, lambda: console.print(f"deleted {deleted} DLQ entr{'y' if deleted == 1 else 'ies'}"))
+
+
+COMMANDS = [dlq_group]

@@ -1,0 +1,101 @@
+"""`courier dlq ...`, `courier endpoint reset-circuit|health` and `courier worker`, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from console.sink import WebhookSink
+from tests.helpers import scalar
+from tests.test_cli import assert_ok, assert_one_line_error, run
+from tests.workers import start_worker_process, wait_for
+
+
+@pytest.fixture
+def courier(dsn):
+    return lambda *args, stdin="": run(*args, dsn=dsn, stdin=stdin)
+
+
+@pytest.fixture
+def dead(conn):
+    """Five dead letters on endpoint 'billing' and two on 'shipping'."""
+    for name, n in (("billing", 5), ("shipping", 2)):
+        conn.execute("SELECT courier.create_endpoint(%s, 'noop', '{}')", (name,))
+        ids = scalar(conn, "SELECT courier.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', g) "
+                           "FROM generate_series(1, %s) g))", (name, n))
+        endpoint = scalar(conn, "SELECT id FROM courier.endpoints WHERE name = %s", (name,))
+        conn.execute("SELECT courier.claim_batch_v2('w', 10, %s)", (endpoint,))
+        conn.execute("SELECT courier.report_outcomes_v1(%s, %s, %s)",
+                     (ids, ["permanent"] * n, ["[PERMANENT] HTTP 400"] * n))
+    return conn
+
+
+def test_dlq_list_show_and_summary(courier, dead):
+    listed = assert_ok(courier("dlq", "list", "--endpoint", "billing", "--json")).json()
+    assert len(listed) == 5 and {row["last_error"] for row in listed} == {"[PERMANENT] HTTP 400"}
+    shown = assert_ok(courier("dlq", "show", str(listed[0]["id"]), "--json")).json()
+    assert shown["payload"] == {"n": 5} and shown["error_history"][0]["error"] == "[PERMANENT] HTTP 400"
+    assert "error history" in assert_ok(courier("dlq", "show", str(listed[0]["id"]))).out
+    summary = assert_ok(courier("dlq", "summary", "--json")).json()
+    assert [(s["endpoint_name"], s["failed_count"]) for s in summary] == [("billing", 5), ("shipping", 2)]
+    assert_one_line_error(courier("dlq", "show", "999999"), "does not exist")
+
+
+def test_dlq_redrive_one_an_endpoint_and_everything(courier, dead):
+    first = assert_ok(courier("dlq", "list", "--endpoint", "billing", "--json")).json()[-1]["id"]
+    assert assert_ok(courier("dlq", "redrive", str(first), "--json")).json()["redriven"] == 1
+    assert_one_line_error(courier("dlq", "redrive", str(first)), "already redriven")
+    endpoint = assert_ok(courier("dlq", "redrive", "--endpoint", "billing", "--yes"))
+    assert "redrove 4 message(s) of endpoint billing" in endpoint.text
+    everything = assert_ok(courier("dlq", "redrive", "--all", "--yes", "--json")).json()
+    assert everything["redriven"] == 2
+    assert scalar(dead, "SELECT count(*) FROM courier.queue WHERE status = 'pending'") == 7
+    assert scalar(dead, "SELECT count(*) FROM courier.dlq WHERE status = 'redriven'") == 7
+
+
+def test_dlq_redrive_asks_first_and_needs_a_scope(courier, dead):
+    refused = courier("dlq", "redrive", "--endpoint", "billing", stdin="n\n")
+    assert refused.code == 1 and "Redrive 5 failed message(s)" in refused.out
+    assert scalar(dead, "SELECT count(*) FROM courier.dlq WHERE status = 'failed'") == 7
+    assert courier("dlq", "redrive").code == 2
+    assert courier("dlq", "redrive", "1", "--all").code == 2
+
+
+def test_dlq_cleanup(courier, dead):
+    dead.execute("UPDATE courier.dlq SET failed_at = now() - interval '40 days' WHERE endpoint_name = 'shipping'")
+    assert assert_ok(courier("dlq", "cleanup", "--json")).json() == {"deleted": 2}
+
+
+def test_reset_circuit_and_health(courier, conn):
+    conn.execute("SELECT courier.create_endpoint('billing', 'noop', '{}')")
+    conn.execute("UPDATE courier.endpoints SET circuit_state = 'open', circuit_failure_count = 12")
+    health = assert_ok(courier("endpoint", "health", "--json")).json()
+    assert [(h["endpoint_name"], h["circuit_state"], h["circuit_failure_count"]) for h in health] == [
+        ("billing", "open", 12)]
+    assert "open" in assert_ok(courier("endpoint", "health", "billing")).out
+    assert_ok(courier("endpoint", "reset-circuit", "billing"))
+    assert scalar(conn, "SELECT circuit_state FROM courier.endpoints") == "closed"
+    assert_one_line_error(courier("endpoint", "reset-circuit", "nope"), "does not exist", "P0002")
+    assert_one_line_error(courier("endpoint", "health", "nope"), "does not exist")
+
+
+def test_worker_delivers_and_reports_heartbeats(dsn, conn):
+    with WebhookSink() as sink:
+        conn.execute("SELECT courier.create_endpoint('hook', 'http', %s::jsonb)",
+                     (json.dumps({"url": f"{sink.url}/healthy", "allow_internal": True}),))
+        assert_ok(run("send", "hook", '{"order": 1}', dsn=dsn))
+        worker = start_worker_process(dsn, "--concurrency", "4", "--worker-id", "test-worker")
+        try:
+            wait_for(lambda: sink.count() == 1)
+            wait_for(lambda: scalar(conn, "SELECT count(*) FROM courier.workers") == 1)
+            status = conn.execute("SELECT worker_id, state, alive FROM courier.get_worker_status()").fetchone()
+            assert status == ("test-worker", "running", True)
+        finally:
+            worker.terminate()
+            assert worker.wait(30) == 0
+
+
+def test_worker_against_an_unreachable_database_is_one_line(courier):
+    result = run("worker", dsn="postgresql://postgres@127.0.0.1:1/x")
+    assert_one_line_error(result, "cannot connect to PostgreSQL")
