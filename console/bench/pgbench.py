@@ -27,7 +27,9 @@ class PgbenchRun:
     failed: int
 
 
-def run_script(dsn: str, script: str, *, clients: int, seconds: float, threads: int = 2) -> PgbenchRun:
+def run_script(dsn: str, script: str, *, clients: int, seconds: float | None = None, transactions: int | None = None,
+               threads: int = 2) -> PgbenchRun:
+    """Run script for `seconds`, or `transactions` times per client."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "script.sql"
         path.write_text(script)
@@ -35,7 +37,8 @@ def run_script(dsn: str, script: str, *, clients: int, seconds: float, threads: 
         Path(folder).chmod(0o755)
         command = [
             str(embedded.client_binary("pgbench")), "-n", "-M", "prepared",
-            "-c", str(clients), "-j", str(min(threads, clients)), "-T", str(max(1, round(seconds))),
+            "-c", str(clients), "-j", str(min(threads, clients)),
+            *(["-t", str(transactions)] if transactions else ["-T", str(max(1, round(seconds or 1)))]),
             "-f", str(path), dsn,
         ]
         done = subprocess.run(command, capture_output=True, text=True, check=False)

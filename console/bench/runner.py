@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .drain import drain_noop
 from .enqueue import enqueue_batch, enqueue_single
 from .result import ScenarioResult
 from .scratch import scratch_database
@@ -13,6 +14,7 @@ Scenario = Callable[..., ScenarioResult | list[ScenarioResult]]
 SCENARIOS: dict[str, Scenario] = {
     "enqueue-single": enqueue_single,
     "enqueue-batch": enqueue_batch,
+    "drain-noop": drain_noop,
 }
 
 

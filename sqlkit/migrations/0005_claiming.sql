@@ -68,7 +68,7 @@ AS $$
     )
     SELECT c.id, c.endpoint_id, e.name, e.protocol, c.payload, c.headers, c.metadata, c.priority,
            c.retry_count, coalesce(c.max_retries, (e.retry_policy ->> 'max_retries')::integer,
-                                   courier._setting_int('default_max_retries')::integer),
+                                   (SELECT value::integer FROM courier.settings WHERE name = 'default_max_retries')),
            c.correlation_id, c.ordering_key, c.idempotency_key, c.scheduled_at, c.expires_at, c.created_at
     FROM claimed c JOIN courier.endpoints e ON e.id = c.endpoint_id
     ORDER BY c.priority DESC, c.id
@@ -133,7 +133,8 @@ BEGIN
             status = CASE
                 WHEN o.next_attempt_at IS NULL
                   OR q.retry_count + 1 > coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
-                                                  courier._setting_int('default_max_retries'))
+                                                  (SELECT value::integer FROM courier.settings
+                                                   WHERE name = 'default_max_retries'))
                 THEN 'failed' ELSE 'pending' END,
             next_retry_at = o.next_attempt_at,
             completed_at = CASE WHEN o.next_attempt_at IS NULL THEN now() END,

@@ -310,6 +310,9 @@ CREATE FUNCTION courier.report_outcomes_v1(p_ids bigint[], p_outcomes text[], p_
 RETURNS TABLE (delivered integer, retried integer, dead_lettered integer)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
+-- A cached generic plan cannot see how short the id arrays are and may join them to the
+-- queue by a sequential scan; planning each statement with its real arrays costs far less.
+SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     v_n integer := coalesce(cardinality(p_ids), 0);
@@ -324,6 +327,7 @@ DECLARE
     v_dead_ids bigint[];
     v_endpoints jsonb;
     v_endpoint jsonb;
+    v_default_max_retries integer := courier._setting_int('default_max_retries');
 BEGIN
     IF v_n IS DISTINCT FROM coalesce(cardinality(p_outcomes), 0) OR v_n IS DISTINCT FROM coalesce(cardinality(p_errors), 0)
        OR v_n IS DISTINCT FROM coalesce(cardinality(p_retry_after), v_n)
@@ -343,7 +347,7 @@ BEGIN
         SELECT u.id, u.outcome, u.error, u.response, q.endpoint_id,
                CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400) END AS retry_after,
                q.retry_count + 1 > coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
-                                            courier._setting_int('default_max_retries')) AS exhausted,
+                                            v_default_max_retries) AS exhausted,
                CASE WHEN u.outcome = 'retryable' THEN
                    CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400)
                         ELSE courier.retry_delay(e.retry_policy, q.retry_count) END
@@ -383,7 +387,7 @@ BEGIN
     SET status = 'completed', completed_at = now(), processing_started_at = NULL, response = s.response,
         updated_at = now()
     FROM unnest(v_success_ids, v_success_responses) AS s(id, response)
-    WHERE q.id = s.id;
+    WHERE q.id = s.id AND q.id = ANY (v_success_ids);  -- ANY lets the planner use the primary key
     GET DIAGNOSTICS delivered = ROW_COUNT;
 
     -- Every failure lands in the message's history first, so a DLQ row carries it too.
@@ -398,7 +402,7 @@ BEGIN
         updated_at = now()
     FROM unnest(v_failed_ids, v_failed_outcomes, v_failed_errors, v_failed_delays, v_failed_retry_after)
          AS f(id, outcome, error, delay, retry_after)
-    WHERE q.id = f.id;
+    WHERE q.id = f.id AND q.id = ANY (v_failed_ids);
 
     dead_lettered := courier._dead_letter(coalesce(v_dead_ids, '{}'));
     retried := coalesce(cardinality(v_failed_ids), 0) - dead_lettered;
