@@ -10,6 +10,7 @@ remembers what it received.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -62,6 +63,9 @@ class WebhookSink:
         self._thread.start()
         return self
 
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
@@ -108,3 +112,22 @@ class WebhookSink:
             time.sleep(int(parts[1]) / 1000)
             return 200, extra
         return 200, extra
+
+
+def main() -> None:
+    """`python -m console.sink --port 8787`: run the sink in the foreground."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8787)
+    parser.add_argument("--no-record", action="store_true", help="do not keep received requests in memory")
+    args = parser.parse_args()
+    sink = WebhookSink(args.host, args.port, record=not args.no_record)
+    print(sink.url, flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        sink.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

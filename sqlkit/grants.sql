@@ -26,7 +26,10 @@ GRANT EXECUTE ON FUNCTION
     courier.get_endpoint_health(text),
     courier.get_setting(text),
     courier.dlq_summary(),
-    courier.get_worker_status()
+    courier.get_worker_status(),
+    courier.health_check(),
+    courier.archive_partitions(),
+    courier.count_archive_partition(text)
 TO courier_monitor;
 
 -- Admins run Courier: every table and function, including the worker primitives.

@@ -47,11 +47,19 @@ SELECT courier.send_with_options(
 SELECT courier.send_batch_with_priority(%(endpoint)s, %(payloads)s::jsonb[], %(priority)s);
 
 -- name: get_message
+-- A message is in the queue while active and in the archive once finished.
 SELECT q.id, e.name AS endpoint_name, q.payload, q.headers, q.metadata, q.status, q.priority,
        q.retry_count, q.next_retry_at, q.scheduled_at, q.expires_at, q.idempotency_key,
        q.correlation_id, q.ordering_key, q.last_error, q.error_history, q.created_at, q.completed_at
 FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
-WHERE q.id = %(id)s;
+WHERE q.id = %(id)s
+UNION ALL
+SELECT a.id, coalesce(e.name, '#' || a.endpoint_id), a.payload, a.headers, a.metadata, a.status, a.priority,
+       a.retry_count, NULL, a.scheduled_at, a.expires_at, a.idempotency_key,
+       a.correlation_id, a.ordering_key, a.last_error, a.error_history, a.created_at, a.completed_at
+FROM courier.archive a LEFT JOIN courier.endpoints e ON e.id = a.endpoint_id
+WHERE a.id = %(id)s
+LIMIT 1;
 
 -- name: claim_batch
 SELECT * FROM courier.claim_batch_v1(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
@@ -140,3 +148,69 @@ SELECT courier.redrive_all(%(batch_size)s);
 
 -- name: cleanup_dlq
 SELECT courier.cleanup_dlq();
+
+-- name: ping
+SELECT 1;
+
+-- name: try_lead_maintenance
+SELECT courier.try_lead_maintenance_v1(%(worker_id)s);
+
+-- name: mark_expired_messages
+SELECT courier.mark_expired_messages(%(batch_size)s);
+
+-- name: archive_finished_messages
+SELECT courier.archive_completed_messages(0, %(batch_size)s);
+
+-- name: maintain_archive_partitions
+SELECT courier.maintain_archive_partitions(%(months_ahead)s);
+
+-- name: cleanup_old_archive_partitions
+SELECT courier.cleanup_old_archive_partitions();
+
+-- name: cleanup_event_log
+SELECT courier.cleanup_event_log();
+
+-- name: compact_queue_depth
+SELECT courier.compact_queue_depth();
+
+-- name: archive_partitions
+SELECT * FROM courier.archive_partitions();
+
+-- name: count_archive_partition
+SELECT courier.count_archive_partition(%(partition)s);
+
+-- name: endpoint_id
+SELECT id FROM courier.endpoints WHERE name = %(name)s;
+
+-- name: replay_range
+SELECT courier.replay_range(%(endpoint_id)s, %(from_ts)s, %(to_ts)s, %(status)s, %(batch_size)s, %(dry_run)s);
+
+-- name: running_replay
+SELECT id, replayed, last_archive_id, started_at FROM courier.replays
+WHERE endpoint_id = %(endpoint_id)s AND from_ts = %(from_ts)s AND to_ts = %(to_ts)s
+  AND coalesce(status_filter, '') = coalesce(%(status)s::text, '') AND state = 'running';
+
+-- name: replay_message
+SELECT courier.replay_message(%(archive_id)s);
+
+-- name: health_check
+SELECT * FROM courier.health_check();
+
+-- name: events_after
+SELECT ev.id, ev.created_at, ev.event_type, e.name AS endpoint, ev.actor, ev.details
+FROM courier.event_log ev LEFT JOIN courier.endpoints e ON e.id = ev.endpoint_id
+WHERE ev.id > %(after)s
+  AND (%(event_type)s::text IS NULL OR ev.event_type LIKE %(event_type)s::text || '%%')
+  AND (%(endpoint)s::text IS NULL OR e.name = %(endpoint)s::text)
+ORDER BY ev.id
+LIMIT %(limit)s;
+
+-- name: latest_events
+SELECT * FROM (
+    SELECT ev.id, ev.created_at, ev.event_type, e.name AS endpoint, ev.actor, ev.details
+    FROM courier.event_log ev LEFT JOIN courier.endpoints e ON e.id = ev.endpoint_id
+    WHERE (%(event_type)s::text IS NULL OR ev.event_type LIKE %(event_type)s::text || '%%')
+      AND (%(endpoint)s::text IS NULL OR e.name = %(endpoint)s::text)
+    ORDER BY ev.id DESC
+    LIMIT %(limit)s
+) newest ORDER BY id;

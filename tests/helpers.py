@@ -19,3 +19,13 @@ def queue_rows(conn: psycopg.Connection) -> int:
 def claim(conn: psycopg.Connection, batch: int = 10, worker: str = "test") -> list[tuple]:
     return conn.execute("SELECT id, payload, priority, ordering_key FROM courier.claim_batch_v1(%s, %s)",
                         (worker, batch)).fetchall()
+
+
+def message_status(conn: psycopg.Connection, message_id: int) -> str | None:
+    """A message's status wherever it is: the queue while active, the archive once finished."""
+    return scalar(conn, "SELECT status FROM courier.queue WHERE id = %(id)s "
+                        "UNION ALL SELECT status FROM courier.archive WHERE id = %(id)s", {"id": message_id})
+
+
+def archived(conn: psycopg.Connection, status: str = "completed") -> int:
+    return scalar(conn, "SELECT count(*) FROM courier.archive WHERE status = %s", (status,))

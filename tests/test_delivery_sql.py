@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from tests.helpers import scalar
+from tests.helpers import message_status, scalar
 
 
 def endpoint_id(conn, name: str = "hook") -> int:
@@ -37,7 +37,7 @@ def report(conn, ids: list[int], outcome: str, error: str | None = "boom", retry
 
 
 def status_of(conn, message_id: int) -> str | None:
-    return scalar(conn, "SELECT status FROM courier.queue WHERE id = %s", (message_id,))
+    return message_status(conn, message_id)
 
 
 def make_due(conn) -> None:
@@ -99,7 +99,7 @@ def test_exhausted_retries_go_to_the_dlq_with_their_history(conn):
         assert claim(conn, hook) == [message], attempt
         report(conn, [message], "retryable", f"[RETRYABLE] attempt {attempt + 1}")
         make_due(conn)
-    assert status_of(conn, message) is None
+    assert status_of(conn, message) == "failed"  # archived as dead-lettered
     history = scalar(conn, "SELECT error_history FROM courier.dlq WHERE original_message_id = %s", (message,))
     assert [h["error"] for h in history] == [f"[RETRYABLE] attempt {n}" for n in (1, 2, 3)]
 

@@ -12,7 +12,7 @@ import pytest
 from console.sink import WebhookSink
 from console.workers.dispatchers.http import classify, parse_retry_after, standard_webhooks_signature
 from console.workers.outcome import OutcomeKind
-from tests.helpers import scalar
+from tests.helpers import message_status, scalar
 from tests.workers import run_pool_until
 
 
@@ -73,7 +73,7 @@ def test_success_is_delivered_once_with_headers_and_body(dsn, conn, sink):
     message = send(conn, "ok", {"order": 1}, p_correlation_id="550e8400-e29b-41d4-a716-446655440000",
                    p_headers='{"X-Tenant": "acme"}')
     deliver(dsn, conn)
-    assert scalar(conn, "SELECT status FROM courier.queue WHERE id = %s", (message,)) == "completed"
+    assert message_status(conn, message) == "completed"
     (request,) = sink.received
     assert json.loads(request.body) == {"order": 1}
     assert request.headers["x-team"] == "billing" and request.headers["x-tenant"] == "acme"
@@ -186,7 +186,7 @@ def test_response_capture_with_correlation_id(dsn, conn, sink):
     create(conn, "captured", f"{sink.url}/healthy", capture_response=True)
     message = send(conn, "captured", p_correlation_id="550e8400-e29b-41d4-a716-446655440000")
     deliver(dsn, conn)
-    response = scalar(conn, "SELECT response FROM courier.queue WHERE id = %s", (message,))
+    response = scalar(conn, "SELECT response FROM courier.archive WHERE id = %s", (message,))
     assert response == {"status": 200, "body": "{}", "truncated": False,
                         "correlation_id": "550e8400-e29b-41d4-a716-446655440000"}
 

@@ -104,7 +104,8 @@ def test_event_log_records_changes_with_secrets_redacted(conn):
                     "auth": {"type": "bearer", "token": "s3cret-token"}, "signing": {"secret": "whsec_abc"}}')""")
     conn.execute("SELECT courier.disable_endpoint('secure')")
     conn.execute("SELECT courier.set_setting('retry_base_delay', '20')")
-    events = conn.execute("SELECT event_type, details::text FROM courier.event_log ORDER BY id").fetchall()
+    events = conn.execute("SELECT event_type, details::text FROM courier.event_log "
+                          "WHERE event_type NOT LIKE 'archive.%' ORDER BY id").fetchall()
     assert [e[0] for e in events] == ["endpoint.created", "endpoint.disabled", "config.changed"]
     assert "s3cret-token" not in events[0][1] and "whsec_abc" not in events[0][1]
     assert '"token": "***"' in events[0][1]

@@ -16,7 +16,7 @@ import pytest
 
 from console.sink import WebhookSink
 from sqlkit import migrate
-from tests.helpers import scalar
+from tests.helpers import archived, scalar
 from tests.workers import start_worker_process, wait_for
 
 
@@ -67,7 +67,7 @@ def test_kill_9_mid_batch_loses_nothing(dsn, conn, sink):
                  "WHERE status = 'processing'")
     successor = start_worker_process(dsn, "--concurrency", "20")
     try:
-        wait_for(lambda: count(conn, "status = 'completed'") == len(ids), timeout=60)
+        wait_for(lambda: archived(conn) == len(ids), timeout=60)
     finally:
         assert stop(successor) == 0
     received = delivered_ids(sink)
@@ -86,7 +86,7 @@ def test_sigterm_drains_and_leaves_nothing_in_processing(dsn, conn, sink):
     wait_for(lambda: count(conn, "status = 'processing'") >= 5)
     assert stop(worker) == 0
     assert count(conn, "status = 'processing'") == 0
-    completed = count(conn, "status = 'completed'")
+    completed = archived(conn)
     assert completed >= 5 and completed == len(delivered_ids(sink))
     logs = [json.loads(line) for line in worker.stderr.read().splitlines() if line.startswith("{")]
     assert [entry["msg"] for entry in logs if entry["msg"] in ("draining", "worker stopped")] == \
@@ -104,7 +104,7 @@ def test_ordering_keys_hold_across_two_worker_processes(dsn, conn, sink):
                              "p_priority := %s)", (json.dumps({"key": key, "step": step}), f"k{key}", (step * 7) % 11))
     workers = [start_worker_process(dsn, "--concurrency", "4", "--batch-size", "4") for _ in range(2)]
     try:
-        wait_for(lambda: count(conn, "status = 'completed'") == keys * steps, timeout=60)
+        wait_for(lambda: archived(conn) == keys * steps, timeout=60)
     finally:
         codes = [stop(w) for w in workers]
     assert codes == [0, 0]
@@ -113,7 +113,7 @@ def test_ordering_keys_hold_across_two_worker_processes(dsn, conn, sink):
         body = json.loads(request.body)
         arrivals[body["key"]].append(body["step"])
     assert dict(arrivals) == {key: list(range(steps)) for key in range(keys)}
-    assert len({w for (w,) in conn.execute("SELECT DISTINCT worker_id FROM courier.queue")}) == 2
+    assert len({w for (w,) in conn.execute("SELECT DISTINCT worker_id FROM courier.archive")}) == 2
 
 
 @pytest.fixture
@@ -145,13 +145,13 @@ def test_postgres_restart_during_dispatch_loses_nothing(private_server, sink):
     worker = start_worker_process(dsn, "--concurrency", "8", "--batch-size", "8")
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            wait_for(lambda: count(conn, "status = 'completed'") >= 50, timeout=60)
+            wait_for(lambda: archived(conn) >= 50, timeout=60)
         restart()
         # The worker reconnects by itself; outcomes it could not report during the restart
         # are reported once the database is back, so nothing waits for stale recovery.
         with psycopg.connect(dsn, autocommit=True) as conn:
-            wait_for(lambda: count(conn, "status = 'completed'") == len(ids), timeout=90)
-            assert count(conn, "status <> 'completed'") == 0
+            wait_for(lambda: archived(conn) == len(ids), timeout=90)
+            assert count(conn, "true") == 0, "the queue holds nothing once all is delivered"
         assert worker.poll() is None, "the worker should survive the restart"
     finally:
         assert stop(worker) == 0

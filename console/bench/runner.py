@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .delivery import dispatch_http, latency, mixed
 from .drain import drain_noop
 from .enqueue import enqueue_batch, enqueue_single
 from .result import ScenarioResult
@@ -15,6 +16,9 @@ SCENARIOS: dict[str, Scenario] = {
     "enqueue-single": enqueue_single,
     "enqueue-batch": enqueue_batch,
     "drain-noop": drain_noop,
+    "dispatch-http": dispatch_http,
+    "latency": latency,
+    "mixed": mixed,
 }
 
 

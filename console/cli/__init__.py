@@ -47,9 +47,9 @@ def main() -> None:
 
 
 def _register() -> None:
-    from . import bench, config, db, demo, dlq, endpoint, send, worker
+    from . import archive, bench, config, db, demo, dlq, endpoint, events, metrics, send, status, worker
 
-    for module in (db, endpoint, send, config, worker, dlq, bench, demo):
+    for module in (db, endpoint, send, config, worker, status, dlq, archive, metrics, events, bench, demo):
         for command in module.COMMANDS:
             main.add_command(command)
 

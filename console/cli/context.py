@@ -74,13 +74,13 @@ def open_connection(ctx: click.Context | None = None) -> psycopg.Connection:
     return connect(database_url(ctx))
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
+        return {k: plain(v) for k, v in dataclasses.asdict(value).items()}
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, UUID):
@@ -93,7 +93,7 @@ def _plain(value: Any) -> Any:
 def emit(data: Any, render: Callable[[], None] | None = None) -> None:
     """Print data as JSON under --json, otherwise call render (or print data plainly)."""
     if wants_json() or render is None:
-        sys.stdout.write(json.dumps(_plain(data), indent=2) + "\n")
+        sys.stdout.write(json.dumps(plain(data), indent=2) + "\n")
     else:
         render()
 

@@ -24,6 +24,7 @@ from sqlkit.errors import CourierError
 from sqlkit.messages import ClaimedMessage
 
 from .dispatchers import Dispatcher, Target, dispatcher_for
+from .maintenance import MaintenanceLeader, MaintenanceSchedule
 from .outcome import Outcome
 
 log = logging.getLogger("courier.worker")
@@ -44,7 +45,8 @@ class PoolSettings:
     refresh_interval: float = 2.0
     """Seconds between re-reads of the endpoint list."""
     heartbeat_interval: float = 5.0
-    stale_recovery_interval: float = 60.0
+    maintenance: MaintenanceSchedule | None = field(default_factory=MaintenanceSchedule)
+    """The schedule this pool runs if it is elected maintenance leader; None never stands."""
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}")
 
 
@@ -72,6 +74,9 @@ class WorkerPool:
         self._reports: list[tuple[int, Outcome]] = []
         self._report_wake = asyncio.Event()
         self._db_settings: dict[str, str] = {}
+        self._registered = False
+        self.maintenance = None if self.settings.maintenance is None else MaintenanceLeader(
+            dsn, self.settings.worker_id, self.settings.maintenance, registered=lambda: self._registered)
 
     @property
     def worker_id(self) -> str:
@@ -87,16 +92,18 @@ class WorkerPool:
         await self._db.open(timeout=30)
         background: list[asyncio.Task[None]] = []
         try:
-            await self._call_with_retry(self._recover_stale)
+            await self._call_with_retry(self._heartbeat)
+            self._registered = True
             await self._refresh_targets()
             reporter = asyncio.create_task(self._report_loop(), name="reporter")
             background = [
                 asyncio.create_task(self._listen_loop(), name="listen"),
                 asyncio.create_task(self._every(self.settings.refresh_interval, self._refresh_targets), name="refresh"),
                 asyncio.create_task(self._every(self.settings.heartbeat_interval, self._heartbeat), name="heartbeat"),
-                asyncio.create_task(self._every(self.settings.stale_recovery_interval, self._recover_stale),
-                                    name="stale-recovery"),
             ]
+            if self.maintenance is not None:
+                # Stale recovery at start-up is the leader's first job, as for ulak's worker 0.
+                background.append(asyncio.create_task(self.maintenance.run(self._stopping), name="maintenance"))
             log.info("worker started", extra={"worker_id": self.worker_id, "concurrency": self.settings.concurrency})
             await self._stopping.wait()
             log.info("draining", extra={"worker_id": self.worker_id, "in_flight": len(self._in_flight)})
@@ -311,12 +318,6 @@ class WorkerPool:
                 "concurrency": self.settings.concurrency, "in_flight": len(self._in_flight),
                 "delivered": self.stats.delivered, "failed": self.stats.failed, "state": state,
             })
-
-    async def _recover_stale(self) -> None:
-        async with self._db.connection() as conn:
-            recovered = await queries.fetch_value_async(conn, "recover_stale_messages")
-        if recovered:
-            log.info("recovered stale messages", extra={"count": recovered})
 
     async def _every(self, seconds: float, action) -> None:  # action: () -> Awaitable[None]
         while True:

@@ -1,0 +1,192 @@
+"""dispatch-http, latency and mixed: the worker pool against real endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+from console.workers.pool import PoolSettings, WorkerPool
+from sqlkit.connection import connect
+
+from .result import Measurement, ScenarioResult, measure_rounds
+
+
+class SinkProcess:
+    """The webhook sink in a process of its own, so it does not share our interpreter."""
+
+    def __enter__(self) -> str:
+        self._process = subprocess.Popen([sys.executable, "-m", "console.sink", "--port", "0", "--no-record"],
+                                         stdout=subprocess.PIPE, text=True)
+        assert self._process.stdout is not None
+        return self._process.stdout.readline().strip()
+
+    def __exit__(self, *exc: object) -> None:
+        self._process.terminate()
+        self._process.wait(10)
+
+
+def _endpoint(dsn: str, name: str, protocol: str, config: dict, retry_policy: dict | None = None) -> None:
+    with connect(dsn) as conn:
+        conn.execute("TRUNCATE courier.queue, courier.dlq, courier.archive")
+        conn.execute("DELETE FROM courier.endpoints WHERE name = %s", (name,))
+        conn.execute("SELECT courier.create_endpoint(%s, %s, %s::jsonb, %s::jsonb)",
+                     (name, protocol, json.dumps(config), json.dumps(retry_policy or {})))
+        conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+
+
+def _preload(dsn: str, name: str, messages: int) -> None:
+    with connect(dsn) as conn:
+        for start in range(0, messages, 10_000):
+            conn.execute("SELECT courier.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', g) "
+                         "FROM generate_series(%s::int, %s::int) g))", (name, start, min(start + 10_000, messages) - 1))
+        conn.execute("VACUUM ANALYZE courier.queue")
+
+
+def _run_pool(dsn: str, done, settings: PoolSettings, timeout: float = 600) -> tuple[WorkerPool, float]:
+    pool = WorkerPool(dsn, settings)
+
+    async def main() -> float:
+        task = asyncio.create_task(pool.run())
+        started = time.perf_counter()
+        while not done(pool) and not task.done() and time.perf_counter() - started < timeout:
+            await asyncio.sleep(0.02)
+        elapsed = time.perf_counter() - started
+        pool.stop()
+        await task
+        return elapsed
+
+    return pool, asyncio.run(main())
+
+
+# dispatch-http ----------------------------------------------------------------------
+
+async def _load_generator(url: str, requests: int, concurrency: int) -> float:
+    body = json.dumps({"n": 1}).encode()
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for n in range(requests):
+        queue.put_nowait(n)
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=concurrency)) as client:
+        async def worker() -> None:
+            while not queue.empty():
+                queue.get_nowait()
+                await client.post(url, content=body, headers={"content-type": "application/json"})
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - started
+
+
+def dispatch_http(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 20_000,
+                  concurrency: int = 64) -> ScenarioResult:
+    with SinkProcess() as sink_url:
+        url = f"{sink_url}/healthy"
+
+        def courier() -> Measurement:
+            _endpoint(dsn, "http-bench", "http", {"url": url, "allow_internal": True})
+            _preload(dsn, "http-bench", messages)
+            pool, elapsed = _run_pool(dsn, lambda p: p.stats.delivered >= messages,
+                                      PoolSettings(concurrency=concurrency, batch_size=100, poll_interval=0.05))
+            return Measurement(pool.stats.delivered / elapsed)
+
+        def ceiling() -> Measurement:
+            return Measurement(messages / asyncio.run(_load_generator(url, messages, concurrency)))
+
+        measured = measure_rounds({"ceiling": ceiling, "courier": courier}, rounds)
+    return ScenarioResult(
+        scenario="dispatch-http", variant=f"{messages:,} msgs, {concurrency} in flight", unit="msg/s",
+        courier=measured["courier"], ceiling=measured["ceiling"], target_ratio=0.6,
+        notes="worker pool (httpx) vs a plain httpx load generator, same concurrency, against the "
+              "stdlib-threaded sink in its own process",
+    )
+
+
+# latency ---------------------------------------------------------------------------
+
+def _offer_load(dsn: str, rate: float, seconds: float, stop: threading.Event) -> int:
+    sent = 0
+    with connect(dsn) as conn:
+        started = time.perf_counter()
+        while not stop.is_set() and time.perf_counter() - started < seconds:
+            conn.execute("SELECT courier.send('latency', '{\"n\": 1}')")
+            sent += 1
+            lag = started + sent / rate - time.perf_counter()
+            if lag > 0:
+                time.sleep(lag)
+    return sent
+
+
+def _latency_at(dsn: str, rate: float, seconds: float) -> ScenarioResult:
+    _endpoint(dsn, "latency", "noop", {})
+    sent: list[int] = []
+    stop = threading.Event()
+    producer = threading.Thread(target=lambda: sent.append(_offer_load(dsn, rate, seconds, stop)))
+
+    def all_delivered(pool: WorkerPool) -> bool:
+        if not producer.is_alive() and not sent:
+            producer.start()
+        return bool(sent) and pool.stats.delivered >= sent[0]
+
+    _run_pool(dsn, all_delivered, PoolSettings(concurrency=64, batch_size=50, report_interval=0.002),
+              timeout=seconds + 30)
+    stop.set()
+    with connect(dsn) as conn:
+        latencies = [float(row[0]) for row in conn.execute(
+            "SELECT extract(epoch FROM completed_at - created_at) * 1000 FROM courier.archive "
+            "WHERE status = 'completed'")]
+    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
+    achieved = (sent[0] if sent else 0) / seconds
+    return ScenarioResult(
+        scenario="latency", variant=f"{rate:,.0f}/s offered ({achieved:,.0f}/s sent)", unit="ms",
+        courier=Measurement(quantiles[49], quantiles[98]), ceiling=None,
+        notes=f"p50 {quantiles[49]:.1f} ms, p99 {quantiles[98]:.1f} ms from the send's transaction start to "
+              "the recorded completion; target at 500/s: p50 <= 5 ms, p99 <= 50 ms",
+    )
+
+
+def latency(dsn: str, *, clients: int, seconds: float, rounds: int) -> list[ScenarioResult]:
+    return [_latency_at(dsn, rate, seconds) for rate in (500, 2000)]
+
+
+# mixed -----------------------------------------------------------------------------
+
+def mixed(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 5_000) -> ScenarioResult:
+    """ulak's stress mix: 70% succeed, 20% fail, 10% slow; every message accounted for."""
+    with SinkProcess() as sink_url:
+        policy = {"max_retries": 1, "backoff": "fixed", "base_delay_seconds": 1}
+        with connect(dsn) as conn:
+            conn.execute("TRUNCATE courier.queue, courier.dlq, courier.archive")
+            conn.execute("DELETE FROM courier.endpoints WHERE name LIKE 'mixed-%'")
+            conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+            conn.execute("SELECT courier.set_setting('circuit_breaker_threshold', '1000')")
+            for name, path in (("mixed-ok", "/healthy"), ("mixed-fail", "/status/500"), ("mixed-slow", "/slow")):
+                conn.execute("SELECT courier.create_endpoint(%s, 'http', %s::jsonb, %s::jsonb)",
+                             (name, json.dumps({"url": sink_url + path, "allow_internal": True}), json.dumps(policy)))
+        shares = {"mixed-ok": 0.7, "mixed-fail": 0.2, "mixed-slow": 0.1}
+        for name, share in shares.items():
+            _preload(dsn, name, int(messages * share))
+        sent = sum(int(messages * share) for share in shares.values())
+
+        def settled(pool: WorkerPool) -> bool:
+            # Every message either delivered or dead-lettered, as the pool counts them.
+            return pool.stats.delivered + pool.stats.dead_lettered >= sent
+
+        _, elapsed = _run_pool(dsn, settled, PoolSettings(concurrency=256, batch_size=100, poll_interval=0.2))
+        with connect(dsn) as conn:
+            delivered = conn.execute("SELECT count(*) FROM courier.archive WHERE status = 'completed'").fetchone()[0]
+            dead = conn.execute("SELECT count(*) FROM courier.dlq").fetchone()[0]
+            pending = conn.execute("SELECT count(*) FROM courier.queue WHERE status IN ('pending', 'processing')"
+                                   ).fetchone()[0]
+    accounted = delivered + dead + pending == sent
+    return ScenarioResult(
+        scenario="mixed", variant=f"{sent:,} msgs 70/20/10", unit="msg/s", courier=Measurement(sent / elapsed),
+        ceiling=None,
+        notes=f"delivered {delivered} + DLQ {dead} + pending {pending} = {delivered + dead + pending} of {sent} sent "
+              f"({'all accounted for' if accounted else 'MISMATCH'}); failures retried once after 1 s",
+    )

@@ -1,0 +1,53 @@
+"""`courier events`: the event log (circuit transitions, endpoint and config changes,
+redrives, replays, maintenance), newest last, optionally followed live."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+from rich.markup import escape
+
+from sqlkit import observability
+from sqlkit.observability import Event
+
+from .context import common_options, console, open_connection, plain, wants_json, when
+
+
+@click.command("events")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True,
+              help="How many of the newest events to show first.")
+@click.option("--type", "event_type", help="Only events whose type starts with this, e.g. circuit or archive.replay.")
+@click.option("--endpoint", help="Only this endpoint's events.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events as they are logged (Ctrl-C stops).")
+@click.option("--interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True,
+              help="Seconds between looks for new events under --follow.")
+@common_options
+def events(limit: int, event_type: str | None, endpoint: str | None, follow: bool, interval: float) -> None:
+    """Show the event log; --json prints one JSON object per line."""
+    with open_connection() as conn:
+        shown = observability.latest_events(conn, limit, event_type, endpoint)
+        for event in shown:
+            _print(event)
+        last_id = shown[-1].id if shown else 0
+        while follow:
+            time.sleep(interval)
+            for event in observability.events_after(conn, last_id, event_type, endpoint):
+                _print(event)
+                last_id = event.id
+
+
+def _print(event: Event) -> None:
+    if wants_json():
+        sys.stdout.write(json.dumps(plain(event)) + "\n")
+        sys.stdout.flush()
+        return
+    subject = f" [bold]{escape(event.endpoint)}[/]" if event.endpoint else ""
+    details = escape(json.dumps(event.details, default=str)) if event.details else ""
+    console.print(f"[dim]{when(event.created_at)}[/] #{event.id} [cyan]{event.event_type}[/]{subject} {details}",
+                  highlight=False, soft_wrap=True)
+
+
+COMMANDS = [events]

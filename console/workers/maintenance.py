@@ -1,0 +1,153 @@
+"""The maintenance leader: one worker in the cluster runs expiry, stale recovery, archiving,
+partition upkeep and retention, elected by a session advisory lock.
+
+Every pool runs a `MaintenanceLeader`. It holds a connection of its own; whichever one's
+`try_lead_maintenance_v1()` wins the lock leads until that connection ends, so when a
+leader dies the server releases its lock and another worker wins the next election, within
+`election_interval` seconds. The jobs themselves are SQL functions; this module only keeps
+their schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+
+from sqlkit import queries
+from sqlkit.connection import connect_async
+from sqlkit.errors import CourierError, DatabaseUnavailable
+
+log = logging.getLogger("courier.maintenance")
+
+LEADER_APPLICATION_NAME = "courier-maintenance"
+
+
+@dataclass(frozen=True)
+class MaintenanceJob:
+    name: str
+    query: str
+    """Named query returning how much it did; repeated while it reports a full batch."""
+    every: float
+    """Seconds between runs."""
+    batch: int | None = None
+    """The batch size passed to the query; None for jobs that do everything in one call."""
+
+
+@dataclass
+class MaintenanceSchedule:
+    """How often the leader runs each job, in seconds."""
+
+    election_interval: float = 2.0
+    expiry: float = 10.0
+    stale_recovery: float = 60.0
+    archive: float = 2.0
+    partitions: float = 3600.0
+    dlq_cleanup: float = 3600.0
+    event_log_cleanup: float = 3600.0
+    counter_compaction: float = 60.0
+    months_ahead: int = 3
+    """Archive partitions kept ready beyond the current month."""
+    job_time_budget: float = 5.0
+    """Longest a batched job may keep going in one run, so one job never starves the rest."""
+
+    def jobs(self) -> list[MaintenanceJob]:
+        return [
+            MaintenanceJob("stale_recovery", "recover_stale_messages", self.stale_recovery),
+            MaintenanceJob("expiry", "mark_expired_messages", self.expiry, batch=10_000),
+            MaintenanceJob("archive", "archive_finished_messages", self.archive, batch=5_000),
+            MaintenanceJob("partitions", "maintain_archive_partitions", self.partitions),
+            MaintenanceJob("archive_retention", "cleanup_old_archive_partitions", self.partitions),
+            MaintenanceJob("dlq_cleanup", "cleanup_dlq", self.dlq_cleanup),
+            MaintenanceJob("event_log_cleanup", "cleanup_event_log", self.event_log_cleanup),
+            MaintenanceJob("counter_compaction", "compact_queue_depth", self.counter_compaction),
+        ]
+
+
+class MaintenanceLeader:
+    def __init__(self, dsn: str, worker_id: str, schedule: MaintenanceSchedule | None = None,
+                 registered: Callable[[], bool] = lambda: True) -> None:
+        self.dsn = dsn
+        self.worker_id = worker_id
+        self.schedule = schedule or MaintenanceSchedule()
+        self.is_leader = False
+        self._registered = registered
+        self._jobs = self.schedule.jobs()
+        self._next_run: dict[str, float] = {}
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Campaign, and lead while elected, until stopping is set."""
+        while not stopping.is_set():
+            conn: psycopg.AsyncConnection | None = None
+            try:
+                conn = await connect_async(self.dsn, application_name=LEADER_APPLICATION_NAME)
+                await self._campaign_and_lead(conn, stopping)
+            except CourierError as error:
+                if self.is_leader:
+                    log.warning("maintenance leadership lost", extra={"worker_id": self.worker_id,
+                                                                      "error": error.one_line()})
+                self.is_leader = False
+                await _sleep_unless(stopping, self.schedule.election_interval)
+            finally:
+                self.is_leader = False
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()  # closing the session releases the lock
+
+    async def _campaign_and_lead(self, conn: psycopg.AsyncConnection, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            if not self.is_leader:
+                if self._registered():
+                    self.is_leader = bool(await queries.fetch_value_async(
+                        conn, "try_lead_maintenance", {"worker_id": self.worker_id}))
+                if self.is_leader:
+                    log.info("elected maintenance leader", extra={"worker_id": self.worker_id})
+                    self._next_run = {}  # a new leader runs everything at once: startup recovery
+                else:
+                    await _sleep_unless(stopping, self.schedule.election_interval)
+                    continue
+            await self._run_due_jobs(conn, stopping)
+            await _sleep_unless(stopping, 1.0)
+            # A dead connection must not go on believing it leads.
+            await queries.fetch_value_async(conn, "ping")
+
+    async def _run_due_jobs(self, conn: psycopg.AsyncConnection, stopping: asyncio.Event) -> None:
+        for job in self._jobs:
+            if stopping.is_set():
+                return
+            now = time.monotonic()
+            if self._next_run.get(job.name, 0.0) > now:
+                continue
+            self._next_run[job.name] = now + job.every
+            try:
+                done = await self._run_job(conn, job, stopping)
+            except CourierError as error:
+                if isinstance(error, DatabaseUnavailable) or conn.closed:
+                    raise  # the connection is gone, and the lock with it
+                log.warning("maintenance job failed", extra={"job": job.name, "error": error.one_line()})
+                continue
+            if done:
+                log.info("maintenance", extra={"job": job.name, "count": done})
+
+    async def _run_job(self, conn: psycopg.AsyncConnection, job: MaintenanceJob, stopping: asyncio.Event) -> int:
+        params = {"batch_size": job.batch, "months_ahead": self.schedule.months_ahead}
+        if job.batch is None:
+            return int(await queries.fetch_value_async(conn, job.query, params) or 0)
+        total = 0
+        deadline = time.monotonic() + self.schedule.job_time_budget
+        while not stopping.is_set() and time.monotonic() < deadline:
+            done = int(await queries.fetch_value_async(conn, job.query, params) or 0)
+            total += done
+            if done < job.batch:
+                break
+        return total
+
+
+async def _sleep_unless(event: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)
