@@ -1,0 +1,148 @@
+"""The maintenance leader with real worker processes: one leader at a time, failover after
+kill -9, and the jobs it runs; plus the event log, health_check() and get_worker_status()."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.helpers import archived, scalar
+from tests.workers import start_worker_process, wait_for
+
+
+def leaders(conn) -> list[str]:
+    return [w for (w,) in conn.execute(
+        "SELECT worker_id FROM courier.get_worker_status() WHERE alive AND maintenance_leader")]
+
+
+def alive(conn) -> int:
+    return scalar(conn, "SELECT count(*) FROM courier.get_worker_status() WHERE alive")
+
+
+def stop(process) -> int:
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_one_leader_and_failover_after_kill_9(dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")
+    workers = {name: start_worker_process(dsn, "--worker-id", name) for name in ("first", "second")}
+    try:
+        wait_for(lambda: alive(conn) == 2 and len(leaders(conn)) == 1, timeout=30)
+        (leader,) = leaders(conn)
+        (follower,) = set(workers) - {leader}
+        workers[leader].kill()  # SIGKILL: its session ends, and the server drops its lock
+        workers[leader].wait(10)
+
+        # A claim the dead leader left behind, stale already: the new leader's first job
+        # (start-up recovery) must put it back in line.
+        message = scalar(conn, "SELECT courier.send('hook', '{\"stranded\": true}')")
+        conn.execute("UPDATE courier.queue SET status = 'processing', worker_id = %s, "
+                     "processing_started_at = now() - interval '10 minutes' WHERE id = %s", (leader, message))
+
+        wait_for(lambda: leaders(conn) == [follower], timeout=15)
+        wait_for(lambda: archived(conn) == 1, timeout=15)
+        assert scalar(conn, "SELECT retry_count FROM courier.archive WHERE id = %s", (message,)) == 1
+        elected = [row[0] for row in conn.execute(
+            "SELECT details ->> 'worker_id' FROM courier.event_log "
+            "WHERE event_type = 'maintenance.leader_elected' ORDER BY id")]
+        assert elected == [leader, follower]
+        assert scalar(conn, "SELECT count(*) FROM courier.event_log WHERE event_type = 'messages.stale_recovered'") == 1
+    finally:
+        for process in workers.values():
+            if process.poll() is None:
+                stop(process)
+
+
+def test_the_leader_runs_expiry_and_archiving(dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('paused', 'noop', '{}')")
+    conn.execute("SELECT courier.disable_endpoint('paused')")  # nothing gets delivered meanwhile
+    conn.execute("INSERT INTO courier.queue (endpoint_id, payload, expires_at) "
+                 "SELECT 1, jsonb_build_object('n', g), now() - interval '1 second' FROM generate_series(1, 30) g")
+    worker = start_worker_process(dsn)
+    try:
+        wait_for(lambda: archived(conn, "expired") == 30, timeout=30)
+    finally:
+        assert stop(worker) == 0
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0
+    counted = scalar(conn, "SELECT metric_value FROM courier.metrics() WHERE metric_name = 'messages_expired_total'")
+    assert counted == 30
+
+
+def test_a_graceful_stop_hands_leadership_on_at_once(dsn, conn):
+    first = start_worker_process(dsn, "--worker-id", "first")
+    try:
+        wait_for(lambda: leaders(conn) == ["first"], timeout=30)
+        second = start_worker_process(dsn, "--worker-id", "second")
+        try:
+            wait_for(lambda: alive(conn) == 2, timeout=30)
+            assert leaders(conn) == ["first"]
+            assert stop(first) == 0
+            wait_for(lambda: leaders(conn) == ["second"], timeout=15)
+        finally:
+            assert stop(second) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+
+
+# The event log ------------------------------------------------------------------------------
+
+def test_the_event_log_records_each_kind_of_event(conn):
+    conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")
+    conn.execute("SELECT courier.alter_endpoint('hook', '{\"concurrency\": 4}'::jsonb)")
+    conn.execute("SELECT courier.disable_endpoint('hook')")
+    conn.execute("SELECT courier.enable_endpoint('hook')")
+    conn.execute("SELECT courier.set_setting('circuit_breaker_threshold', '1')")
+    ids = scalar(conn, "SELECT courier.send_batch('hook', ARRAY['{}'::jsonb, '{}'])")
+    conn.execute("SELECT courier.claim_batch_v2('w', 1, 1)")
+    conn.execute("SELECT courier.report_outcomes_v1(%s, '{retryable}', '{boom}')", (ids[:1],))  # opens
+    conn.execute("UPDATE courier.endpoints SET circuit_half_open_at = now() - interval '1 second'")
+    conn.execute("UPDATE courier.queue SET next_retry_at = NULL")
+    probe = [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch_v2('w', 5, 1)")]  # half_open
+    conn.execute("SELECT courier.report_outcomes_v1(%s, %s, %s)", (probe, ["permanent"], ["[PERMANENT] 400"]))
+    conn.execute("SELECT courier.reset_circuit_breaker('hook')")
+    dlq_id = scalar(conn, "SELECT id FROM courier.dlq")
+    conn.execute("SELECT courier.redrive_message(%s)", (dlq_id,))
+    conn.execute("SELECT courier.replay_message(%s)", (probe[0],))
+    conn.execute("SELECT courier.replay_range(1, now() - interval '1 hour', now() + interval '1 hour')")
+    conn.execute("INSERT INTO courier.event_log (event_type, created_at) "
+                 "VALUES ('ancient', now() - interval '400 days')")
+    assert scalar(conn, "SELECT courier.cleanup_event_log()") == 1
+    conn.execute("SELECT courier.drop_endpoint('hook', true)")
+
+    kinds = {kind for (kind,) in conn.execute("SELECT DISTINCT event_type FROM courier.event_log")}
+    assert {"endpoint.created", "endpoint.altered", "endpoint.disabled", "endpoint.enabled", "endpoint.dropped",
+            "config.changed", "circuit.opened", "circuit.half_open", "circuit.reset", "dlq.redrive",
+            "archive.replay_message", "archive.replay_started", "archive.replay_finished",
+            "archive.partitions_created", "event_log.cleanup"} <= kinds
+    assert "ancient" not in kinds
+
+
+def drop_this_months_partition(conn) -> None:
+    conn.execute(f"DROP TABLE courier.{scalar(conn, 'SELECT courier._archive_partition_name(now())')}")
+
+
+@pytest.mark.parametrize(("setup", "check", "status"), [
+    ("SELECT courier.set_setting('max_queue_size', '10');"
+     "SELECT courier.send_batch('hook', ARRAY(SELECT '{}'::jsonb FROM generate_series(1, 9)))",
+     "backpressure", "warning"),
+    ("SELECT courier.send('hook', '{}')", "workers", "critical"),
+    ("UPDATE courier.endpoints SET circuit_state = 'open'", "circuits", "warning"),
+    (drop_this_months_partition, "archive_partitions", "critical"),
+])
+def test_health_check_flags_what_an_operator_must_act_on(conn, setup, check, status):
+    conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")
+    if callable(setup):
+        setup(conn)
+    else:
+        conn.execute(setup)
+    found = {name: state for name, state, _, _ in conn.execute("SELECT * FROM courier.health_check()")}
+    assert found[check] == status
+    # Nothing else is flagged ('workers' is always at least a warning here: none run).
+    assert {name for name, state in found.items() if state != "ok"} - {"workers"} <= {check}
