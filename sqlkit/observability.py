@@ -3,7 +3,7 @@ worker heartbeats and the event log."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -94,3 +94,53 @@ def events_after(conn: psycopg.Connection, after: int, event_type: str | None = 
                  endpoint: str | None = None, limit: int = 1000) -> list[Event]:
     params = {"after": after, "limit": limit, "event_type": event_type, "endpoint": endpoint}
     return [Event(**row) for row in queries.fetch_all(conn, "events_after", params)]
+
+
+CIRCUIT_STATES = {0: "closed", 1: "half_open", 2: "open"}
+
+
+@dataclass
+class EndpointDepth:
+    endpoint: str
+    enabled: bool = True
+    circuit: str = "closed"
+    pending: int = 0
+    processing: int = 0
+    dlq_failed: int = 0
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """What `courier status` shows: one metrics() read plus health checks and heartbeats."""
+
+    queue_depth: dict[str, int]
+    oldest_pending_age_seconds: float
+    dlq_depth: int
+    endpoints: list[EndpointDepth]
+    workers: list[WorkerStatus]
+    health: list[HealthCheck] = field(default_factory=list)
+
+
+def queue_status(conn: psycopg.Connection) -> QueueStatus:
+    depth_by_status: dict[str, int] = {}
+    by_endpoint: dict[str, EndpointDepth] = {}
+    oldest = 0.0
+    for m in metrics(conn):
+        name = m.labels.get("endpoint")
+        endpoint = by_endpoint.setdefault(name, EndpointDepth(name)) if name is not None else None
+        status = m.labels.get("status")
+        if m.metric_name == "queue_depth":
+            depth_by_status[status] = int(m.metric_value)
+        elif m.metric_name == "queue_depth_by_endpoint" and status in ("pending", "processing"):
+            setattr(endpoint, status, int(m.metric_value))
+        elif m.metric_name == "dlq_depth" and status == "failed":
+            endpoint.dlq_failed = int(m.metric_value)
+        elif m.metric_name == "endpoint_circuit_state":
+            endpoint.circuit = CIRCUIT_STATES.get(int(m.metric_value), "?")
+        elif m.metric_name == "endpoint_enabled":
+            endpoint.enabled = bool(m.metric_value)
+        elif m.metric_name == "oldest_message_age_seconds":
+            oldest = m.metric_value
+    endpoints = sorted(by_endpoint.values(), key=lambda e: e.endpoint)
+    return QueueStatus(depth_by_status, oldest, sum(e.dlq_failed for e in endpoints), endpoints,
+                       worker_status(conn), health_check(conn))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .delivery import dispatch_http, latency, mixed
+from .depth import depth
 from .drain import drain_noop
 from .enqueue import enqueue_batch, enqueue_single
 from .result import ScenarioResult
@@ -19,15 +20,19 @@ SCENARIOS: dict[str, Scenario] = {
     "dispatch-http": dispatch_http,
     "latency": latency,
     "mixed": mixed,
+    "depth": depth,
 }
 
 
 def run(names: list[str], dsn: str, *, clients: int, seconds: float, rounds: int,
+        options: dict[str, dict[str, object]] | None = None,
         progress: Callable[[str], None] = lambda _: None) -> list[ScenarioResult]:
+    """Run each scenario by name; options[name] holds keyword arguments of that scenario's own."""
     results: list[ScenarioResult] = []
     with scratch_database(dsn) as bench_dsn:
         for name in names:
             progress(name)
-            outcome = SCENARIOS[name](bench_dsn, clients=clients, seconds=seconds, rounds=rounds)
+            outcome = SCENARIOS[name](bench_dsn, clients=clients, seconds=seconds, rounds=rounds,
+                                      **(options or {}).get(name, {}))
             results.extend(outcome if isinstance(outcome, list) else [outcome])
     return results

@@ -28,7 +28,8 @@ def _table(results: list[ScenarioResult]) -> Table:
         if r.target_ratio is not None:
             target.append(f">= {r.target_ratio:.1f}")
         if r.target_absolute is not None:
-            target.append(f">= {r.target_absolute / 1000:.0f}k/s")
+            absolute = r.target_absolute
+            target.append(f">= {absolute / 1000:.0f}k/s" if absolute >= 1000 else f">= {absolute:g}/s")
         verdict = {True: ("met", "green"), False: ("missed", "red"), None: ("", "")}[r.meets_target]
         table.add_row(
             r.scenario, r.variant, f"{r.courier.rate:,.0f}",
@@ -52,14 +53,23 @@ def _notes(results: list[ScenarioResult]) -> str:
               help="Length of each measured run.")
 @click.option("--rounds", type=click.IntRange(1, 10), default=2, show_default=True,
               help="Alternating courier/ceiling rounds; medians are reported.")
+@click.option("--depth-rows", default="10000,1000000,10000000", show_default=True,
+              help="Queue sizes the depth scenario grows through, comma-separated.")
 @dsn_option
 def bench(scenarios: tuple[str, ...], json_file: Path | None, clients: int, seconds: float,
-          rounds: int) -> None:
+          rounds: int, depth_rows: str) -> None:
     """Run SCENARIOS (default: all) in a scratch database on the configured server."""
     names = list(scenarios) or sorted(runner.SCENARIOS)
+    try:
+        sizes = tuple(sorted({int(n.replace("_", "")) for n in depth_rows.split(",")}))
+    except ValueError:
+        raise click.BadParameter("must be whole numbers separated by commas", param_hint="--depth-rows") from None
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter("must be positive", param_hint="--depth-rows")
     quiet = json_file is not None and str(json_file) == "-"
     with console.status("benchmarking...") as status:
         results = runner.run(names, database_url(), clients=clients, seconds=seconds, rounds=rounds,
+                             options={"depth": {"sizes": sizes}},
                              progress=lambda name: status.update(f"running {name}..."))
     payload = [r.as_dict() for r in results]
     if quiet:
