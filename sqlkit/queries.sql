@@ -127,7 +127,11 @@ ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: get_dlq
-SELECT * FROM courier.dlq WHERE id = %(id)s;
+-- Producer headers may carry credentials: show them redacted, as everywhere else.
+SELECT id, original_message_id, endpoint_id, endpoint_name, payload, courier._redact(headers) AS headers,
+       metadata, priority, ordering_key, idempotency_key, correlation_id, scheduled_at, expires_at, retry_count,
+       last_error, error_history, status, original_created_at, failed_at, redriven_at, redriven_message_id
+FROM courier.dlq WHERE id = %(id)s;
 
 -- name: dlq_summary
 SELECT * FROM courier.dlq_summary();

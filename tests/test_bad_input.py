@@ -171,3 +171,20 @@ def test_drop_refuses_while_messages_are_active(conn, webhook):
         conn.execute("SELECT courier.drop_endpoint('webhook')")
     conn.execute("SELECT courier.drop_endpoint('webhook', p_force := true)")
     assert queue_rows(conn) == 0 and endpoints_count(conn) == 0
+
+
+@pytest.mark.parametrize(("statement", "fragment"), [
+    ("UPDATE courier.endpoints SET retry_policy = '{\"base_delay_seconds\": \"ten\"}'", "base_delay_seconds"),
+    ("UPDATE courier.endpoints SET retry_policy = '{\"backoff\": \"random\"}'", "backoff"),
+    ("UPDATE courier.endpoints SET config = config || '{\"rate_limit\": {\"rate\": -1}}'", "rate"),
+    ("UPDATE courier.endpoints SET config = '{\"url\": \"ftp://x\"}'", "url"),
+    ("INSERT INTO courier.endpoints (name, protocol, config) VALUES ('raw', 'http', '{}')", "url"),
+])
+def test_direct_table_changes_are_validated_like_the_api(conn, statement, fragment):
+    """ulak's docs change retry policies with a plain UPDATE; a bad one must not get in that way."""
+    conn.execute("SELECT courier.create_endpoint('hook', 'http', '{\"url\": \"https://example.com/hook\"}')")
+    before = conn.execute("SELECT config, retry_policy FROM courier.endpoints").fetchall()
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=fragment):
+        conn.execute(statement)
+    assert conn.execute("SELECT config, retry_policy FROM courier.endpoints").fetchall() == before
+    conn.execute("UPDATE courier.endpoints SET retry_policy = '{\"backoff\": \"linear\", \"max_retries\": 20}'")

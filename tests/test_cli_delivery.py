@@ -99,3 +99,15 @@ def test_worker_delivers_and_reports_heartbeats(dsn, conn):
 def test_worker_against_an_unreachable_database_is_one_line(courier):
     result = run("worker", dsn="postgresql://postgres@127.0.0.1:1/x")
     assert_one_line_error(result, "cannot connect to PostgreSQL")
+
+
+def test_dlq_show_redacts_producer_credentials(courier, conn):
+    conn.execute("SELECT courier.create_endpoint('billing', 'noop', '{}')")
+    message = scalar(conn, "SELECT courier.send_with_options('billing', '{\"n\": 1}', "
+                           "p_headers := '{\"Authorization\": \"Bearer t0p-s3cret\", \"X-Tenant\": \"acme\"}')")
+    conn.execute("SELECT courier.claim_batch_v2('w', 1, 1)")
+    conn.execute("SELECT courier.report_outcomes_v1(%s, '{permanent}', '{boom}')", ([message],))
+    dlq_id = scalar(conn, "SELECT id FROM courier.dlq")
+    for shown in (courier("dlq", "show", str(dlq_id)), courier("dlq", "show", str(dlq_id), "--json")):
+        assert_ok(shown)
+        assert "t0p-s3cret" not in shown.out and "acme" in shown.out
