@@ -218,3 +218,6 @@ SELECT * FROM (
     ORDER BY ev.id DESC
     LIMIT %(limit)s
 ) newest ORDER BY id;
+
+-- name: prune_workers
+SELECT courier.prune_workers();

@@ -111,3 +111,13 @@ def test_dlq_show_redacts_producer_credentials(courier, conn):
     for shown in (courier("dlq", "show", str(dlq_id)), courier("dlq", "show", str(dlq_id), "--json")):
         assert_ok(shown)
         assert "t0p-s3cret" not in shown.out and "acme" in shown.out
+
+
+def test_demo_runs_producer_workers_and_the_live_view(courier, conn):
+    shown = assert_ok(courier("demo", "--seconds", "6", "--rate", "80"))
+    assert "Courier demo" in shown.out and "demo-down" in shown.out
+    names = {n for (n,) in conn.execute("SELECT name FROM courier.endpoints")}
+    assert names == {"demo-healthy", "demo-flaky", "demo-slow", "demo-down"}
+    assert scalar(conn, "SELECT count(*) FROM courier.archive WHERE status = 'completed'") > 50
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'") == 0  # drained on exit
+    assert scalar(conn, "SELECT state FROM courier.workers WHERE worker_id = 'courier-demo'") == "stopped"

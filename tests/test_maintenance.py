@@ -146,3 +146,11 @@ def test_health_check_flags_what_an_operator_must_act_on(conn, setup, check, sta
     assert found[check] == status
     # Nothing else is flagged ('workers' is always at least a warning here: none run).
     assert {name for name, state in found.items() if state != "ok"} - {"workers"} <= {check}
+
+
+def test_long_gone_workers_are_pruned(conn):
+    conn.execute("SELECT courier.worker_heartbeat_v1('gone', 'h', 1, 1, 0, 0, 0, 'stopped')")
+    conn.execute("SELECT courier.worker_heartbeat_v1('here', 'h', 2, 1, 0, 0, 0, 'running')")
+    conn.execute("UPDATE courier.workers SET last_heartbeat = now() - interval '2 hours' WHERE worker_id = 'gone'")
+    assert scalar(conn, "SELECT courier.prune_workers()") == 1
+    assert [w for (w,) in conn.execute("SELECT worker_id FROM courier.workers")] == ["here"]

@@ -66,6 +66,7 @@ class MaintenanceSchedule:
             MaintenanceJob("dlq_cleanup", "cleanup_dlq", self.dlq_cleanup),
             MaintenanceJob("event_log_cleanup", "cleanup_event_log", self.event_log_cleanup),
             MaintenanceJob("counter_compaction", "compact_queue_depth", self.counter_compaction),
+            MaintenanceJob("worker_pruning", "prune_workers", self.counter_compaction),
         ]
 
 

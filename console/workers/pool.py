@@ -75,6 +75,7 @@ class WorkerPool:
         self._report_wake = asyncio.Event()
         self._db_settings: dict[str, str] = {}
         self._registered = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.maintenance = None if self.settings.maintenance is None else MaintenanceLeader(
             dsn, self.settings.worker_id, self.settings.maintenance, registered=lambda: self._registered)
 
@@ -88,7 +89,15 @@ class WorkerPool:
         for event in self._wake.values():
             event.set()
 
+    def stop_threadsafe(self) -> None:
+        """stop(), from a thread other than the one running the pool."""
+        if self._loop is None:
+            self._stopping.set()  # not running yet: run() will find it set and stop at once
+        else:
+            self._loop.call_soon_threadsafe(self.stop)
+
     async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
         await self._db.open(timeout=30)
         background: list[asyncio.Task[None]] = []
         try:
