@@ -198,9 +198,21 @@ def test_circuit_opens_and_stops_calling_a_failing_endpoint(dsn, conn, sink):
         send(conn, "flapping")
     deliver(dsn, conn, batch_size=1, concurrency=1)
     assert scalar(conn, "SELECT circuit_state FROM courier.endpoints") == "open"
-    # Outcomes are reported in the background, so one more claim may slip in before the
-    # third failure lands; after that, nothing.
+    # No claim goes out while failures are unreported, so the third failure is the last call.
     calls = sink.count()
-    assert 3 <= calls <= 4
+    assert calls == 3
     run_pool_until(dsn, lambda: False, timeout=1.5, poll_interval=0.1)
     assert sink.count() == calls
+
+
+def test_an_opening_circuit_stops_calls_beyond_those_in_flight(dsn, conn, sink):
+    """At the pool's default batch size, only the calls already in flight when the
+    failures arrive are made; no later claim reaches the endpoint."""
+    conn.execute("SELECT courier.set_setting('circuit_breaker_threshold', '3')")
+    create(conn, "flapping", f"{sink.url}/status/500", concurrency=4)
+    for _ in range(60):
+        send(conn, "flapping")
+    run_pool_until(dsn, lambda: scalar(conn, "SELECT circuit_state FROM courier.endpoints") == "open", timeout=20)
+    run_pool_until(dsn, lambda: False, timeout=1.5)
+    assert sink.count() == 4  # the first claim: four in flight at once, all failing
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'pending'") == 60

@@ -25,7 +25,7 @@ from sqlkit.messages import ClaimedMessage
 
 from .dispatchers import Dispatcher, Target, dispatcher_for
 from .maintenance import MaintenanceLeader, MaintenanceSchedule
-from .outcome import Outcome
+from .outcome import Outcome, OutcomeKind
 
 log = logging.getLogger("courier.worker")
 
@@ -73,6 +73,10 @@ class WorkerPool:
         self._capacity = asyncio.Condition()
         self._reports: list[tuple[int, Outcome]] = []
         self._report_wake = asyncio.Event()
+        # Failures not yet reported, by endpoint: until SQL has seen them it cannot open the
+        # circuit, so the endpoint gets no more room until they are (see _room).
+        self._unreported_failures: dict[int, int] = defaultdict(int)
+        self._failed_endpoint: dict[int, int] = {}
         self._db_settings: dict[str, str] = {}
         self._registered = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -201,13 +205,14 @@ class WorkerPool:
 
     async def _room(self, endpoint_id: int, limit: int) -> int:
         """Wait until this endpoint may take at least one more message; return how many
-        (0 when the pool is stopping)."""
+        (0 when the pool is stopping). An endpoint with failures not yet reported gets no
+        room, so that a circuit they open stops its next claim, not the one after."""
         async with self._capacity:
             while not self._stopping.is_set():
                 room = min(self.settings.batch_size,
                            self.settings.concurrency - len(self._in_flight),
                            limit - self._in_flight_by_endpoint[endpoint_id])
-                if room > 0:
+                if room > 0 and self._unreported_failures[endpoint_id] == 0:
                     return room
                 await self._capacity.wait()
             return 0
@@ -237,6 +242,9 @@ class WorkerPool:
         except Exception as error:  # a dispatcher bug must not lose the message
             log.exception("dispatcher raised", extra={"endpoint": target.name, "message_id": message.id})
             outcome = Outcome.retryable(f"dispatcher error: {type(error).__name__}: {error}")
+        if outcome.kind != OutcomeKind.SUCCESS:
+            self._unreported_failures[target.id] += 1
+            self._failed_endpoint[message.id] = target.id
         self._reports.append((message.id, outcome))
         self._report_wake.set()
         self._in_flight.pop(message.id, None)
@@ -279,6 +287,12 @@ class WorkerPool:
         self.stats.delivered += delivered
         self.stats.failed += retried + dead
         self.stats.dead_lettered += dead
+        for message_id, _ in batch:
+            endpoint_id = self._failed_endpoint.pop(message_id, None)
+            if endpoint_id is not None:
+                self._unreported_failures[endpoint_id] -= 1
+        async with self._capacity:
+            self._capacity.notify_all()
         # A completion may unblock the next message of an ordering key: look again now.
         for event in self._wake.values():
             event.set()
