@@ -277,3 +277,13 @@ def test_sqlkit_maps_replay_errors(dsn, hook):
             archive.replay_message(conn, 424242)
         with pytest.raises(InvalidInput, match="p_status must be completed, failed or expired"):
             archive.count_replayable(conn, archive.ReplayRange(hook, FAR_PAST, FAR_FUTURE, "nope"))
+
+
+def test_a_replay_batch_larger_than_one_chunk_does_not_finish_early(conn, hook):
+    conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+    conn.execute("INSERT INTO courier.archive (id, endpoint_id, payload, status, completed_at, created_at) "
+                 "SELECT g, %s, '{}', 'completed', now(), now() FROM generate_series(1, 25000) g", (hook,))
+    assert replay_range(conn, hook, batch_size=15_000) == 15_000  # two internal chunks: 10,000 and 5,000
+    assert conn.execute("SELECT state, replayed FROM courier.replays").fetchall() == [("running", 15_000)]
+    assert replay_range(conn, hook, batch_size=15_000) == 10_000
+    assert conn.execute("SELECT state, replayed FROM courier.replays").fetchall() == [("finished", 25_000)]

@@ -92,7 +92,9 @@ class MaintenanceLeader:
                 if self.is_leader:
                     log.warning("maintenance leadership lost", extra={"worker_id": self.worker_id,
                                                                       "error": error.one_line()})
-                self.is_leader = False
+                await _sleep_unless(stopping, self.schedule.election_interval)
+            except Exception:  # a bug must not end maintenance for good: log, step down, retry
+                log.exception("maintenance failed; standing down", extra={"worker_id": self.worker_id})
                 await _sleep_unless(stopping, self.schedule.election_interval)
             finally:
                 self.is_leader = False

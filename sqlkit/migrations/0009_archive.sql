@@ -67,6 +67,11 @@ CREATE FUNCTION courier._month_start(p_at timestamptz) RETURNS timestamptz
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT date_trunc('month', p_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' $$;
 
+-- The first instant of the month a partition named archive_YYYY_MM holds.
+CREATE FUNCTION courier._archive_partition_month(p_partition text) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT make_timestamptz(substr(p_partition, 9, 4)::integer, substr(p_partition, 14, 2)::integer, 1, 0, 0, 0, 'UTC') $$;
+
 CREATE FUNCTION courier._archive_partition_name(p_month timestamptz) RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT 'archive_' || to_char(courier._month_start(p_month) AT TIME ZONE 'UTC', 'YYYY_MM') $$;
@@ -156,7 +161,7 @@ BEGIN
         SELECT c.relname FROM pg_inherits i
         JOIN pg_class c ON c.oid = i.inhrelid
         WHERE i.inhparent = 'courier.archive'::regclass AND c.relname ~ '^archive_[0-9]{4}_[0-9]{2}$'
-          AND to_timestamp(substr(c.relname, 9), 'YYYY_MM') AT TIME ZONE 'UTC' < v_cutoff
+          AND courier._archive_partition_month(c.relname) < v_cutoff
         ORDER BY c.relname
     LOOP
         EXECUTE format('DROP TABLE courier.%I', v_partition);
@@ -181,9 +186,9 @@ LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
     SELECT c.relname::text,
-           CASE WHEN c.relname <> 'archive_default' THEN to_timestamp(substr(c.relname, 9), 'YYYY_MM') AT TIME ZONE 'UTC' END,
+           CASE WHEN c.relname <> 'archive_default' THEN courier._archive_partition_month(c.relname) END,
            CASE WHEN c.relname <> 'archive_default'
-                THEN courier._month_start(to_timestamp(substr(c.relname, 9), 'YYYY_MM') AT TIME ZONE 'UTC' + interval '32 days') END,
+                THEN courier._month_start(courier._archive_partition_month(c.relname) + interval '32 days') END,
            greatest(c.reltuples, 0)::bigint,
            pg_total_relation_size(c.oid)
     FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
@@ -565,6 +570,7 @@ DECLARE
     v_endpoint courier.endpoints := courier._require_endpoint(p_endpoint_id);
     v_replay courier.replays;
     v_chunk integer := least(coalesce(p_batch_size, 1000), 10000);
+    v_limit integer;
     v_ids bigint[];
     v_done bigint := 0;
 BEGIN
@@ -601,17 +607,18 @@ BEGIN
     END IF;
 
     LOOP
+        v_limit := least(v_chunk, coalesce(p_batch_size - v_done, v_chunk));
         SELECT array_agg(id ORDER BY id) INTO v_ids FROM (
             SELECT a.id FROM courier.archive a
             WHERE a.endpoint_id = p_endpoint_id AND a.created_at >= p_from_ts AND a.created_at < p_to_ts
               AND (p_status IS NULL OR a.status = p_status) AND a.id > v_replay.last_archive_id
             ORDER BY a.id
-            LIMIT least(v_chunk, coalesce(p_batch_size - v_done, v_chunk))
+            LIMIT v_limit
         ) picked;
         EXIT WHEN v_ids IS NULL;
         v_done := v_done + courier._replay(v_ids, p_from_ts, p_to_ts);
         v_replay.last_archive_id := v_ids[cardinality(v_ids)];
-        EXIT WHEN cardinality(v_ids) < v_chunk OR v_done >= coalesce(p_batch_size, v_done + 1);
+        EXIT WHEN cardinality(v_ids) < v_limit OR v_done >= coalesce(p_batch_size, v_done + 1);
     END LOOP;
 
     UPDATE courier.replays SET last_archive_id = v_replay.last_archive_id, replayed = replayed + v_done,
@@ -619,7 +626,7 @@ BEGIN
     WHERE id = v_replay.id
     RETURNING * INTO v_replay;
 
-    IF v_ids IS NULL OR cardinality(v_ids) < v_chunk OR p_batch_size IS NULL THEN
+    IF v_ids IS NULL OR cardinality(v_ids) < v_limit OR p_batch_size IS NULL THEN
         UPDATE courier.replays SET state = 'finished', finished_at = now() WHERE id = v_replay.id;
         PERFORM courier._log_event('archive.replay_finished', p_endpoint_id, jsonb_build_object(
             'replay_id', v_replay.id, 'endpoint', v_endpoint.name, 'replayed', v_replay.replayed));
