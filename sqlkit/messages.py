@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -59,7 +60,8 @@ class ClaimedMessage:
     endpoint_id: int
     endpoint_name: str
     protocol: str
-    payload: Any
+    payload_json: str
+    """The payload as JSON text, as stored: what a dispatcher sends."""
     headers: dict[str, Any]
     metadata: dict[str, Any]
     priority: int
@@ -71,6 +73,10 @@ class ClaimedMessage:
     scheduled_at: datetime | None
     expires_at: datetime | None
     created_at: datetime
+
+    @property
+    def payload(self) -> Any:
+        return json.loads(self.payload_json)
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,10 @@ WHERE a.id = %(id)s
 LIMIT 1;
 
 -- name: claim_batch
-SELECT * FROM courier.claim_batch_v1(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
+-- Payloads come as JSON text: dispatchers send them as they are, with no parse and re-dump.
+SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, headers, metadata, priority,
+       retry_count, max_retries, correlation_id, ordering_key, idempotency_key, scheduled_at, expires_at, created_at
+FROM courier.claim_batch_v1(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
 
 -- name: complete_batch
 SELECT courier.complete_batch_v1(%(ids)s::bigint[]);
@@ -92,7 +95,9 @@ SELECT id, name, protocol, config, retry_policy, circuit_state
 FROM courier.endpoints WHERE enabled ORDER BY id;
 
 -- name: claim_for_endpoint
-SELECT * FROM courier.claim_batch_v2(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
+SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, headers, metadata, priority,
+       retry_count, max_retries, correlation_id, ordering_key, idempotency_key, scheduled_at, expires_at, created_at
+FROM courier.claim_batch_v2(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
 
 -- name: report_outcomes
 SELECT * FROM courier.report_outcomes_v1(%(ids)s::bigint[], %(outcomes)s::text[], %(errors)s::text[],

@@ -363,8 +363,15 @@ BEGIN
          v_failed_delays, v_failed_retry_after, v_dead_ids, v_endpoints
     FROM reported;
 
-    delivered := courier._complete(coalesce(v_success_ids, '{}'), v_success_responses);
-
+    IF v_success_ids IS NOT NULL THEN
+        delivered := courier._complete(v_success_ids, v_success_responses);
+    ELSE
+        delivered := 0;
+    END IF;
+    IF v_failed_ids IS NULL THEN  -- the common case: skip the failure statements altogether
+        retried := 0;
+        dead_lettered := 0;
+    ELSE
     -- Every failure lands in the message's history first, so a DLQ row carries it too.
     UPDATE courier.queue q
     SET retry_count = q.retry_count + 1,
@@ -379,8 +386,9 @@ BEGIN
          AS f(id, outcome, error, delay, retry_after)
     WHERE q.id = f.id AND q.id = ANY (v_failed_ids);
 
-    dead_lettered := courier._dead_letter(coalesce(v_dead_ids, '{}'));
-    retried := coalesce(cardinality(v_failed_ids), 0) - dead_lettered;
+    dead_lettered := CASE WHEN v_dead_ids IS NULL THEN 0 ELSE courier._dead_letter(v_dead_ids) END;
+    retried := cardinality(v_failed_ids) - dead_lettered;
+    END IF;
 
     FOR v_endpoint IN SELECT value FROM jsonb_array_elements(coalesce(v_endpoints, '[]')) LOOP
         UPDATE courier.endpoints

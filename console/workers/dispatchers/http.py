@@ -136,7 +136,7 @@ class HttpDispatcher:
         headers.update({k.lower(): str(v) for k, v in (message.headers or {}).items()})
 
         cloudevents = config.get("cloudevents")
-        payload: Any = message.payload
+        body = message.payload_json.encode()
         if cloudevents:
             attributes = {
                 "specversion": "1.0",
@@ -147,11 +147,10 @@ class HttpDispatcher:
                 "datacontenttype": "application/json",
             }
             if cloudevents["mode"] == "structured":
-                payload = {**attributes, "data": message.payload}
+                body = json.dumps({**attributes, "data": message.payload}, separators=(",", ":")).encode()
                 headers["content-type"] = "application/cloudevents+json"
             else:
                 headers.update({f"ce-{k}": v for k, v in attributes.items() if k != "datacontenttype"})
-        body = json.dumps(payload, separators=(",", ":")).encode()
 
         signing = config.get("signing")
         if signing:
