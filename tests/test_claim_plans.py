@@ -88,11 +88,21 @@ def generic_claim_plan(conn, body: str) -> list[dict[str, Any]]:
         conn.execute("DEALLOCATE generic_claim")
 
 
-def test_the_claims_update_uses_the_primary_key_even_with_a_generic_plan(busy_queue):
+@pytest.fixture
+def deep_queue(conn, webhook):
+    """100k pending messages, analyzed."""
+    conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+    conn.execute("INSERT INTO courier.queue (endpoint_id, payload, priority) "
+                 "SELECT 1, jsonb_build_object('n', g), g % 11 FROM generate_series(1, 100000) g")
+    conn.execute("ANALYZE courier.queue")
+    return conn
+
+
+def test_the_claims_update_uses_the_primary_key_even_with_a_generic_plan(deep_queue):
     """The planner cannot see how few rows LIMIT p_batch_size leaves; the UPDATE must not
     join the candidates to the queue by a scan of it (it did: 24 ms at 100k pending)."""
-    body = scalar(busy_queue, "SELECT prosrc FROM pg_proc WHERE proname = 'claim_batch_v1'")
-    nodes = generic_claim_plan(busy_queue, body)
+    body = scalar(deep_queue, "SELECT prosrc FROM pg_proc WHERE proname = 'claim_batch_v1'")
+    nodes = generic_claim_plan(deep_queue, body)
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "queue"]
     assert "queue_pkey" in {n.get("Index Name") for n in nodes}
 
