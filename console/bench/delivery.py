@@ -84,7 +84,7 @@ async def _load_generator(url: str, requests: int, concurrency: int) -> float:
 
 
 def dispatch_http(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 20_000,
-                  concurrency: int = 64) -> ScenarioResult:
+                  concurrency: int = 8) -> ScenarioResult:
     with SinkProcess() as sink_url:
         url = f"{sink_url}/healthy"
 
