@@ -253,6 +253,49 @@ def test_concurrent_workers_send_a_single_probe(dsn, conn, hook):
     assert sorted(claimed) == [0] * 7 + [1]
 
 
+def test_half_open_with_nothing_to_probe_goes_back_to_open(conn, hook):
+    """The cooldown passes but nothing is due: no probe, so the circuit stays open and the
+    next worker may try again without waiting a fresh cooldown."""
+    open_circuit(conn, hook)  # the three failed messages wait out their backoff: none is due
+    conn.execute("UPDATE courier.endpoints SET circuit_half_open_at = now() - interval '1 second'")
+    assert claim(conn, hook) == []
+    assert circuit(conn)[0] == "open"
+    make_due(conn)
+    assert len(claim(conn, hook)) == 1 and circuit(conn)[0] == "half_open"
+
+
+def test_an_unanswered_probe_is_sent_again_after_a_cooldown(conn, hook):
+    """The probe's worker died: after a whole cooldown in half_open, one more probe goes out."""
+    open_circuit(conn, hook)
+    make_due(conn)
+    conn.execute("UPDATE courier.endpoints SET circuit_half_open_at = now() - interval '1 second'")
+    first = claim(conn, hook, worker="dies")
+    assert len(first) == 1 and claim(conn, hook) == []
+    conn.execute("UPDATE courier.endpoints SET circuit_half_open_at = now() - interval '31 seconds'")
+    second = claim(conn, hook, worker="survivor")
+    assert len(second) == 1 and second != first
+    assert claim(conn, hook) == []
+
+
+def test_concurrent_outcome_reports_are_serialised_per_endpoint(dsn, conn, hook):
+    """Eight workers report one failure each at once; the advisory lock makes the count
+    exact, so the circuit opens at the threshold exactly once."""
+    conn.execute("SELECT courier.set_setting('circuit_breaker_threshold', '8')")
+    ids = send(conn, 8)
+    claim(conn, hook, 8)
+    barrier = threading.Barrier(8)
+
+    def report_one(message: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as own:
+            barrier.wait()
+            report(own, [message], "retryable", "503")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(report_one, ids))
+    assert circuit(conn) == ("open", 8)
+    assert scalar(conn, "SELECT count(*) FROM courier.event_log WHERE event_type = 'circuit.opened'") == 1
+
+
 def test_reset_circuit_breaker(conn, hook):
     open_circuit(conn, hook)
     conn.execute("SELECT courier.reset_circuit_breaker('hook')")
@@ -373,3 +416,14 @@ def test_worker_heartbeats(conn):
     assert row == ("w1", "draining", 0, 150, True)
     conn.execute("UPDATE courier.workers SET last_heartbeat = now() - interval '1 minute'")
     assert scalar(conn, "SELECT alive FROM courier.get_worker_status()") is False
+
+
+def test_an_idle_open_circuit_logs_no_event_per_poll(conn, hook):
+    open_circuit(conn, hook)
+    conn.execute("UPDATE courier.endpoints SET circuit_half_open_at = now() - interval '1 second'")
+    for _ in range(5):
+        assert claim(conn, hook) == []  # nothing due: no probe
+    assert scalar(conn, "SELECT count(*) FROM courier.event_log WHERE event_type = 'circuit.half_open'") == 0
+    make_due(conn)
+    assert len(claim(conn, hook)) == 1
+    assert scalar(conn, "SELECT count(*) FROM courier.event_log WHERE event_type = 'circuit.half_open'") == 1

@@ -372,22 +372,22 @@ BEGIN
         retried := 0;
         dead_lettered := 0;
     ELSE
-    -- Every failure lands in the message's history first, so a DLQ row carries it too.
-    UPDATE courier.queue q
-    SET retry_count = q.retry_count + 1,
-        last_error = f.error,
-        error_history = q.error_history || jsonb_strip_nulls(jsonb_build_object(
-            'attempt', q.retry_count + 1, 'at', now(), 'outcome', f.outcome, 'error', f.error,
-            'worker_id', q.worker_id, 'retry_after', f.retry_after)),
-        status = 'pending', processing_started_at = NULL,
-        next_retry_at = now() + make_interval(secs => coalesce(f.delay, 0)),
-        updated_at = now()
-    FROM unnest(v_failed_ids, v_failed_outcomes, v_failed_errors, v_failed_delays, v_failed_retry_after)
-         AS f(id, outcome, error, delay, retry_after)
-    WHERE q.id = f.id AND q.id = ANY (v_failed_ids);
+        -- Every failure lands in the message's history first, so a DLQ row carries it too.
+        UPDATE courier.queue q
+        SET retry_count = q.retry_count + 1,
+            last_error = f.error,
+            error_history = q.error_history || jsonb_strip_nulls(jsonb_build_object(
+                'attempt', q.retry_count + 1, 'at', now(), 'outcome', f.outcome, 'error', f.error,
+                'worker_id', q.worker_id, 'retry_after', f.retry_after)),
+            status = 'pending', processing_started_at = NULL,
+            next_retry_at = now() + make_interval(secs => coalesce(f.delay, 0)),
+            updated_at = now()
+        FROM unnest(v_failed_ids, v_failed_outcomes, v_failed_errors, v_failed_delays, v_failed_retry_after)
+             AS f(id, outcome, error, delay, retry_after)
+        WHERE q.id = f.id AND q.id = ANY (v_failed_ids);
 
-    dead_lettered := CASE WHEN v_dead_ids IS NULL THEN 0 ELSE courier._dead_letter(v_dead_ids) END;
-    retried := cardinality(v_failed_ids) - dead_lettered;
+        dead_lettered := CASE WHEN v_dead_ids IS NULL THEN 0 ELSE courier._dead_letter(v_dead_ids) END;
+        retried := cardinality(v_failed_ids) - dead_lettered;
     END IF;
 
     FOR v_endpoint IN SELECT value FROM jsonb_array_elements(coalesce(v_endpoints, '[]')) LOOP
