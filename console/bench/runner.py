@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .churn import churn
 from .delivery import dispatch_http, latency, mixed
 from .depth import depth
 from .drain import drain_noop
@@ -21,6 +22,7 @@ SCENARIOS: dict[str, Scenario] = {
     "latency": latency,
     "mixed": mixed,
     "depth": depth,
+    "churn": churn,
 }
 
 

@@ -1,0 +1,74 @@
+"""churn: the claim's cost before and after a million deliveries pass through the queue.
+Finished messages leave the hot table as they finish, so the claim should not notice them;
+the ceiling is the same claim before the churn."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import psycopg
+
+from console.workers.pool import PoolSettings, WorkerPool
+from sqlkit.connection import connect
+
+from .result import Measurement, ScenarioResult
+
+WAITING = 10_000
+SAMPLES = 30
+
+
+def _claim_ms(conn: psycopg.Connection, endpoint_id: int) -> float:
+    timings = []
+    for _ in range(SAMPLES):
+        with conn.transaction(force_rollback=True):  # every sample sees the same queue
+            started = time.perf_counter()
+            conn.execute("SELECT * FROM courier.claim_batch_v2('bench', 50, %s)", (endpoint_id,)).fetchall()
+            timings.append((time.perf_counter() - started) * 1000)
+    return statistics.median(timings)
+
+
+def _deliver(dsn: str, messages: int) -> float:
+    with connect(dsn) as conn:
+        for start in range(0, messages, 50_000):
+            conn.execute("SELECT courier.send_batch('churn', ARRAY(SELECT jsonb_build_object('n', g) "
+                         "FROM generate_series(%s::int, %s::int) g))", (start, min(start + 50_000, messages) - 1))
+    pool = WorkerPool(dsn, PoolSettings(concurrency=256, batch_size=100, poll_interval=0.05, report_interval=0.01,
+                                        worker_id="bench-churn"))
+
+    async def main() -> float:
+        task = asyncio.create_task(pool.run())
+        started = time.perf_counter()
+        while pool.stats.delivered < messages and not task.done():
+            await asyncio.sleep(0.1)
+        elapsed = time.perf_counter() - started
+        pool.stop()
+        await task
+        return elapsed
+
+    return asyncio.run(main())
+
+
+def churn(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 1_000_000) -> ScenarioResult:
+    with connect(dsn) as conn:
+        conn.execute("TRUNCATE courier.queue, courier.archive")
+        conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+        conn.execute("SELECT courier.create_endpoint('churn', 'noop', '{}')")
+        waiting = conn.execute("SELECT courier.create_endpoint('waiting', 'noop', '{}')").fetchone()[0]
+        conn.execute("SELECT courier.send_batch('waiting', ARRAY(SELECT jsonb_build_object('n', g) "
+                     "FROM generate_series(1, %s) g))", (WAITING,))
+        conn.execute("VACUUM ANALYZE courier.queue")
+        before = _claim_ms(conn, waiting)
+        conn.execute("SELECT courier.disable_endpoint('waiting')")  # the pool leaves it alone meanwhile
+    elapsed = _deliver(dsn, messages)
+    with connect(dsn) as conn:
+        conn.execute("SELECT courier.enable_endpoint('waiting')")
+        after = _claim_ms(conn, waiting)
+        left = conn.execute("SELECT count(*) FROM courier.queue").fetchone()[0]
+        conn.execute("TRUNCATE courier.queue, courier.archive")
+    return ScenarioResult(
+        scenario="churn", variant=f"claim 50 of {WAITING:,} after {messages:,} deliveries", unit="claims/s",
+        courier=Measurement(1000 / after, after), ceiling=Measurement(1000 / before, before), target_ratio=0.5,
+        notes=f"claim {after:.2f} ms after vs {before:.2f} ms before the churn (ceiling); {messages:,} delivered "
+              f"at {messages / elapsed:,.0f} msg/s; {left:,} rows left in the queue")
