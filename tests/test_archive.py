@@ -287,3 +287,13 @@ def test_a_replay_batch_larger_than_one_chunk_does_not_finish_early(conn, hook):
     assert conn.execute("SELECT state, replayed FROM courier.replays").fetchall() == [("running", 15_000)]
     assert replay_range(conn, hook, batch_size=15_000) == 10_000
     assert conn.execute("SELECT state, replayed FROM courier.replays").fetchall() == [("finished", 25_000)]
+
+
+def test_outcome_counters_follow_dead_letters_expiry_and_replays(conn, hook, history):
+    conn.execute("SELECT courier.replay_message(%s)", (history["completed"][0],))
+    counters = dict(conn.execute("SELECT metric_name, metric_value FROM courier.metrics() "
+                                 "WHERE metric_type = 'counter'").fetchall())
+    assert counters["messages_delivered_total"] == 4
+    assert counters["messages_dead_lettered_total"] == 3
+    assert counters["messages_expired_total"] == 2
+    assert counters["messages_replayed_total"] == 1

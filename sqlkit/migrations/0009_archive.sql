@@ -249,13 +249,24 @@ BEGIN
 END
 $$;
 
+-- Adds one to outcome p_outcome's counter of each endpoint, once per element of p_endpoint_ids
+-- (an endpoint per message): the counters behind metrics()' *_total series.
+CREATE FUNCTION courier._count_outcomes(p_endpoint_ids integer[], p_outcome text) RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
+    SELECT endpoint_id, p_outcome, pg_backend_pid(), count(*)
+    FROM unnest(p_endpoint_ids) AS endpoint_id GROUP BY endpoint_id
+    ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
+$$;
+
 -- Dead-letters messages (by id, in any state): the DLQ gets the whole message with its
 -- history, and the archive records it as failed; returns how many.
 CREATE OR REPLACE FUNCTION courier._dead_letter(p_ids bigint[]) RETURNS integer
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_moved integer;
+    v_endpoint_ids integer[];
 BEGIN
     WITH dead AS (
         INSERT INTO courier.dlq (original_message_id, endpoint_id, endpoint_name, payload, headers, metadata,
@@ -269,11 +280,9 @@ BEGIN
         ORDER BY m.id
         RETURNING endpoint_id
     )
-    INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
-    SELECT endpoint_id, 'dead_lettered', pg_backend_pid(), count(*) FROM dead GROUP BY endpoint_id
-    ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total;
-    v_moved := courier._archive_messages(p_ids, NULL, 'failed');
-    RETURN v_moved;
+    SELECT array_agg(endpoint_id) INTO v_endpoint_ids FROM dead;
+    PERFORM courier._count_outcomes(v_endpoint_ids, 'dead_lettered');
+    RETURN courier._archive_messages(p_ids, NULL, 'failed');
 END
 $$;
 
@@ -454,7 +463,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
-    v_expired integer;
+    v_endpoint_ids integer[];
 BEGIN
     WITH expired AS (
         UPDATE courier.queue q
@@ -466,14 +475,10 @@ BEGIN
                        FOR UPDATE SKIP LOCKED)
           AND q.status = 'pending'
         RETURNING q.endpoint_id
-    ),
-    counted AS (
-        INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
-        SELECT endpoint_id, 'expired', pg_backend_pid(), count(*) FROM expired GROUP BY endpoint_id
-        ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
     )
-    SELECT count(*) INTO v_expired FROM expired;
-    RETURN v_expired;
+    SELECT array_agg(endpoint_id) INTO v_endpoint_ids FROM expired;
+    PERFORM courier._count_outcomes(v_endpoint_ids, 'expired');
+    RETURN coalesce(cardinality(v_endpoint_ids), 0);
 END
 $$;
 
@@ -516,7 +521,7 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
-    v_count integer;
+    v_endpoint_ids integer[];
 BEGIN
     PERFORM courier._require_room(cardinality(p_archive_ids));
     WITH replayed AS (
@@ -527,14 +532,10 @@ BEGIN
         WHERE a.id = ANY (p_archive_ids) AND a.created_at >= p_from_ts AND a.created_at < p_to_ts
         ORDER BY a.id
         RETURNING endpoint_id
-    ),
-    counted AS (
-        INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
-        SELECT endpoint_id, 'replayed', pg_backend_pid(), count(*) FROM replayed GROUP BY endpoint_id
-        ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
     )
-    SELECT count(*) INTO v_count FROM replayed;
-    RETURN v_count;
+    SELECT array_agg(endpoint_id) INTO v_endpoint_ids FROM replayed;
+    PERFORM courier._count_outcomes(v_endpoint_ids, 'replayed');
+    RETURN coalesce(cardinality(v_endpoint_ids), 0);
 END
 $$;
 
