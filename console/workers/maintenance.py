@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
@@ -71,13 +70,11 @@ class MaintenanceSchedule:
 
 
 class MaintenanceLeader:
-    def __init__(self, dsn: str, worker_id: str, schedule: MaintenanceSchedule | None = None,
-                 registered: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, dsn: str, worker_id: str, schedule: MaintenanceSchedule | None = None) -> None:
         self.dsn = dsn
         self.worker_id = worker_id
         self.schedule = schedule or MaintenanceSchedule()
         self.is_leader = False
-        self._registered = registered
         self._jobs = self.schedule.jobs()
         self._next_run: dict[str, float] = {}
 
@@ -105,9 +102,8 @@ class MaintenanceLeader:
     async def _campaign_and_lead(self, conn: psycopg.AsyncConnection, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
             if not self.is_leader:
-                if self._registered():
-                    self.is_leader = bool(await queries.fetch_value_async(
-                        conn, "try_lead_maintenance", {"worker_id": self.worker_id}))
+                self.is_leader = bool(await queries.fetch_value_async(
+                    conn, "try_lead_maintenance", {"worker_id": self.worker_id}))
                 if self.is_leader:
                     log.info("elected maintenance leader", extra={"worker_id": self.worker_id})
                     self._next_run = {}  # a new leader runs everything at once: startup recovery

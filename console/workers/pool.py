@@ -78,10 +78,9 @@ class WorkerPool:
         self._unreported_failures: dict[int, int] = defaultdict(int)
         self._failed_endpoint: dict[int, int] = {}
         self._db_settings: dict[str, str] = {}
-        self._registered = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.maintenance = None if self.settings.maintenance is None else MaintenanceLeader(
-            dsn, self.settings.worker_id, self.settings.maintenance, registered=lambda: self._registered)
+            dsn, self.settings.worker_id, self.settings.maintenance)
 
     @property
     def worker_id(self) -> str:
@@ -105,8 +104,7 @@ class WorkerPool:
         await self._db.open(timeout=30)
         background: list[asyncio.Task[None]] = []
         try:
-            await self._call_with_retry(self._heartbeat)
-            self._registered = True
+            await self._call_with_retry(self._heartbeat)  # the leader election records itself on this row
             await self._refresh_targets()
             reporter = asyncio.create_task(self._report_loop(), name="reporter")
             background = [

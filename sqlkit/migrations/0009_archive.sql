@@ -286,12 +286,6 @@ BEGIN
 END
 $$;
 
--- Delivered messages go straight to the archive with their captured responses; returns how
--- many. Only rows still in processing count, so a late report after stale recovery is void.
-CREATE FUNCTION courier._complete(p_ids bigint[], p_responses jsonb[]) RETURNS integer
-LANGUAGE sql
-AS $$ SELECT courier._archive_messages(p_ids, '{processing}', 'completed', p_responses) $$;
-
 -- The same policy as before (see 0008), except that a delivered message is archived at once
 -- instead of being marked completed in place: one write per message instead of two, and the
 -- hot table holds only active messages.
@@ -373,7 +367,9 @@ BEGIN
     FROM reported;
 
     IF v_success_ids IS NOT NULL THEN
-        delivered := courier._complete(v_success_ids, v_success_responses);
+        -- Delivered messages go straight to the archive with their captured responses. Only
+        -- rows still in processing count, so a late report after stale recovery is void.
+        delivered := courier._archive_messages(v_success_ids, '{processing}', 'completed', v_success_responses);
     ELSE
         delivered := 0;
     END IF;
