@@ -1,4 +1,5 @@
-"""Typed API over the endpoint functions: create, alter, drop, enable, disable, list."""
+"""Typed API over the endpoint functions: create, alter, drop, enable, disable, list, and
+reset a circuit breaker."""
 
 from __future__ import annotations
 
@@ -65,6 +66,12 @@ def enable(conn: psycopg.Connection, name: str) -> bool:
 def disable(conn: psycopg.Connection, name: str) -> bool:
     """Disable the endpoint; False if it was already disabled."""
     return queries.fetch_value(conn, "disable_endpoint", {"name": name})
+
+
+def reset_circuit(conn: psycopg.Connection, name: str) -> None:
+    """Force the endpoint's circuit breaker back to closed (logged as circuit.reset); NotFound
+    for an unknown endpoint."""
+    queries.fetch_value(conn, "reset_circuit_breaker", {"name": name})
 
 
 def validate_config(conn: psycopg.Connection, protocol: str, config: dict[str, Any]) -> None:

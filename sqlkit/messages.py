@@ -13,7 +13,9 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from . import queries
-from .errors import NotFound
+from .errors import InvalidInput, NotFound
+
+STATUSES = ("pending", "processing", "completed", "failed", "expired")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,23 @@ class Message:
     error_history: list[dict[str, Any]]
     created_at: datetime
     completed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class MessageSummary:
+    """One row of a message search: everything but the payload, headers and history."""
+
+    id: int
+    endpoint_name: str
+    status: str
+    priority: int
+    retry_count: int
+    ordering_key: str | None
+    correlation_id: UUID | None
+    created_at: datetime
+    scheduled_at: datetime | None
+    next_retry_at: datetime | None
+    last_error: str | None
 
 
 @dataclass(frozen=True)
@@ -118,6 +137,38 @@ def get(conn: psycopg.Connection, message_id: int) -> Message:
     if row is None:
         raise NotFound(f"message {message_id} is not in the queue", "P0002")
     return Message(**row)
+
+
+def search(conn: psycopg.Connection, *, endpoint: str | None = None, status: str | None = None,
+           ordering_key: str | None = None, correlation_id: UUID | None = None,
+           limit: int = 100) -> list[MessageSummary]:
+    """Active messages (courier.queue) matching every filter given, at most `limit` of them.
+
+    Results come in the order the queue works through them: in flight first (oldest claim
+    first), then pending in claim order (priority DESC, then FIFO by id), then finished rows
+    not archived yet, newest first. With an ordering key, its pending messages come FIFO, the
+    order they will be delivered in. With a correlation id the search also covers the archive
+    (one index probe per partition), so a conversation's delivered and dead-lettered messages
+    show too, all in the order they were sent.
+
+    Every filter combination is served by the queue's indexes, never by a scan of it (see
+    tests/test_console_queries.py). Costs to know: without an ordering key or correlation id,
+    pending messages cost one probe of `limit` rows per endpoint; a correlation id shared by
+    N messages costs a sort of N (about 100 ms at N = 300k); and filters that an index does
+    not serve (endpoint with an ordering key, say) are checked row by row along the index
+    that is used. An unknown endpoint matches nothing.
+    """
+    if status is not None and status not in STATUSES:
+        raise InvalidInput(f"unknown message status {status!r}", hint=f"Statuses are {', '.join(STATUSES)}")
+    params = {"endpoint": endpoint, "status": status, "ordering_key": ordering_key,
+              "correlation_id": correlation_id, "limit": limit}
+    if correlation_id is not None:
+        name = "search_messages_by_correlation_id"
+    elif ordering_key is not None:
+        name = "search_messages_by_ordering_key"
+    else:
+        name = "search_messages"
+    return [MessageSummary(**row) for row in queries.fetch_all(conn, name, params)]
 
 
 def claim_batch(conn: psycopg.Connection, worker_id: str, batch_size: int,

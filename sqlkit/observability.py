@@ -1,5 +1,5 @@
-"""Typed API over what an operator watches: metrics(), endpoint health, health checks,
-worker heartbeats and the event log."""
+"""Typed API over what an operator watches: metrics(), delivery totals, endpoint health,
+health checks, worker heartbeats and the event log."""
 
 from __future__ import annotations
 
@@ -39,6 +39,23 @@ def metrics(conn: psycopg.Connection) -> list[Metric]:
 
 def endpoint_health(conn: psycopg.Connection, name: str | None = None) -> list[EndpointHealth]:
     return [EndpointHealth(**row) for row in queries.fetch_all(conn, "endpoint_health", {"name": name})]
+
+
+@dataclass(frozen=True)
+class DeliveryTotals:
+    """An endpoint's cumulative outcomes since installation; rates are deltas between reads."""
+
+    delivered: int
+    failed_attempts: int
+    dead_lettered: int
+    expired: int
+    replayed: int
+
+
+def delivery_totals(conn: psycopg.Connection) -> dict[str, DeliveryTotals]:
+    """Every endpoint's outcome counters, keyed by endpoint name, from the maintained
+    courier.delivery_totals rows: a few rows per endpoint however busy the queue is."""
+    return {row.pop("endpoint_name"): DeliveryTotals(**row) for row in queries.fetch_all(conn, "delivery_totals")}
 
 
 @dataclass(frozen=True)

@@ -47,19 +47,130 @@ SELECT courier.send_with_options(
 SELECT courier.send_batch_with_priority(%(endpoint)s, %(payloads)s::jsonb[], %(priority)s);
 
 -- name: get_message
--- A message is in the queue while active and in the archive once finished.
-SELECT q.id, e.name AS endpoint_name, q.payload, q.headers, q.metadata, q.status, q.priority,
+-- A message is in the queue while active and in the archive once finished. Producer headers
+-- may carry credentials: shown redacted, as everywhere else.
+SELECT q.id, e.name AS endpoint_name, q.payload, courier._redact(q.headers) AS headers, q.metadata, q.status, q.priority,
        q.retry_count, q.next_retry_at, q.scheduled_at, q.expires_at, q.idempotency_key,
        q.correlation_id, q.ordering_key, q.last_error, q.error_history, q.created_at, q.completed_at
 FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
 WHERE q.id = %(id)s
 UNION ALL
-SELECT a.id, coalesce(e.name, '#' || a.endpoint_id), a.payload, a.headers, a.metadata, a.status, a.priority,
+SELECT a.id, coalesce(e.name, '#' || a.endpoint_id), a.payload, courier._redact(a.headers), a.metadata, a.status, a.priority,
        a.retry_count, NULL, a.scheduled_at, a.expires_at, a.idempotency_key,
        a.correlation_id, a.ordering_key, a.last_error, a.error_history, a.created_at, a.completed_at
 FROM courier.archive a LEFT JOIN courier.endpoints e ON e.id = a.endpoint_id
 WHERE a.id = %(id)s
 LIMIT 1;
+
+-- name: search_messages
+-- Active messages in the order the queue works through them: in flight first (oldest claim
+-- first, on queue_processing_started_idx), then pending in claim order, priority DESC then
+-- FIFO by id (one probe of queue_claim_idx per endpoint, as claim_batch_v1 does), then
+-- finished rows not archived yet, newest first (queue_finished_idx). The status gates are
+-- one-time filters, so a branch the status rules out is never run.
+WITH wanted AS (
+    SELECT e.id, e.name FROM courier.endpoints e
+    WHERE %(endpoint)s::text IS NULL OR e.name = %(endpoint)s::text
+)
+SELECT id, endpoint_name, status, priority, retry_count, ordering_key, correlation_id, created_at,
+       scheduled_at, next_retry_at, last_error
+FROM (
+    (SELECT 0 AS part, q.processing_started_at AS claimed_at, q.id, w.name AS endpoint_name, q.status, q.priority,
+            q.retry_count, q.ordering_key, q.correlation_id, q.created_at, q.scheduled_at, q.next_retry_at, q.last_error
+     FROM courier.queue q JOIN wanted w ON w.id = q.endpoint_id
+     WHERE q.status = 'processing' AND (%(status)s::text IS NULL OR %(status)s::text = 'processing')
+     ORDER BY q.processing_started_at, q.id
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT 1, NULL, p.id, w.name, p.status, p.priority, p.retry_count, p.ordering_key, p.correlation_id,
+            p.created_at, p.scheduled_at, p.next_retry_at, p.last_error
+     FROM wanted w
+     CROSS JOIN LATERAL (
+         SELECT q.id, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id, q.created_at,
+                q.scheduled_at, q.next_retry_at, q.last_error
+         FROM courier.queue q
+         WHERE q.endpoint_id = w.id AND q.status = 'pending'
+         ORDER BY q.priority DESC, q.id
+         LIMIT %(limit)s
+     ) p
+     WHERE %(status)s::text IS NULL OR %(status)s::text = 'pending'
+     ORDER BY p.priority DESC, p.id
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT 2, NULL, q.id, w.name, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id,
+            q.created_at, q.scheduled_at, q.next_retry_at, q.last_error
+     FROM courier.queue q JOIN wanted w ON w.id = q.endpoint_id
+     WHERE q.status IN ('completed', 'failed', 'expired')
+       AND (%(status)s::text IS NULL OR %(status)s::text IN ('completed', 'failed', 'expired'))
+       AND (%(status)s::text IS NULL OR q.status = %(status)s::text)
+     ORDER BY q.id DESC
+     LIMIT %(limit)s)
+) found
+ORDER BY part, claimed_at, CASE WHEN part = 1 THEN -priority END, CASE WHEN part = 2 THEN -id ELSE id END
+LIMIT %(limit)s;
+
+-- name: search_messages_by_ordering_key
+-- One ordering key's active messages in delivery order: the one in flight, then the pending
+-- ones FIFO (queue_ordering_pending_idx), then finished rows not archived yet, newest first.
+SELECT id, endpoint_name, status, priority, retry_count, ordering_key, correlation_id, created_at,
+       scheduled_at, next_retry_at, last_error
+FROM (
+    (SELECT 0 AS part, q.id, e.name AS endpoint_name, q.status, q.priority, q.retry_count, q.ordering_key,
+            q.correlation_id, q.created_at, q.scheduled_at, q.next_retry_at, q.last_error
+     FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
+     WHERE q.ordering_key = %(ordering_key)s::text AND q.status = 'processing'
+       AND (%(status)s::text IS NULL OR %(status)s::text = 'processing')
+       AND (%(endpoint)s::text IS NULL OR e.name = %(endpoint)s::text)
+     ORDER BY q.id
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT 1, q.id, e.name, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id, q.created_at,
+            q.scheduled_at, q.next_retry_at, q.last_error
+     FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
+     -- The key's equality is written as a range on purpose: given `=`, the planner drops the
+     -- constant key from the sort order and may walk the primary key in id order instead,
+     -- filtering (445 ms for a key holding 300k of 2M rows); only queue_ordering_pending_idx
+     -- yields (ordering_key, id) order.
+     WHERE q.ordering_key >= %(ordering_key)s::text AND q.ordering_key <= %(ordering_key)s::text
+       AND q.status = 'pending'
+       AND (%(status)s::text IS NULL OR %(status)s::text = 'pending')
+       AND (%(endpoint)s::text IS NULL OR e.name = %(endpoint)s::text)
+     ORDER BY q.ordering_key, q.id
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT 2, q.id, e.name, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id, q.created_at,
+            q.scheduled_at, q.next_retry_at, q.last_error
+     FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
+     WHERE q.ordering_key = %(ordering_key)s::text AND q.status IN ('completed', 'failed', 'expired')
+       AND (%(status)s::text IS NULL OR %(status)s::text IN ('completed', 'failed', 'expired'))
+       AND (%(status)s::text IS NULL OR q.status = %(status)s::text)
+       AND (%(endpoint)s::text IS NULL OR e.name = %(endpoint)s::text)
+     ORDER BY q.id DESC
+     LIMIT %(limit)s)
+) found
+ORDER BY part, CASE WHEN part = 2 THEN -id ELSE id END
+LIMIT %(limit)s;
+
+-- name: search_messages_by_correlation_id
+-- Every message of one correlation id, active or archived, in the order they were sent; both
+-- sides are index probes (queue_correlation_idx, and archive_correlation_idx per partition).
+SELECT m.id, coalesce(e.name, '#' || m.endpoint_id) AS endpoint_name, m.status, m.priority, m.retry_count,
+       m.ordering_key, m.correlation_id, m.created_at, m.scheduled_at, m.next_retry_at, m.last_error
+FROM (
+    SELECT q.id, q.endpoint_id, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id,
+           q.created_at, q.scheduled_at, q.next_retry_at, q.last_error
+    FROM courier.queue q WHERE q.correlation_id = %(correlation_id)s::uuid
+    UNION ALL
+    SELECT a.id, a.endpoint_id, a.status, a.priority, a.retry_count, a.ordering_key, a.correlation_id,
+           a.created_at, a.scheduled_at, NULL, a.last_error
+    FROM courier.archive a WHERE a.correlation_id = %(correlation_id)s::uuid
+) m
+LEFT JOIN courier.endpoints e ON e.id = m.endpoint_id
+WHERE (%(status)s::text IS NULL OR m.status = %(status)s::text)
+  AND (%(endpoint)s::text IS NULL OR e.name = %(endpoint)s::text)
+  AND (%(ordering_key)s::text IS NULL OR m.ordering_key = %(ordering_key)s::text)
+ORDER BY m.id
+LIMIT %(limit)s;
 
 -- name: claim_batch
 -- Payloads come as JSON text: dispatchers send them as they are, with no parse and re-dump.
@@ -86,6 +197,19 @@ SELECT courier.set_setting(%(name)s, %(value)s);
 
 -- name: metrics
 SELECT metric_name, metric_value, labels, metric_type FROM courier.metrics();
+
+-- name: delivery_totals
+-- Cumulative outcomes per endpoint, from the counters the delivery functions maintain.
+SELECT e.name AS endpoint_name,
+       coalesce(sum(t.total) FILTER (WHERE t.outcome = 'delivered'), 0)::bigint AS delivered,
+       coalesce(sum(t.total) FILTER (WHERE t.outcome = 'failed_attempt'), 0)::bigint AS failed_attempts,
+       coalesce(sum(t.total) FILTER (WHERE t.outcome = 'dead_lettered'), 0)::bigint AS dead_lettered,
+       coalesce(sum(t.total) FILTER (WHERE t.outcome = 'expired'), 0)::bigint AS expired,
+       coalesce(sum(t.total) FILTER (WHERE t.outcome = 'replayed'), 0)::bigint AS replayed
+FROM courier.endpoints e
+LEFT JOIN courier.delivery_totals t ON t.endpoint_id = e.id
+GROUP BY e.name
+ORDER BY e.name;
 
 -- name: endpoint_health
 SELECT * FROM courier.get_endpoint_health(%(name)s);
@@ -123,12 +247,25 @@ SELECT * FROM courier.get_worker_status();
 SELECT courier.reset_circuit_breaker(%(name)s);
 
 -- name: list_dlq
+-- Newest first, on the primary key.
 SELECT id, original_message_id, endpoint_name, status, retry_count, last_error, correlation_id,
        original_created_at, failed_at, redriven_at, redriven_message_id
 FROM courier.dlq
-WHERE (%(endpoint)s::text IS NULL OR endpoint_name = %(endpoint)s::text)
-  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+WHERE %(status)s::text IS NULL OR status = %(status)s::text
 ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: list_dlq_of_endpoint
+-- One endpoint's entries newest first, on dlq_endpoint_idx. The name's equality is written
+-- as a range on purpose: given `=`, the planner drops the constant name from the sort order
+-- and may walk the primary key instead, filtering (39 ms for an endpoint whose 300k entries
+-- sat behind 300k newer ones of another endpoint).
+SELECT id, original_message_id, endpoint_name, status, retry_count, last_error, correlation_id,
+       original_created_at, failed_at, redriven_at, redriven_message_id
+FROM courier.dlq
+WHERE endpoint_name >= %(endpoint)s::text AND endpoint_name <= %(endpoint)s::text
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+ORDER BY endpoint_name DESC, id DESC
 LIMIT %(limit)s;
 
 -- name: get_dlq

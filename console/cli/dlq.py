@@ -8,8 +8,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sqlkit import queries
-from sqlkit.errors import NotFound
+from sqlkit import dlq
 
 from .context import common_options, console, emit, open_connection, wants_json, when
 
@@ -29,7 +28,7 @@ def dlq_group() -> None:
 def list_command(endpoint: str | None, status: str | None, limit: int) -> None:
     """Newest entries first."""
     with open_connection() as conn:
-        rows = queries.fetch_all(conn, "list_dlq", {"endpoint": endpoint, "status": status, "limit": limit})
+        rows = dlq.list_entries(conn, endpoint, status, limit)
 
     def render() -> None:
         table = Table(title=f"{len(rows)} DLQ entr{'y' if len(rows) == 1 else 'ies'}")
@@ -40,8 +39,8 @@ def list_command(endpoint: str | None, status: str | None, limit: int) -> None:
         table.add_column("failed at", no_wrap=True)
         table.add_column("last error", overflow="ellipsis", max_width=36)
         for row in rows:
-            table.add_row(str(row["id"]), row["endpoint_name"], row["status"], str(row["retry_count"]),
-                          when(row["failed_at"]), row["last_error"] or "")
+            table.add_row(str(row.id), row.endpoint_name, row.status, str(row.retry_count),
+                          when(row.failed_at), row.last_error or "")
         console.print(table)
 
     emit(rows, render)
@@ -53,9 +52,7 @@ def list_command(endpoint: str | None, status: str | None, limit: int) -> None:
 def show(dlq_id: int) -> None:
     """One entry with its payload, headers and every attempt's error."""
     with open_connection() as conn:
-        row = queries.fetch_one(conn, "get_dlq", {"id": dlq_id})
-    if row is None:
-        raise NotFound(f"DLQ entry {dlq_id} does not exist", "P0002", "List entries with `courier dlq list`")
+        row = dlq.get(conn, dlq_id)
 
     def render() -> None:
         grid = Table.grid(padding=(0, 2))
@@ -63,12 +60,13 @@ def show(dlq_id: int) -> None:
         grid.add_column()
         for key in ("id", "original_message_id", "endpoint_name", "status", "retry_count", "correlation_id",
                     "ordering_key", "original_created_at", "failed_at", "redriven_at", "redriven_message_id"):
-            grid.add_row(key, str(row[key]) if row[key] is not None else "-")
-        grid.add_row("payload", json.dumps(row["payload"], indent=2))
-        grid.add_row("headers", json.dumps(row["headers"], indent=2))
+            value = getattr(row, key)
+            grid.add_row(key, str(value) if value is not None else "-")
+        grid.add_row("payload", json.dumps(row.payload, indent=2))
+        grid.add_row("headers", json.dumps(row.headers, indent=2))
         console.print(grid)
         history = Table("attempt", "at", "outcome", "error", title="error history")
-        for attempt in row["error_history"]:
+        for attempt in row.error_history:
             history.add_row(str(attempt.get("attempt")), str(attempt.get("at")), str(attempt.get("outcome", "")),
                             str(attempt.get("error")))
         console.print(history)
@@ -81,13 +79,13 @@ def show(dlq_id: int) -> None:
 def summary() -> None:
     """Failed and redriven counts per endpoint."""
     with open_connection() as conn:
-        rows = queries.fetch_all(conn, "dlq_summary")
+        rows = dlq.summary(conn)
 
     def render() -> None:
         table = Table("endpoint", "failed", "redriven", "oldest failure", "newest failure", title="DLQ")
         for row in rows:
-            table.add_row(row["endpoint_name"], str(row["failed_count"]), str(row["redriven_count"]),
-                          when(row["oldest_failure"]), when(row["newest_failure"]))
+            table.add_row(row.endpoint_name, str(row.failed_count), str(row.redriven_count),
+                          when(row.oldest_failure), when(row.newest_failure))
         console.print(table)
 
     emit(rows, render)
@@ -106,28 +104,20 @@ def redrive(dlq_ids: tuple[int, ...], endpoint: str | None, everything: bool, ye
         raise click.UsageError("give DLQ ids, --endpoint NAME or --all (exactly one)")
     with open_connection() as conn:
         if dlq_ids:
-            requeued = [queries.fetch_value(conn, "redrive_message", {"id": i}) for i in dlq_ids]
+            requeued = [dlq.redrive_message(conn, i) for i in dlq_ids]
             emit({"redriven": len(requeued), "message_ids": requeued},
                  lambda: console.print(f"redrove {len(requeued)} entr{'y' if len(requeued) == 1 else 'ies'} "
                                        f"as message(s) {', '.join(map(str, requeued))}", highlight=False))
             return
-        total = queries.fetch_value(conn, "dlq_failed_count", {"endpoint": endpoint})
+        total = dlq.failed_count(conn, endpoint)
         scope = f"endpoint {endpoint}" if endpoint else "all endpoints"
         if total and not yes and not wants_json():
             click.confirm(f"Redrive {total} failed message(s) of {scope}?", abort=True)
-        done = 0
         with Progress(TextColumn("redriving"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, disable=wants_json() or total == 0) as progress:
             task = progress.add_task("redrive", total=total)
-            while True:  # one short transaction per batch, so the queue is never locked for long
-                if endpoint:
-                    n = queries.fetch_value(conn, "redrive_endpoint", {"name": endpoint, "batch_size": REDRIVE_BATCH})
-                else:
-                    n = queries.fetch_value(conn, "redrive_all", {"batch_size": REDRIVE_BATCH})
-                if not n:
-                    break
-                done += n
-                progress.update(task, completed=done)
+            done = dlq.redrive_everything(conn, endpoint, REDRIVE_BATCH,
+                                          progress=lambda so_far: progress.update(task, completed=so_far))
     emit({"redriven": done, "scope": scope}, lambda: console.print(f"redrove {done} message(s) of {scope}",
                                                                     highlight=False))
 
@@ -137,7 +127,7 @@ def redrive(dlq_ids: tuple[int, ...], endpoint: str | None, everything: bool, ye
 def cleanup() -> None:
     """Delete entries older than dlq_retention_days."""
     with open_connection() as conn:
-        deleted = queries.fetch_value(conn, "cleanup_dlq")
+        deleted = dlq.cleanup(conn)
     emit({"deleted": deleted}, lambda: console.print(f"deleted {deleted} DLQ entr{'y' if deleted == 1 else 'ies'}"))
 
 

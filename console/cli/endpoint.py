@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from sqlkit import endpoints, observability, queries
+from sqlkit import endpoints, observability
 from sqlkit.endpoints import Endpoint
 from sqlkit.errors import NotFound
 
@@ -162,7 +162,7 @@ def drop(name: str, force: bool, yes: bool) -> None:
 def reset_circuit(name: str) -> None:
     """Force an endpoint's circuit breaker back to closed."""
     with open_connection() as conn:
-        queries.fetch_value(conn, "reset_circuit_breaker", {"name": name})
+        endpoints.reset_circuit(conn, name)
     emit({"name": name, "circuit_state": "closed"},
          lambda: console.print(f"{name}: circuit closed", highlight=False))
 
