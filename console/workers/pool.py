@@ -29,6 +29,9 @@ from .outcome import Outcome, OutcomeKind
 
 log = logging.getLogger("courier.worker")
 
+MAX_CONCURRENCY = 10_000
+"""The most messages one pool may have in flight (as `courier worker --concurrency` allows)."""
+
 
 @dataclass
 class PoolSettings:
@@ -79,6 +82,8 @@ class WorkerPool:
         self._failed_endpoint: dict[int, int] = {}
         self._db_settings: dict[str, str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._heartbeat_due = asyncio.Event()
+        self._resizes: set[asyncio.Task[None]] = set()
         self.maintenance = None if self.settings.maintenance is None else MaintenanceLeader(
             dsn, self.settings.worker_id, self.settings.maintenance)
 
@@ -99,6 +104,31 @@ class WorkerPool:
         else:
             self._loop.call_soon_threadsafe(self.stop)
 
+    def resize(self, concurrency: int) -> None:
+        """Change how many messages may be in flight at once, live. Scaling up claims more at
+        once; scaling down lets in-flight deliveries finish and claims nothing new until the
+        pool is under the new limit. Call from the pool's event loop (or before run())."""
+        if not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise ValueError(f"concurrency must be between 1 and {MAX_CONCURRENCY}, not {concurrency}")
+        self.settings.concurrency = concurrency
+        if self._loop is None:
+            return
+        log.info("resized", extra={"worker_id": self.worker_id, "concurrency": concurrency})
+        self._heartbeat_due.set()  # the new concurrency shows in courier.workers at once
+        task = asyncio.create_task(self._wake_all_loops())
+        self._resizes.add(task)
+        task.add_done_callback(self._resizes.discard)
+
+    def resize_threadsafe(self, concurrency: int) -> None:
+        """resize(), from a thread other than the one running the pool."""
+        if not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise ValueError(f"concurrency must be between 1 and {MAX_CONCURRENCY}, not {concurrency}")
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self.settings.concurrency = concurrency
+        else:
+            loop.call_soon_threadsafe(self.resize, concurrency)
+
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         await self._db.open(timeout=30)
@@ -110,7 +140,8 @@ class WorkerPool:
             background = [
                 asyncio.create_task(self._listen_loop(), name="listen"),
                 asyncio.create_task(self._every(self.settings.refresh_interval, self._refresh_targets), name="refresh"),
-                asyncio.create_task(self._every(self.settings.heartbeat_interval, self._heartbeat), name="heartbeat"),
+                asyncio.create_task(self._every(self.settings.heartbeat_interval, self._heartbeat, self._heartbeat_due),
+                                    name="heartbeat"),
             ]
             if self.maintenance is not None:
                 # Stale recovery at start-up is the leader's first job, as for ulak's worker 0.
@@ -169,11 +200,10 @@ class WorkerPool:
         return self._dispatchers[protocol]
 
     async def _endpoint_loop(self, target: Target) -> None:
-        limit = int(target.config.get("concurrency", self.settings.concurrency))
         wake = self._wake[target.id]
         failures = 0
         while self._current(target):
-            room = await self._room(target.id, limit)
+            room = await self._room(target)
             if not self._current(target):
                 return
             wake.clear()
@@ -201,16 +231,19 @@ class WorkerPool:
         async with self._capacity:
             self._capacity.notify_all()
 
-    async def _room(self, endpoint_id: int, limit: int) -> int:
+    async def _room(self, target: Target) -> int:
         """Wait until this endpoint may take at least one more message; return how many
         (0 when the pool is stopping). An endpoint with failures not yet reported gets no
         room, so that a circuit they open stops its next claim, not the one after."""
         async with self._capacity:
             while not self._stopping.is_set():
+                # Read on every wake-up: resize() changes the pool's concurrency, which is
+                # also the default limit of an endpoint without its own config.concurrency.
+                limit = int(target.config.get("concurrency", self.settings.concurrency))
                 room = min(self.settings.batch_size,
                            self.settings.concurrency - len(self._in_flight),
-                           limit - self._in_flight_by_endpoint[endpoint_id])
-                if room > 0 and self._unreported_failures[endpoint_id] == 0:
+                           limit - self._in_flight_by_endpoint[target.id])
+                if room > 0 and self._unreported_failures[target.id] == 0:
                     return room
                 await self._capacity.wait()
             return 0
@@ -332,7 +365,8 @@ class WorkerPool:
                 log.warning("LISTEN connection lost; reconnecting", extra={"error": error.one_line()})
                 await asyncio.sleep(1.0)
 
-    async def _heartbeat(self, state: str = "running") -> None:
+    async def _heartbeat(self, state: str | None = None) -> None:
+        state = state or ("draining" if self._stopping.is_set() else "running")
         async with self._db.connection() as conn:
             await queries.fetch_value_async(conn, "worker_heartbeat", {
                 "worker_id": self.worker_id, "hostname": socket.gethostname(), "pid": os.getpid(),
@@ -340,9 +374,15 @@ class WorkerPool:
                 "delivered": self.stats.delivered, "failed": self.stats.failed, "state": state,
             })
 
-    async def _every(self, seconds: float, action) -> None:  # action: () -> Awaitable[None]
+    async def _every(self, seconds: float, action, due: asyncio.Event | None = None) -> None:
+        """Run action (() -> Awaitable[None]) every `seconds`, or sooner when `due` is set."""
         while True:
-            await asyncio.sleep(seconds)
+            if due is None:
+                await asyncio.sleep(seconds)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(due.wait(), seconds)
+                due.clear()
             try:
                 await action()
             except CourierError as error:

@@ -1,0 +1,132 @@
+"""The embedded worker pool's process: a WorkerPool steered by JSON lines on stdin.
+
+    python -m console.workers.child --dsn DSN --concurrency N --worker-id ID [--drain-timeout S]
+
+Control lines: {"concurrency": N} resizes the pool live, {"stop": true} drains and exits.
+End of stdin means the parent is gone (even by kill -9), so the pool drains and exits too;
+SIGTERM and SIGINT drain as well, and a second signal gives up on the drain. Logs are JSON
+lines on stderr. The DSN may also come from COURIER_DSN, which keeps a password out of `ps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+
+from console.logs import log_json_lines
+from sqlkit import embedded
+from sqlkit.dsn import resolve_dsn
+
+from .pool import MAX_CONCURRENCY, PoolSettings, WorkerPool
+
+log = logging.getLogger("courier.worker.child")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    log_json_lines()
+    choice = resolve_dsn(args.dsn)
+    dsn = embedded.url() if choice.is_embedded else choice.dsn
+    if dsn is None:
+        log.error("no database: pass --dsn or set COURIER_DSN (the embedded PostgreSQL is not running)")
+        return 2
+    settings = PoolSettings(concurrency=args.concurrency, drain_timeout=args.drain_timeout)
+    if args.worker_id:
+        settings.worker_id = args.worker_id
+    pool = WorkerPool(dsn, settings)
+    try:
+        asyncio.run(_run(pool))
+    except Exception:
+        log.exception("worker pool failed", extra={"worker_id": pool.worker_id})
+        return 1
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m console.workers.child",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dsn", help="PostgreSQL connection string (default: COURIER_DSN, DATABASE_URL, PG*)")
+    parser.add_argument("--concurrency", type=_concurrency, default=16)
+    parser.add_argument("--worker-id", help="name in heartbeats (default: host:pid:random)")
+    parser.add_argument("--drain-timeout", type=float, default=10.0,
+                        help="seconds in-flight deliveries may take to finish when stopping")
+    return parser
+
+
+def _concurrency(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_CONCURRENCY}")
+    return value
+
+
+async def _run(pool: WorkerPool) -> None:
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(pool.run())
+    stopping = threading.Event()  # a stop was asked for, by a signal or on stdin
+
+    def on_signal(signum: int) -> None:
+        name = signal.Signals(signum).name
+        if not stopping.is_set():
+            stopping.set()
+            log.info("signal received: draining", extra={"signal": name})
+            pool.stop()
+        else:  # an impatient supervisor or operator: claims left behind go to stale recovery
+            log.warning("signal received while stopping: abandoning the drain", extra={"signal": name})
+            task.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    threading.Thread(target=_read_control, args=(pool, stopping), name="control", daemon=True).start()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _read_control(pool: WorkerPool, stopping: threading.Event) -> None:
+    """Apply control lines from stdin until it ends. Raw os.read, not sys.stdin: a daemon
+    thread blocked inside a buffered reader can abort the interpreter's shutdown."""
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(0, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if line.strip():
+                _apply(pool, line, stopping)
+    log.info("control channel closed: draining", extra={"worker_id": pool.worker_id})
+    stopping.set()
+    with contextlib.suppress(RuntimeError):  # the loop may be gone already
+        pool.stop_threadsafe()
+
+
+def _apply(pool: WorkerPool, line: bytes, stopping: threading.Event) -> None:
+    try:
+        command = json.loads(line)
+        if not isinstance(command, dict):
+            raise ValueError("a control line must be a JSON object")
+        if "concurrency" in command:
+            value = command["concurrency"]
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError("concurrency must be an integer")
+            pool.resize_threadsafe(value)
+        if command.get("stop"):
+            log.info("stop requested: draining", extra={"worker_id": pool.worker_id})
+            stopping.set()
+            pool.stop_threadsafe()
+    except (ValueError, RuntimeError) as error:  # json.JSONDecodeError is a ValueError
+        log.warning("control line ignored", extra={"line": line.decode(errors="replace")[:200], "error": str(error)})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
