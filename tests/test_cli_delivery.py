@@ -120,4 +120,4 @@ def test_demo_runs_producer_workers_and_the_live_view(courier, conn):
     assert names == {"demo-healthy", "demo-flaky", "demo-slow", "demo-down"}
     assert scalar(conn, "SELECT count(*) FROM courier.archive WHERE status = 'completed'") > 50
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'") == 0  # drained on exit
-    assert scalar(conn, "SELECT state FROM courier.workers WHERE worker_id = 'courier-demo'") == "stopped"
+    assert scalar(conn, "SELECT state FROM courier.workers WHERE worker_id LIKE 'console:%'") == "stopped"

@@ -1,38 +1,29 @@
 """`courier demo`: the embedded database, demo endpoints on a local webhook sink, a producer
-and the worker pool, shown live until Ctrl-C."""
+and the worker pool (console.demo.DemoRuntime), watched in the console or, with --headless,
+through a status line every 5 seconds."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
+import signal
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import click
-from rich.live import Live
 
-from console.sink import WebhookSink
-from console.workers.pool import PoolSettings, WorkerPool
-from sqlkit import embedded, endpoints, messages, migrate, observability
+from console.demo import DEMO_ENDPOINTS, DemoRuntime
+from sqlkit import observability
 from sqlkit.connection import connect
 from sqlkit.dsn import resolve_dsn
-from sqlkit.errors import CourierError, NotFound
-from sqlkit.messages import SendOptions
+from sqlkit.errors import CourierError
 
-from .context import console, dsn_option
-from .status import render
+from .context import common_options, console, emit, error_console, wants_json
 
-# Paths on the sink (console.sink): healthy, ~30% 503, 0.2-1.5 s; and a port nothing
-# listens on, whose circuit opens.
-DEMO_ENDPOINTS = {
-    "demo-healthy": {"path": "/healthy"},
-    "demo-flaky": {"path": "/flaky"},
-    "demo-slow": {"path": "/slow", "timeout": 5},
-    "demo-down": {"url": "http://127.0.0.1:9/down", "timeout": 2},
-}
-# Short retries, so failures reach the DLQ within a minute instead of an hour.
-DEMO_RETRY_POLICY = {"max_retries": 2, "backoff": "fixed", "base_delay_seconds": 2}
+STATUS_EVERY = 5.0
+"""Seconds between two headless status lines."""
 
 
 @click.command("demo")
@@ -42,73 +33,188 @@ DEMO_RETRY_POLICY = {"max_retries": 2, "backoff": "fixed", "base_delay_seconds":
               help="Stop after this long (default: run until Ctrl-C).")
 @click.option("--workers", type=click.IntRange(1, 1_000), default=16, show_default=True,
               help="Messages in flight at once in the demo's worker pool.")
-@dsn_option
-def demo(rate: float, seconds: float, workers: int) -> None:
-    """Start the embedded PostgreSQL with demo endpoints, traffic and workers, and watch."""
+@click.option("--headless", is_flag=True,
+              help="No console: print a status line every 5 seconds (for scripts, CI and dumb terminals).")
+@common_options
+def demo(rate: float, seconds: float, workers: int, headless: bool) -> None:
+    """Start the embedded PostgreSQL with demo endpoints, traffic and workers, and watch.
+
+    If this command started the embedded PostgreSQL, quitting stops it (its data stays on disk
+    for the next run); a server that was already running is left running."""
     choice = resolve_dsn(click.get_current_context().meta.get("courier.dsn"))
-    with console.status("starting the embedded PostgreSQL..."):
-        url = embedded.start() if choice.is_embedded else (choice.dsn or "")
-        migrate.migrate(url)
-    logging.getLogger("courier").propagate = False  # the live view owns the terminal
-    with WebhookSink() as sink:
-        with connect(url) as conn:
-            _create_endpoints(conn, sink.url)
-            messages.send(conn, "demo-healthy", {"urgent": True}, SendOptions(priority=10))
-        pool = WorkerPool(url, PoolSettings(concurrency=workers, worker_id="courier-demo"))
-        stop = threading.Event()
-        threads = [threading.Thread(target=_produce, args=(url, rate, stop), daemon=True),
-                   threading.Thread(target=asyncio.run, args=(pool.run(),), daemon=True)]
-        for thread in threads:
-            thread.start()
-        try:
-            _watch(url, seconds, threads[1])
-        except KeyboardInterrupt:
-            pass
-        finally:
-            stop.set()
-            pool.stop_threadsafe()
-            with console.status("stopping the workers (in-flight messages finish)..."):
-                for thread in threads:
-                    thread.join(60)
-    console.print(
-        f"database: {url}\n"
-        "Everything stays in the database: look around with `courier status`, `courier dlq list`, "
-        "`courier archive partitions`, `courier events` or psql \"$(courier db url)\"; "
-        "run the workers again with `courier worker`.", highlight=False)
+    runtime = DemoRuntime(None if choice.is_embedded else (choice.dsn or ""), rate=rate, workers=workers)
+    began: float | None = None
+    # Until the loop takes over signals, SIGTERM interrupts like Ctrl-C, so that the cleanup
+    # below runs even for a demo stopped while it starts.
+    previous_term = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with _status("starting the demo (embedded PostgreSQL, sink, producer, workers)..."):
+            baseline = _delivered_total(runtime.start())
+        began = time.monotonic()
+        if headless:
+            _run_headless(runtime, seconds)
+        else:
+            _run_console(runtime, seconds)
+    finally:
+        # Signals are held off while stopping, which is bounded: a second Ctrl-C must not
+        # leave the embedded PostgreSQL or the worker child behind.
+        with _stop_signals(), _status("stopping the workers (in-flight messages finish)..."):
+            try:
+                outcome = _finish(runtime, baseline, began) if began is not None else None
+            finally:
+                runtime.close()
+                signal.signal(signal.SIGTERM, previous_term)
+    assert outcome is not None
+    outcome.embedded_stopped = runtime.started_embedded
+    _summary(runtime, outcome)
+    if outcome.worker_exit_code not in (0, None) or outcome.pool_died:
+        sys.exit(1)
 
 
-def _create_endpoints(conn, sink_url: str) -> None:
-    for name, spec in DEMO_ENDPOINTS.items():
-        config = {"url": spec.get("url", sink_url + spec.get("path", "")), "allow_internal": True}
-        if "timeout" in spec:
-            config["timeout"] = spec["timeout"]
-        try:  # the sink's port changes from run to run
-            endpoints.alter(conn, name, config, DEMO_RETRY_POLICY)
-        except NotFound:
-            endpoints.create(conn, name, "http", config, DEMO_RETRY_POLICY, description="courier demo")
+@dataclass
+class Snapshot:
+    """One status line's worth: this run's deliveries and the queue's state."""
+
+    delivered: int
+    pending: int
+    processing: int
+    dlq: int
+    circuits: dict[str, str]
+
+    def line(self, elapsed: float) -> str:
+        opened = [f"{name}={state}" for name, state in self.circuits.items() if state != "closed"]
+        return (f"{elapsed:.0f}s  delivered {self.delivered}  pending {self.pending}  dlq {self.dlq}  "
+                f"circuits: {', '.join(opened) or 'all closed'}")
 
 
-def _produce(url: str, rate: float, stop: threading.Event) -> None:
-    """Send rate messages a second, a small batch to each endpoint every tick."""
-    tick = 0.25
-    per_batch = max(1, round(rate * tick / len(DEMO_ENDPOINTS)))
-    n = 0
-    with connect(url) as conn:
-        while rate > 0 and not stop.wait(tick):
-            for name in DEMO_ENDPOINTS:
-                # Backpressure or a disabled endpoint: the live view shows why.
-                with contextlib.suppress(CourierError):
-                    messages.send_batch(conn, name, [{"demo": name, "n": n + i} for i in range(per_batch)])
-            n += per_batch
+@dataclass
+class DemoOutcome:
+    dsn: str
+    seconds: float
+    final: Snapshot | None
+    worker_exit_code: int | None
+    pool_died: bool
+    """The worker child ended before the demo stopped it."""
+    embedded_stopped: bool = False
 
 
-def _watch(url: str, seconds: float, pool_thread: threading.Thread) -> None:
-    deadline = time.monotonic() + seconds if seconds else None
-    with connect(url) as conn, Live(console=console, refresh_per_second=2, screen=False) as live:
-        while pool_thread.is_alive() and (deadline is None or time.monotonic() < deadline):
-            live.update(render(observability.queue_status(conn), title="Courier demo (Ctrl-C stops)",
-                               compact=True))
-            time.sleep(1.0)
+# Where the console plugs in ---------------------------------------------------------------
+
+def _run_console(runtime: DemoRuntime, seconds: float) -> None:
+    """THE CONSOLE HOOK: run the Textual console on the started `runtime` (its Workers screen
+    drives runtime.pool) until the operator quits, SIGTERM arrives or `seconds` pass (0: no
+    limit); demo() stops everything afterwards. Until the console is wired in, this falls
+    back to the headless loop."""
+    _run_headless(runtime, seconds)
+
+
+def _run_headless(runtime: DemoRuntime, seconds: float) -> None:
+    """A status line every 5 seconds until `seconds` pass, Ctrl-C or SIGTERM, or the worker
+    pool dies. Under --json the lines go to stderr: stdout carries only the final summary."""
+    began = time.monotonic()
+    deadline = began + seconds if seconds else None
+    with connect(runtime.url or "") as conn, _stop_signals() as stop:
+        baseline = _delivered_total(conn)
+        click.echo(_banner(runtime, seconds), err=wants_json())
+        while True:
+            left = STATUS_EVERY if deadline is None else min(STATUS_EVERY, deadline - time.monotonic())
+            if left > 0 and stop.wait(left):
+                return
+            state = runtime.pool.state
+            if not state.running:
+                error_console.print(f"the worker pool exited with code {state.exit_code}; "
+                                    f"its log: {runtime.worker_log}", highlight=False)
+                return
+            click.echo(_read(conn, baseline).line(time.monotonic() - began), err=wants_json())
+            if deadline is not None and time.monotonic() >= deadline - 0.01:
+                return
+
+
+def _banner(runtime: DemoRuntime, seconds: float) -> str:
+    pool = runtime.pool.state
+    until = f"for {seconds:g}s, " if seconds else ""
+    return (f"Courier demo ({until}Ctrl-C stops): {runtime.rate:g} messages/s to "
+            f"{', '.join(DEMO_ENDPOINTS)} on the sink at {runtime.sink.url if runtime.sink else '?'}; "
+            f"{pool.concurrency} workers in process {pool.pid} (log: {pool.log_path})")
+
+
+def _finish(runtime: DemoRuntime, baseline: int, began: float) -> DemoOutcome:
+    """Stop the pool (the rest stops in close()) and read the queue one last time."""
+    seconds = time.monotonic() - began
+    pool_died = not runtime.pool.state.running
+    runtime.pool.stop()
+    final = None
+    with contextlib.suppress(CourierError), connect(runtime.url or "") as conn:
+        final = _read(conn, baseline)
+    return DemoOutcome(runtime.url or "", seconds, final, runtime.pool.state.exit_code, pool_died)
+
+
+# Reading the queue --------------------------------------------------------------------------
+
+def _delivered_total(conn_or_url) -> int:
+    """Deliveries to the demo endpoints so far, from the maintained counters in metrics()."""
+    if isinstance(conn_or_url, str):
+        with connect(conn_or_url) as conn:
+            return _delivered_total(conn)
+    return int(sum(m.metric_value for m in observability.metrics(conn_or_url)
+                   if m.metric_name == "messages_delivered_total" and m.labels.get("endpoint") in DEMO_ENDPOINTS))
+
+
+def _read(conn, baseline: int) -> Snapshot:
+    state = observability.queue_status(conn)
+    return Snapshot(delivered=_delivered_total(conn) - baseline, pending=state.queue_depth.get("pending", 0),
+                    processing=state.queue_depth.get("processing", 0), dlq=state.dlq_depth,
+                    circuits={e.endpoint: e.circuit for e in state.endpoints if e.endpoint in DEMO_ENDPOINTS})
+
+
+# Plumbing -----------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM or Ctrl-C, so that either ends the demo through the same
+    orderly stop; the previous handlers come back afterwards."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _status(message: str) -> Iterator[None]:
+    """A spinner on an interactive terminal, nothing otherwise (scripts read stdout)."""
+    if error_console.is_terminal and not wants_json():
+        with error_console.status(message):
+            yield
+    else:
+        yield
+
+
+def _summary(runtime: DemoRuntime, outcome: DemoOutcome) -> None:
+    final = outcome.final
+    data = {
+        "dsn": outcome.dsn, "seconds": round(outcome.seconds, 1),
+        "delivered": final.delivered if final else None, "pending": final.pending if final else None,
+        "dlq": final.dlq if final else None, "circuits": final.circuits if final else None,
+        "worker_exit_code": outcome.worker_exit_code, "worker_log": str(runtime.worker_log),
+        "embedded_stopped": outcome.embedded_stopped,
+    }
+
+    def render() -> None:
+        if final is not None:
+            console.print(f"stopped: {final.line(outcome.seconds)}", highlight=False)
+        if outcome.embedded_stopped:
+            console.print("the embedded PostgreSQL this demo started is stopped; its data stays for the next "
+                          "run (`courier db start` to look around)", highlight=False)
+        console.print(
+            f"database: {outcome.dsn}\n"
+            "Everything stays in the database: look around with `courier status`, `courier dlq list`, "
+            "`courier archive partitions`, `courier events` or psql \"$(courier db url)\"; "
+            "run the workers again with `courier worker`.", highlight=False)
+
+    emit(data, render)
 
 
 COMMANDS = [demo]
