@@ -70,9 +70,19 @@ class DlqSummary:
 
 def list_entries(conn: psycopg.Connection, endpoint: str | None = None, status: str | None = None,
                  limit: int = 50) -> list[DlqEntry]:
-    """The newest `limit` entries, optionally of one endpoint and/or status (failed, redriven)."""
+    """The newest `limit` entries, optionally of one endpoint and/or status (failed, redriven).
+
+    Failed entries come from an index per endpoint that has any (`limit` rows each at most);
+    one endpoint's entries from its own index; everything else walks the primary key, so
+    `status="redriven"` alone costs as many rows as are newer than the newest redriven one.
+    """
     params = {"endpoint": endpoint, "status": status, "limit": limit}
-    name = "list_dlq" if endpoint is None else "list_dlq_of_endpoint"
+    if status == "failed":
+        name = "list_failed_dlq"
+    elif endpoint is not None:
+        name = "list_dlq_of_endpoint"
+    else:
+        name = "list_dlq"
     return [DlqEntry(**row) for row in queries.fetch_all(conn, name, params)]
 
 
