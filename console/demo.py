@@ -23,7 +23,8 @@ log = logging.getLogger("courier.demo")
 # listens on, whose circuit opens.
 DEMO_ENDPOINTS = {
     "demo-healthy": {"path": "/healthy"},
-    "demo-flaky": {"path": "/flaky"},
+    # One retry only, so that about 9% of its messages dead-letter: the DLQ fills within seconds.
+    "demo-flaky": {"path": "/flaky", "retry_policy": {"max_retries": 1}},
     "demo-slow": {"path": "/slow", "timeout": 5},
     "demo-down": {"url": "http://127.0.0.1:9/down", "timeout": 2},
 }
@@ -126,10 +127,11 @@ def _create_endpoints(conn, sink_url: str) -> None:
         config = {"url": spec.get("url", sink_url + spec.get("path", "")), "allow_internal": True}
         if "timeout" in spec:
             config["timeout"] = spec["timeout"]
+        policy = {**DEMO_RETRY_POLICY, **spec.get("retry_policy", {})}
         try:  # the sink's port changes from run to run
-            endpoints.alter(conn, name, config, DEMO_RETRY_POLICY)
+            endpoints.alter(conn, name, config, policy)
         except NotFound:
-            endpoints.create(conn, name, "http", config, DEMO_RETRY_POLICY, description="courier demo")
+            endpoints.create(conn, name, "http", config, policy, description="courier demo")
 
 
 def _produce(url: str, rate: float, stop: threading.Event) -> None:

@@ -46,19 +46,25 @@ class Database:
     """A pool of autocommit connections for code that runs many short operations."""
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8,
-                 application_name: str = APPLICATION_NAME) -> None:
+                 application_name: str = APPLICATION_NAME, timeout: float = 30.0,
+                 check_connections: bool = False) -> None:
         self.dsn = dsn
         self._pool = ConnectionPool(
             _conninfo(dsn, application_name),
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, "connect_timeout": max(1, round(timeout))},
+            timeout=timeout,
+            # Checking costs a round trip per checkout, but a client that outlives server
+            # restarts (the console) then never hands out a dead connection.
+            check=ConnectionPool.check_connection if check_connections else None,
             open=False,
         )
 
-    def open(self, timeout: float = 10.0) -> Database:
+    def open(self, timeout: float = 10.0, wait: bool = True) -> Database:
+        """Open the pool; with wait=False it connects in the background and never fails here."""
         with translated():
-            self._pool.open(wait=True, timeout=timeout)
+            self._pool.open(wait=wait, timeout=timeout)
         return self
 
     def close(self) -> None:

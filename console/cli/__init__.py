@@ -39,17 +39,24 @@ class CourierGroup(click.Group):
         sys.exit(1)
 
 
-@click.group(cls=CourierGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=CourierGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @dsn_option
 @click.version_option(package_name="courier")
-def main() -> None:
-    """Courier: a PostgreSQL-native message queue and outbox dispatcher."""
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """Courier: a PostgreSQL-native message queue and outbox dispatcher.
+
+    With no command, opens the operator console on the configured database."""
+    if ctx.invoked_subcommand is None:
+        from .console import open_console
+
+        open_console(workers=0)
 
 
 def _register() -> None:
-    from . import archive, bench, config, db, demo, dlq, endpoint, events, metrics, send, status, worker
+    from . import archive, bench, config, console, db, demo, dlq, endpoint, events, metrics, send, status, worker
 
-    for module in (db, endpoint, send, config, worker, status, dlq, archive, metrics, events, bench, demo):
+    for module in (db, endpoint, send, config, worker, status, dlq, archive, metrics, events, bench, demo, console):
         for command in module.COMMANDS:
             main.add_command(command)
 

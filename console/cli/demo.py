@@ -101,11 +101,11 @@ class DemoOutcome:
 # Where the console plugs in ---------------------------------------------------------------
 
 def _run_console(runtime: DemoRuntime, seconds: float) -> None:
-    """THE CONSOLE HOOK: run the Textual console on the started `runtime` (its Workers screen
-    drives runtime.pool) until the operator quits, SIGTERM arrives or `seconds` pass (0: no
-    limit); demo() stops everything afterwards. Until the console is wired in, this falls
-    back to the headless loop."""
-    _run_headless(runtime, seconds)
+    """The console on the started runtime (its Workers pane drives runtime.pool) until the
+    operator quits, SIGTERM arrives or `seconds` pass (0: no limit); demo() stops the rest."""
+    from .console import run_console
+
+    run_console(runtime.url or "", runtime.pool, seconds)
 
 
 def _run_headless(runtime: DemoRuntime, seconds: float) -> None:

@@ -1,0 +1,148 @@
+"""The Courier console: k9s-style panes over the queue, with an optional embedded worker pool.
+
+One factory, `make_app`, builds it for the CLI, the tests and the screenshots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, tzinfo
+from typing import TYPE_CHECKING, ClassVar
+
+import psycopg
+from textual.app import App, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.reactive import reactive
+from textual.screen import Screen
+
+from sqlkit.errors import CourierError
+
+from .database import ConsoleDatabase
+from .screens import SCREENS
+from .screens.help import HelpScreen
+from .widgets.jump import JumpPrompt
+
+if TYPE_CHECKING:
+    from console.workers.supervisor import EmbeddedPool
+
+
+def _local_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class CourierApp(App[None]):
+    TITLE = "Courier"
+    CSS_PATH = "courier.tcss"
+    MODES: ClassVar = {name: spec.screen for name, spec in SCREENS.items()}
+    DEFAULT_MODE = "overview"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit", id="quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True, id="quit.ctrl_c"),
+        Binding("question_mark", "help", "Help", id="help"),
+        Binding("colon", "jump", "Jump", id="jump"),
+        *[Binding(spec.key, f"switch_mode('{name}')", spec.title, show=False, id=f"goto.{name}")
+          for name, spec in SCREENS.items()],
+    ]
+
+    connection_error: reactive[str] = reactive("")
+    pool_summary: reactive[str] = reactive("")
+
+    def __init__(self, dsn: str, *, pool: EmbeddedPool | None = None,
+                 clock: Callable[[], datetime] = _local_now, tz: tzinfo | None = None,
+                 refresh_scale: float = 1.0, database_label: str | None = None,
+                 exit_after: float = 0, exit_on_sigterm: bool = False) -> None:
+        super().__init__()
+        self.exit_after = exit_after
+        self.exit_on_sigterm = exit_on_sigterm
+        self.dsn = dsn
+        self.pool = pool
+        self.clock = clock
+        self.tz = tz
+        self.refresh_scale = refresh_scale
+        self.database_label = database_label or _describe(dsn)
+        self.database = ConsoleDatabase(dsn, on_state=self._database_state)
+
+    @property
+    def connection_lost(self) -> bool:
+        return bool(self.connection_error)
+
+    def on_mount(self) -> None:
+        self.database.open()
+        self._show_pool_state()
+        self.set_interval(1.0, self._show_pool_state)
+        if self.exit_after:
+            self.set_timer(self.exit_after, self.exit)
+        if self.exit_on_sigterm:  # systemd, docker stop, kill: quit as q does, so the caller drains
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.exit)
+
+    def on_unmount(self) -> None:
+        self.database.close()
+
+    def _database_state(self, error: CourierError | None) -> None:
+        # Called from worker threads by ConsoleDatabase.
+        self.call_from_thread(self._set_connection_error, "" if error is None else error.one_line())
+
+    def _set_connection_error(self, text: str) -> None:
+        if text and not self.connection_error:
+            self.notify(text, title="database unreachable", severity="error", timeout=6)
+        elif not text and self.connection_error:
+            self.notify("database connection restored", timeout=4)
+        self.connection_error = text
+
+    def _show_pool_state(self) -> None:
+        if self.pool is None:
+            self.pool_summary = ""
+            return
+        state = self.pool.state
+        self.pool_summary = (f"pool: {state.concurrency} in flight, running" if state.running
+                             else "pool: stopped")
+
+    # Actions ---------------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss()
+        else:
+            self.push_screen(HelpScreen())
+
+    def action_jump(self) -> None:
+        def go(name: str | None) -> None:
+            if name:
+                self.switch_mode(name)
+        self.push_screen(JumpPrompt(), go)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        for name, spec in SCREENS.items():
+            yield SystemCommand(f"Go to {spec.title}", spec.summary,
+                                lambda name=name: self.switch_mode(name))
+        if self.pool is not None:
+            yield SystemCommand("Start the embedded worker pool", "deliver from this console",
+                                lambda: self.pool.start())  # type: ignore[union-attr]
+            yield SystemCommand("Stop the embedded worker pool", "drain in-flight messages, then stop",
+                                lambda: self.run_worker(self.pool.stop, thread=True))  # type: ignore[union-attr]
+        yield from super().get_system_commands(screen)
+
+
+def _describe(dsn: str) -> str:
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "database"
+    host = params.get("host") or "localhost"
+    if str(host).startswith("/"):
+        host = "local socket"
+    port = params.get("port")
+    return f"{params.get('dbname', '')}@{host}{':' + str(port) if port and not str(host).startswith('local') else ''}"
+
+
+def make_app(dsn: str, *, pool: EmbeddedPool | None = None, clock: Callable[[], datetime] = _local_now,
+             tz: tzinfo | None = None, refresh_scale: float = 1.0,
+             database_label: str | None = None, exit_after: float = 0,
+             exit_on_sigterm: bool = False) -> CourierApp:
+    """The console as the CLI runs it; tests pass a fixed clock, UTC and a slow refresh."""
+    return CourierApp(dsn, pool=pool, clock=clock, tz=tz, refresh_scale=refresh_scale,
+                      database_label=database_label, exit_after=exit_after, exit_on_sigterm=exit_on_sigterm)

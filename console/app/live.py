@@ -1,0 +1,143 @@
+"""The base of every pane: polled in a background thread, rendered on the UI thread.
+
+A poll never overlaps the previous one (the next is scheduled only when the last one has
+been rendered), never runs while the pane is hidden or covered by a modal, and a database
+that goes away shows the app's banner instead of an exception.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import psycopg
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Footer
+
+from sqlkit.errors import CourierError
+
+from .widgets.banner import ConnectionBanner
+from .widgets.topbar import TopBar
+
+if TYPE_CHECKING:
+    from .app import CourierApp
+
+
+class LiveScreen(Screen):
+    """Subclasses implement fetch (worker thread, through sqlkit) and show (UI thread)."""
+
+    TITLE_TEXT: ClassVar[str] = ""
+    AUTO_FOCUS = "LiveTable"  # the table, never a search box: digits must still switch panes
+    REFRESH_SECONDS: ClassVar[float] = 2.0
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("r", "refresh_now", "Refresh", show=False, id="refresh"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._poll_timer: Timer | None = None
+        self._polling = False
+        self._poll_again = False
+        self.loaded = False
+        """True once the first poll has been rendered (tests and screenshots wait for it)."""
+
+    @property
+    def courier(self) -> CourierApp:
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield TopBar(self.TITLE_TEXT)
+        yield ConnectionBanner()
+        yield from self.compose_body()
+        yield Footer()
+
+    def compose_body(self) -> ComposeResult:
+        yield from ()
+
+    # Subclass hooks ---------------------------------------------------------------------
+
+    def fetch(self, conn: psycopg.Connection) -> Any:
+        """Read what the pane shows. Runs in a worker thread: no widget access here."""
+        return None
+
+    def show(self, data: Any) -> None:
+        """Render what fetch returned, updating widgets in place."""
+
+    # Scheduling -------------------------------------------------------------------------
+
+    def on_screen_resume(self) -> None:
+        self.poll_now()
+
+    def on_screen_suspend(self) -> None:
+        self._stop_timer()
+
+    def action_refresh_now(self) -> None:
+        self.poll_now()
+
+    def poll_now(self) -> None:
+        self._stop_timer()
+        if self._polling:
+            self._poll_again = True  # one more poll right after this one, never two at once
+            return
+        self._polling = True
+        self._load()
+
+    def _stop_timer(self) -> None:
+        if self._poll_timer is not None:
+            self._poll_timer.stop()
+            self._poll_timer = None
+
+    def _visible(self) -> bool:
+        # Covered by a modal (or another mode) counts as hidden: no polling behind a dialog.
+        return self.is_mounted and self.app.screen is self
+
+    @work(thread=True, exit_on_error=False)
+    def _load(self) -> None:
+        try:
+            data = self.courier.database.run(self.fetch)
+        except CourierError as error:
+            self.app.call_from_thread(self._finish, None, error)
+            return
+        except Exception as error:  # a bug in one pane must not take the console down
+            self.app.call_from_thread(self._finish, None, CourierError(f"{type(error).__name__}: {error}"))
+            return
+        self.app.call_from_thread(self._finish, data, None)
+
+    def _finish(self, data: Any, error: CourierError | None) -> None:
+        self._polling = False
+        if error is None:
+            try:
+                self.show(data)
+                self.loaded = True
+            except Exception as exc:  # rendering bad data: say so, keep polling
+                self.notify(f"could not show {self.TITLE_TEXT}: {exc}", severity="error", timeout=6)
+        elif not self.courier.connection_lost:
+            self.notify(error.one_line(), title=f"{self.TITLE_TEXT} refresh failed", severity="error", timeout=6)
+        self.query_one(TopBar).touch(self.courier.clock())
+        if self._poll_again:
+            self._poll_again = False
+            self.poll_now()
+            return
+        if self._visible():
+            delay = self.REFRESH_SECONDS * self.courier.refresh_scale
+            if self.courier.connection_lost:
+                delay = max(delay, 2.0)
+            self._poll_timer = self.set_timer(delay, self.poll_now)
+
+    # Actions that write ----------------------------------------------------------------
+
+    @work(thread=True, exit_on_error=False, group="write")
+    def write(self, action, done_message: str | None = None) -> None:  # action: (conn) -> Any
+        """Run a database change off the UI thread; report it, then refresh the pane."""
+        try:
+            result = self.courier.database.run(action)
+        except CourierError as error:
+            self.app.call_from_thread(self.notify, error.one_line(), title="failed", severity="error", timeout=8)
+            return
+        if done_message:
+            text = done_message.format(result=result)
+            self.app.call_from_thread(self.notify, text, timeout=4)
+        self.app.call_from_thread(self.poll_now)

@@ -1,0 +1,110 @@
+"""Endpoints: circuit state in colour, failures, depth and rate; enable, disable, reset a
+circuit, edit the retry policy, create."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import ClassVar
+
+import psycopg
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+
+from sqlkit import endpoints, observability
+from sqlkit.endpoints import Endpoint
+from sqlkit.observability import DeliveryTotals, EndpointHealth
+
+from ..formatting import count, one_line, rate, since, state_text
+from ..live import LiveScreen
+from ..widgets.endpoint_forms import CreateEndpointForm, RetryPolicyForm
+from ..widgets.live_table import LiveTable
+from .overview import endpoint_rates
+
+
+@dataclass(frozen=True)
+class EndpointsData:
+    endpoints: list[Endpoint]
+    health: dict[str, EndpointHealth]
+    totals: dict[str, DeliveryTotals]
+
+
+class EndpointsScreen(LiveScreen):
+    TITLE_TEXT = "Endpoints"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("e", "enable", "Enable", id="endpoints.enable"),
+        Binding("d", "disable", "Disable", id="endpoints.disable"),
+        Binding("c", "reset_circuit", "Reset circuit", id="endpoints.reset_circuit"),
+        Binding("p", "edit_policy", "Retry policy", id="endpoints.retry_policy"),
+        Binding("n", "create", "New", id="endpoints.create"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_name: dict[str, Endpoint] = {}
+        self._last_totals: dict[str, int] | None = None
+        self._last_at: datetime | None = None
+        self.rates: dict[str, float] = {}
+
+    def compose_body(self) -> ComposeResult:
+        yield LiveTable([("name", "endpoint"), ("protocol", "proto"), ("circuit", "circuit"),
+                         ("failures", "fails"), ("pending", "pending"), ("processing", "in flight"),
+                         ("rate", "delivered"), ("oldest", "oldest"), ("last_error", "last error")],
+                        id="endpoints-table")
+
+    def fetch(self, conn: psycopg.Connection) -> EndpointsData:
+        health = {h.endpoint_name: h for h in observability.endpoint_health(conn)}
+        return EndpointsData(endpoints.list_all(conn), health, observability.delivery_totals(conn))
+
+    def show(self, data: EndpointsData) -> None:
+        now = self.courier.clock()
+        delivered = {name: t.delivered for name, t in data.totals.items()}
+        seconds = (now - self._last_at).total_seconds() if self._last_at else 0.0
+        rates = endpoint_rates(self._last_totals, delivered, seconds)
+        if rates or self._last_totals is None:
+            self.rates = rates
+        self._last_totals, self._last_at = delivered, now
+        self.by_name = {e.name: e for e in data.endpoints}
+        colors = self.app.get_css_variables()
+        rows = []
+        for e in data.endpoints:
+            health = data.health.get(e.name)
+            oldest = since(health.oldest_pending_message, now) if health and health.oldest_pending_message else "-"
+            state = e.circuit_state if e.enabled else "disabled"
+            rows.append((e.name, [e.name, e.protocol, state_text(state, colors), count(e.circuit_failure_count),
+                                  count(e.pending_messages), count(e.processing_messages),
+                                  rate(self.rates.get(e.name, 0.0)), oldest, one_line(e.last_error, 48)]))
+        self.query_one(LiveTable).sync(rows)
+
+    def _selected(self) -> Endpoint | None:
+        key = self.query_one(LiveTable).current_key
+        endpoint = self.by_name.get(key) if key else None
+        if endpoint is None:
+            self.notify("no endpoint selected", severity="warning", timeout=3)
+        return endpoint
+
+    def action_enable(self) -> None:
+        if e := self._selected():
+            self.write(lambda conn: endpoints.enable(conn, e.name), f"enabled {e.name}")
+
+    def action_disable(self) -> None:
+        if e := self._selected():
+            self.write(lambda conn: endpoints.disable(conn, e.name), f"disabled {e.name}")
+
+    def action_reset_circuit(self) -> None:
+        if e := self._selected():
+            self.write(lambda conn: endpoints.reset_circuit(conn, e.name), f"circuit of {e.name} reset to closed")
+
+    def action_edit_policy(self) -> None:
+        if e := self._selected():
+            self.app.push_screen(RetryPolicyForm(e.name, e.retry_policy), self._saved("retry policy of {} saved"))
+
+    def action_create(self) -> None:
+        self.app.push_screen(CreateEndpointForm(), self._saved("endpoint {} created"))
+
+    def _saved(self, message: str):
+        def done(name: str | None) -> None:
+            if name:
+                self.notify(message.format(name), timeout=4)
+                self.poll_now()
+        return done

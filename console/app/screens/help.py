@@ -1,0 +1,62 @@
+"""The help screen: every key, global and per pane, read from the bindings themselves."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+GLOBAL_KEYS = [
+    ("1 … 8", "go to Overview, Endpoints, Messages, DLQ, Archive, Events, Workers, Analytics"),
+    (":", "jump to a pane by name (k9s style): :dlq, :endpoints, :workers …"),
+    ("/", "filter or search the current table"),
+    ("ctrl+p", "command palette: every pane and action by name"),
+    ("r", "refresh now"),
+    ("?", "this help"),
+    ("q, ctrl+c", "quit (the embedded pool drains first)"),
+]
+
+
+def _keys_of(screen_class) -> list[tuple[str, str]]:
+    rows = []
+    for binding in getattr(screen_class, "BINDINGS", []):
+        if isinstance(binding, Binding) and binding.show and binding.description:
+            rows.append((binding.key.replace("_", " "), binding.description))
+    return rows
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll {
+        width: 90; max-width: 100%; height: 90%; border: thick $accent; background: $surface; padding: 0 1;
+    }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "close", "Close", id="help.close")]
+
+    def compose(self) -> ComposeResult:
+        from . import SCREENS
+
+        table = Table(box=None, show_header=False, padding=(0, 2), expand=True)
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column()
+        table.add_row("[reverse] Everywhere [/]", "")
+        for key, text in GLOBAL_KEYS:
+            table.add_row(key, text)
+        for spec in SCREENS.values():
+            keys = _keys_of(spec.screen)
+            if keys:
+                table.add_row("", "")
+                table.add_row(f"[reverse] {spec.title} [/]", spec.summary)
+                for key, text in keys:
+                    table.add_row(key, text)
+        with VerticalScroll():
+            yield Static(table)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

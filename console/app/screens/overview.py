@@ -1,0 +1,140 @@
+"""Overview: depth by status and endpoint, throughput and depth over time, oldest pending
+message, DLQ depth and workers."""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import Static
+from textual_plotext import PlotextPlot
+
+from sqlkit import observability
+from sqlkit.observability import DeliveryTotals, EndpointHealth, QueueStatus
+
+from ..formatting import age, count, rate, state_text
+from ..live import LiveScreen
+from ..widgets.live_table import LiveTable
+
+HISTORY = 120  # samples kept for the charts (4 minutes at the default 2 s poll)
+
+
+@dataclass(frozen=True)
+class OverviewData:
+    status: QueueStatus
+    health: list[EndpointHealth]
+    totals: dict[str, DeliveryTotals]
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: datetime
+    delivered: int
+    pending: int
+    processing: int
+
+
+def endpoint_rates(previous: dict[str, int] | None, current: dict[str, int], seconds: float) -> dict[str, float]:
+    """Delivered per second per endpoint between two polls of the delivery counters."""
+    if previous is None or seconds <= 0:
+        return {}
+    return {name: max(0, total - previous.get(name, total)) / seconds for name, total in current.items()}
+
+
+class OverviewScreen(LiveScreen):
+    TITLE_TEXT = "Overview"
+    DEFAULT_CSS = """
+    OverviewScreen #tiles { height: 3; }
+    OverviewScreen .tile {
+        width: 1fr; height: 3; border: round $primary-muted; padding: 0 1; content-align: center middle;
+    }
+    OverviewScreen #charts { height: 9; }
+    OverviewScreen PlotextPlot { width: 1fr; height: 9; }
+    OverviewScreen #overview-endpoints { height: 1fr; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.samples: deque[Sample] = deque(maxlen=HISTORY)
+        self._last_totals: dict[str, int] | None = None
+        self._last_at: datetime | None = None
+        self.rates: dict[str, float] = {}
+
+    def compose_body(self) -> ComposeResult:
+        with Horizontal(id="tiles"):
+            yield Static(id="tile-pending", classes="tile")
+            yield Static(id="tile-processing", classes="tile")
+            yield Static(id="tile-oldest", classes="tile")
+            yield Static(id="tile-dlq", classes="tile")
+            yield Static(id="tile-workers", classes="tile")
+        with Horizontal(id="charts"):
+            yield PlotextPlot(id="throughput-chart")
+            yield PlotextPlot(id="depth-chart")
+        yield LiveTable([("endpoint", "endpoint"), ("circuit", "circuit"), ("pending", "pending"),
+                         ("processing", "in flight"), ("dlq", "dlq"), ("rate", "delivered")],
+                        id="overview-endpoints")
+
+    def fetch(self, conn: psycopg.Connection) -> OverviewData:
+        return OverviewData(observability.queue_status(conn), observability.endpoint_health(conn),
+                            observability.delivery_totals(conn))
+
+    def show(self, data: OverviewData) -> None:
+        now = self.courier.clock()
+        delivered = {name: t.delivered for name, t in data.totals.items()}
+        seconds = (now - self._last_at).total_seconds() if self._last_at else 0.0
+        rates = endpoint_rates(self._last_totals, delivered, seconds)
+        if rates or self._last_totals is None:
+            self.rates = rates
+        self._last_totals, self._last_at = delivered, now
+        depth = data.status.queue_depth
+        self.samples.append(Sample(now, sum(delivered.values()), depth.get("pending", 0), depth.get("processing", 0)))
+        oldest = min((h.oldest_pending_message for h in data.health if h.oldest_pending_message), default=None)
+        colors = self.app.get_css_variables()
+        self._tile("#tile-pending", "pending", count(depth.get("pending", 0)))
+        self._tile("#tile-processing", "in flight", count(depth.get("processing", 0)))
+        self._tile("#tile-oldest", "oldest pending", age((now - oldest).total_seconds()) if oldest else "-")
+        dlq = Text(count(data.status.dlq_depth), style=colors["error"] if data.status.dlq_depth else "")
+        self._tile("#tile-dlq", "DLQ", dlq)
+        alive = [w for w in data.status.workers if (now - w.last_heartbeat).total_seconds() < 30]
+        leader = any(w.maintenance_leader for w in alive)
+        self._tile("#tile-workers", "workers", f"{len(alive)}{' ★' if leader else ''}")
+        self._draw_charts()
+        table = self.query_one("#overview-endpoints", LiveTable)
+        table.sync(
+            (e.endpoint, [e.endpoint, state_text(e.circuit if e.enabled else "disabled", colors), count(e.pending),
+                          count(e.processing), count(e.dlq_failed), rate(self.rates.get(e.endpoint, 0.0))])
+            for e in data.status.endpoints)
+
+    def _tile(self, selector: str, label: str, value: str | Text) -> None:
+        text = Text(justify="center", no_wrap=True, overflow="ellipsis")
+        text.append(label + " ", style="dim")
+        text.append(value if isinstance(value, Text) else Text(value, style="bold"))
+        self.query_one(selector, Static).update(text)
+
+    def _draw_charts(self) -> None:
+        samples = list(self.samples)
+        now = samples[-1].at
+        xs = [(s.at - now).total_seconds() for s in samples]
+        throughput = [0.0] + [max(0, b.delivered - a.delivered) / max((b.at - a.at).total_seconds(), 1e-9)
+                              for a, b in itertools.pairwise(samples)]
+        for widget_id, title, series in (
+            ("#throughput-chart", "delivered/s", [("delivered", throughput)]),
+            ("#depth-chart", "depth", [("pending", [s.pending for s in samples]),
+                                       ("in flight", [s.processing for s in samples])]),
+        ):
+            plot = self.query_one(widget_id, PlotextPlot)
+            plt = plot.plt
+            plt.clear_data()
+            plt.clear_figure()
+            plt.title(title)
+            for label, ys in series:
+                plt.plot(xs, ys, label=label if len(series) > 1 else None, marker="braille")
+            plt.xlabel("seconds ago")
+            plot.refresh()
+

@@ -1,0 +1,86 @@
+"""Regenerate screenshots/: every pane (and the main dialogs) of the console, drawn from the
+showcase data in a scratch database, as SVG, plus PNG where rsvg-convert is installed.
+
+    python -m console.app.screenshots [--dsn SERVER_DSN] [--out screenshots]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+from collections.abc import Awaitable, Callable
+from datetime import UTC
+from pathlib import Path
+
+from textual.pilot import Pilot
+
+from console.bench.scratch import scratch_database
+from sqlkit import embedded
+
+from . import showcase
+from .app import make_app
+
+SIZE = (110, 32)
+
+
+def _pane(name: str, *keys: str) -> Callable[[Pilot], Awaitable[None]]:
+    async def before(pilot: Pilot) -> None:
+        await showcase.open_pane(pilot, name)
+        for key in keys:
+            await pilot.press(key)
+            await pilot.pause(0.3)
+    return before
+
+
+SHOTS: dict[str, Callable[[Pilot], Awaitable[None]]] = {
+    "overview": _pane("overview"),
+    "endpoints": _pane("endpoints"),
+    "endpoint-create": _pane("endpoints", "n"),
+    "messages": _pane("messages"),
+    "message-detail": _pane("messages", "enter"),
+    "dlq": _pane("dlq"),
+    "dlq-redrive-all": _pane("dlq", "A"),
+    "archive": _pane("archive"),
+    "archive-replay-wizard": _pane("archive", "p"),
+    "events": _pane("events"),
+    "workers": _pane("workers"),
+    "analytics": _pane("analytics"),
+    "help": _pane("overview", "question_mark"),
+}
+
+
+def take(dsn: str, name: str, size: tuple[int, int] = SIZE) -> str:
+    app = make_app(dsn, clock=showcase.fixed_clock, tz=UTC, refresh_scale=1000, database_label="showcase")
+    before = SHOTS[name]
+
+    async def auto_pilot(pilot: Pilot) -> None:
+        await before(pilot)
+        await pilot.pause(0.2)
+        await pilot.wait_for_scheduled_animations()
+        app.exit(app.export_screenshot(title=f"courier · {name}"))
+
+    return app.run(headless=True, auto_pilot=auto_pilot, size=size)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", help="server to create the scratch database on (default: the embedded one)")
+    parser.add_argument("--out", default="screenshots", type=Path)
+    args = parser.parse_args()
+    server = args.dsn or embedded.start()
+    args.out.mkdir(parents=True, exist_ok=True)
+    converter = shutil.which("rsvg-convert")
+    with scratch_database(server) as dsn:
+        showcase.seed(dsn)
+        for name in SHOTS:
+            svg_path = args.out / f"{name}.svg"
+            svg_path.write_text(take(dsn, name), encoding="utf-8")
+            if converter:
+                subprocess.run([converter, "-w", "1200", str(svg_path), "-o", str(svg_path.with_suffix(".png"))],
+                               check=True)
+            print(svg_path)
+
+
+if __name__ == "__main__":
+    main()

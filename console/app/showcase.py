@@ -1,0 +1,70 @@
+"""The showcase: a deterministic queue for screenshots and snapshot tests, and the fixed
+clock and time zone the console is shown with, so every picture is the same each time."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from importlib import resources
+
+import psycopg
+from psycopg import sql
+
+from sqlkit.connection import connect
+
+NOW = datetime(2026, 11, 2, 12, 0, 0, tzinfo=UTC)
+ARCHIVE_MONTHS = ((2026, 9), (2026, 10), (2026, 11), (2026, 12))
+
+
+def fixed_clock() -> datetime:
+    return NOW
+
+
+def seed(dsn: str) -> None:
+    """Replace everything in this (scratch!) database's courier schema with the showcase."""
+    with connect(dsn) as conn:
+        with conn.transaction():
+            conn.execute(resources.files("console.app").joinpath("showcase.sql").read_text(encoding="utf-8"))
+            _archive(conn)
+        # Fixed sizes and row estimates for the archive pane: no autovacuum may change them later.
+        conn.execute("VACUUM ANALYZE courier.archive")
+
+
+def _archive(conn: psycopg.Connection) -> None:
+    """Monthly partitions of fixed months (a real install's depend on today's date)."""
+    partitions = conn.execute("SELECT inhrelid::regclass::text FROM pg_inherits "
+                              "WHERE inhparent = 'courier.archive'::regclass").fetchall()
+    for (name,) in partitions:
+        if not name.endswith("archive_default"):
+            conn.execute(sql.SQL("DROP TABLE {}").format(sql.SQL(name)))
+    conn.execute("TRUNCATE courier.archive_default")
+    for year, month in ARCHIVE_MONTHS:
+        start = datetime(year, month, 1, tzinfo=UTC)
+        end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+        conn.execute(sql.SQL("CREATE TABLE courier.{} PARTITION OF courier.archive FOR VALUES FROM ({}) TO ({})")
+                     .format(sql.Identifier(f"archive_{year}_{month:02d}"), sql.Literal(start), sql.Literal(end)))
+    conn.execute("""
+        INSERT INTO courier.archive (id, endpoint_id, payload, status, priority, retry_count, completed_at,
+                                     created_at, archived_at, last_error)
+        SELECT 100000 + g, 1 + g % 3, jsonb_build_object('order_id', g, 'total', g % 500),
+               CASE WHEN g % 20 = 0 THEN 'failed' WHEN g % 50 = 1 THEN 'expired' ELSE 'completed' END,
+               0, CASE WHEN g % 20 = 0 THEN 5 ELSE 0 END,
+               '2026-09-01 00:00+00'::timestamptz + g * interval '3 minutes' + interval '2 seconds',
+               '2026-09-01 00:00+00'::timestamptz + g * interval '3 minutes',
+               '2026-09-01 00:00+00'::timestamptz + g * interval '3 minutes' + interval '5 seconds',
+               CASE WHEN g % 20 = 0 THEN '[RETRYABLE] HTTP 503 Service Unavailable (max retries exceeded)' END
+        FROM generate_series(0, 29000) g""")
+
+
+async def open_pane(pilot, name: str, timeout: float = 15.0) -> None:
+    """Switch the app under Pilot to a pane and wait until its first poll is on screen."""
+    import asyncio
+
+    app = pilot.app
+    await app.switch_mode(name)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not getattr(app.screen, "loaded", True):
+        if loop.time() > deadline:
+            raise TimeoutError(f"pane {name} did not load within {timeout} s")
+        await pilot.pause(0.05)
+    await pilot.pause()

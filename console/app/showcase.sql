@@ -1,0 +1,108 @@
+-- A fixed, deterministic queue for the console's screenshots and snapshot tests: every
+-- timestamp is absolute (around 2026-11-02 12:00 UTC, the showcase clock), every id
+-- restarts at 1. Applied to a scratch database only: it truncates Courier's tables.
+
+TRUNCATE courier.queue, courier.dlq, courier.event_log, courier.workers, courier.delivery_totals,
+         courier.endpoints, courier.replays RESTART IDENTITY;
+
+SELECT courier.create_endpoint('billing', 'http', '{"url": "https://billing.example.com/hooks/courier",
+    "headers": {"Authorization": "Bearer sk_live_123"}}', '{"max_retries": 5, "backoff": "exponential"}',
+    'invoices and payments');
+SELECT courier.create_endpoint('inventory', 'http', '{"url": "https://inventory.example.com/events"}');
+SELECT courier.create_endpoint('search-index', 'http', '{"url": "https://search.example.com/ingest"}');
+SELECT courier.create_endpoint('crm-legacy', 'http', '{"url": "https://crm.example.com/webhook"}');
+SELECT courier.create_endpoint('audit-noop', 'noop', '{}');
+
+UPDATE courier.endpoints SET created_at = '2026-10-01 09:00+00', updated_at = '2026-11-02 11:40+00';
+UPDATE courier.endpoints SET circuit_state = 'open', circuit_failure_count = 7,
+       circuit_opened_at = '2026-11-02 11:58:30+00', last_failure_at = '2026-11-02 11:59:41+00',
+       last_success_at = '2026-11-02 10:12:05+00',
+       last_error = '[RETRYABLE] connection refused: inventory.example.com:443'
+WHERE name = 'inventory';
+UPDATE courier.endpoints SET circuit_state = 'half_open', circuit_failure_count = 3,
+       last_failure_at = '2026-11-02 11:57:02+00', last_success_at = '2026-11-02 11:50:00+00',
+       last_error = '[RETRYABLE] HTTP 503 Service Unavailable'
+WHERE name = 'search-index';
+UPDATE courier.endpoints SET enabled = false WHERE name = 'crm-legacy';
+UPDATE courier.endpoints SET last_success_at = '2026-11-02 11:59:58+00' WHERE name IN ('billing', 'audit-noop');
+
+-- Active messages: pending in priority order, some retried, some in flight.
+INSERT INTO courier.queue (endpoint_id, payload, headers, priority, ordering_key, correlation_id, created_at,
+                           updated_at, retry_count, last_error, error_history, next_retry_at)
+SELECT e.id,
+       jsonb_build_object('order_id', 1000 + g, 'customer', 'c-' || (g % 7), 'total', (g * 37 % 500) + 0.99),
+       CASE WHEN g % 5 = 0 THEN '{"X-Tenant": "acme", "Authorization": "Bearer secret-token"}'::jsonb
+            ELSE '{"X-Tenant": "acme"}'::jsonb END,
+       (g % 3) * 4,
+       'customer-' || (g % 7),
+       ('00000000-0000-4000-8000-' || lpad(g::text, 12, '0'))::uuid,
+       '2026-11-02 11:30:00+00'::timestamptz + g * interval '17 seconds',
+       '2026-11-02 11:59:00+00',
+       CASE WHEN e.name = 'inventory' THEN 1 + g % 3 ELSE 0 END,
+       CASE WHEN e.name = 'inventory' THEN '[RETRYABLE] connection refused: inventory.example.com:443' END,
+       CASE WHEN e.name = 'inventory' THEN jsonb_build_array(jsonb_build_object(
+            'attempt', 1, 'at', '2026-11-02T11:58:30+00:00', 'outcome', 'retryable',
+            'error', '[RETRYABLE] connection refused: inventory.example.com:443')) ELSE '[]'::jsonb END,
+       CASE WHEN e.name = 'inventory' THEN '2026-11-02 12:02:00+00'::timestamptz END
+FROM generate_series(1, 60) g
+JOIN courier.endpoints e ON e.name = (ARRAY['billing', 'inventory', 'search-index', 'billing', 'crm-legacy'])[1 + g % 5];
+
+UPDATE courier.queue SET status = 'processing', worker_id = 'api-1:4242:7f3a2c',
+       processing_started_at = '2026-11-02 11:59:57+00'
+WHERE id IN (1, 4, 9);
+
+-- Dead letters.
+INSERT INTO courier.dlq (original_message_id, endpoint_id, endpoint_name, payload, headers, priority, ordering_key,
+                         correlation_id, retry_count, last_error, error_history, status, original_created_at,
+                         failed_at, redriven_at, redriven_message_id)
+SELECT 5000 + g, e.id, e.name,
+       jsonb_build_object('order_id', 5000 + g, 'reason', 'showcase'),
+       '{"X-Tenant": "acme", "X-Api-Key": "hunter2"}'::jsonb,
+       0, 'customer-' || (g % 4),
+       ('00000000-0000-4000-9000-' || lpad(g::text, 12, '0'))::uuid,
+       CASE WHEN g % 3 = 0 THEN 0 ELSE 5 END,
+       CASE WHEN g % 3 = 0 THEN '[PERMANENT] HTTP 422 Unprocessable Entity: missing field "sku"'
+            ELSE '[RETRYABLE] HTTP 503 Service Unavailable (max retries exceeded)' END,
+       jsonb_build_array(
+           jsonb_build_object('attempt', 1, 'at', '2026-11-02T10:00:00+00:00', 'outcome', 'retryable',
+                              'error', '[RETRYABLE] HTTP 503 Service Unavailable'),
+           jsonb_build_object('attempt', 2, 'at', '2026-11-02T10:00:20+00:00', 'outcome', 'retryable',
+                              'error', '[RETRYABLE] HTTP 503 Service Unavailable')),
+       CASE WHEN g > 10 THEN 'redriven' ELSE 'failed' END,
+       '2026-11-02 09:55:00+00'::timestamptz + g * interval '1 minute',
+       '2026-11-02 11:00:00+00'::timestamptz + g * interval '2 minutes',
+       CASE WHEN g > 10 THEN '2026-11-02 11:45:00+00'::timestamptz END,
+       CASE WHEN g > 10 THEN 9000 + g END
+FROM generate_series(1, 12) g
+JOIN courier.endpoints e ON e.name = (ARRAY['inventory', 'search-index', 'billing'])[1 + g % 3];
+
+-- Cumulative delivery outcomes.
+INSERT INTO courier.delivery_totals (endpoint_id, outcome, backend_pid, total)
+SELECT e.id, o.outcome, 0, o.total * e.id
+FROM courier.endpoints e
+CROSS JOIN (VALUES ('delivered', 12840), ('failed_attempt', 210), ('dead_lettered', 4)) AS o(outcome, total);
+
+-- Heartbeats of two remote workers.
+INSERT INTO courier.workers (worker_id, hostname, pid, concurrency, in_flight, delivered, failed, state,
+                             started_at, last_heartbeat)
+VALUES ('api-1:4242:7f3a2c', 'api-1', 4242, 32, 3, 51234, 118, 'running',
+        '2026-11-02 08:00:00+00', '2026-11-02 11:59:58+00'),
+       ('api-2:977:c01d2e', 'api-2', 977, 16, 0, 20110, 40, 'stopped',
+        '2026-11-01 08:00:00+00', '2026-11-02 09:12:44+00');
+
+-- The event log.
+INSERT INTO courier.event_log (event_type, endpoint_id, actor, details, created_at)
+SELECT t.event_type, e.id, t.actor, t.details::jsonb, t.at::timestamptz
+FROM (VALUES
+    ('endpoint.created', 'billing', 'ops', '{"protocol": "http"}', '2026-11-02 09:00:00+00'),
+    ('config.changed', NULL, 'ops', '{"name": "max_queue_size", "old": "1000000", "new": "500000"}',
+     '2026-11-02 09:30:00+00'),
+    ('maintenance.leader_elected', NULL, 'courier', '{"worker_id": "api-1:4242:7f3a2c"}', '2026-11-02 10:00:00+00'),
+    ('circuit.opened', 'search-index', 'courier', '{"failures": 5}', '2026-11-02 11:50:10+00'),
+    ('dlq.redriven', 'billing', 'ops', '{"count": 2}', '2026-11-02 11:45:00+00'),
+    ('circuit.half_open', 'search-index', 'courier', '{"probe": true}', '2026-11-02 11:57:00+00'),
+    ('circuit.opened', 'inventory', 'courier', '{"failures": 7}', '2026-11-02 11:58:30+00'),
+    ('endpoint.disabled', 'crm-legacy', 'ops', '{"reason": "vendor migration"}', '2026-11-02 11:59:00+00')
+) AS t(event_type, endpoint, actor, details, at)
+LEFT JOIN courier.endpoints e ON e.name = t.endpoint
+ORDER BY t.at;

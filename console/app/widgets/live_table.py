@@ -1,0 +1,84 @@
+"""A DataTable that a poll updates in place by row key: no flicker, the cursor stays put."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rich.text import Text
+from textual._two_way_dict import TwoWayDict
+from textual.widgets import DataTable
+from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
+
+
+class LiveTable(DataTable):
+    DEFAULT_CSS = """
+    LiveTable { height: 1fr; }
+    """
+
+    def __init__(self, columns: Sequence[tuple[str, str]], **kwargs: Any) -> None:
+        """columns: (key, label) pairs."""
+        super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
+        self._column_keys = [key for key, _ in columns]
+        self._labels = dict(columns)
+        self.filter_text = ""
+        self._all_rows: list[tuple[str, list[Any]]] = []
+
+    def on_mount(self) -> None:
+        for key in self._column_keys:
+            self.add_column(self._labels[key], key=key)
+
+    def sync(self, rows: Iterable[tuple[str, Sequence[Any]]]) -> None:
+        """Make the table show exactly these rows, in this order, touching only what changed."""
+        self._all_rows = [(key, list(cells)) for key, cells in rows]
+        self._apply()
+
+    def set_filter(self, text: str) -> None:
+        self.filter_text = text.strip().lower()
+        self._apply()
+
+    def _matches(self, cells: list[Any]) -> bool:
+        if not self.filter_text:
+            return True
+        return any(self.filter_text in (c.plain if isinstance(c, Text) else str(c)).lower() for c in cells)
+
+    def _apply(self) -> None:
+        wanted = [(k, c) for k, c in self._all_rows if self._matches(c)]
+        wanted_keys = {k for k, _ in wanted}
+        for row_key in list(self.rows):
+            if row_key.value not in wanted_keys:
+                self.remove_row(row_key)
+        order_changed = False
+        for position, (key, cells) in enumerate(wanted):
+            try:
+                index = self.get_row_index(key)
+            except RowDoesNotExist:
+                self.add_row(*cells, key=key)
+                order_changed = order_changed or position != self.row_count - 1
+                continue
+            order_changed = order_changed or index != position
+            for column, value in zip(self._column_keys, cells, strict=True):
+                try:
+                    if self.get_cell(key, column) != value:
+                        self.update_cell(key, column, value)
+                except CellDoesNotExist:
+                    pass
+        if order_changed:
+            self._order_like([k for k, _ in wanted])
+
+    def _order_like(self, keys: list[str]) -> None:
+        # DataTable.sort's key sees only cell values, so reorder its row index directly.
+        rank = {key: i for i, key in enumerate(keys)}
+        ordered = sorted(self.rows, key=lambda row_key: rank.get(row_key.value, 0))
+        self._row_locations = TwoWayDict({row_key: i for i, row_key in enumerate(ordered)})
+        self._update_count += 1
+        self.refresh()
+
+    @property
+    def current_key(self) -> str | None:
+        if self.row_count == 0:
+            return None
+        try:
+            return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        except CellDoesNotExist:
+            return None

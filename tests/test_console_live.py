@@ -1,0 +1,115 @@
+"""The console's live behaviour: the embedded pool scaled from the Workers pane, a database
+that goes away and comes back, and polls that stop behind modals and hidden panes."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from textual.widgets import Input
+
+from console.app.screens.overview import OverviewScreen
+from console.app.widgets.banner import ConnectionBanner
+from console.workers.supervisor import EmbeddedPool
+from tests.console_driver import open_pane, run_console, wait_for
+from tests.helpers import scalar
+from tests.tcp_proxy import PostgresProxy
+
+
+def heartbeat(conn, worker_id: str):
+    return conn.execute("SELECT concurrency, state, pid FROM courier.workers WHERE worker_id = %s",
+                        (worker_id,)).fetchone()
+
+
+def test_workers_pane_starts_scales_and_stops_the_embedded_pool(dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('sink', 'noop', '{}')")
+    conn.execute("SELECT courier.send_batch('sink', ARRAY(SELECT jsonb_build_object('n', g) "
+                 "FROM generate_series(1, 200) g))")
+    pool = EmbeddedPool(dsn, concurrency=4, drain_timeout=5)
+    worker_id = pool.state.worker_id
+
+    async def scenario(pilot, app):
+        await open_pane(pilot, "workers")
+        await pilot.press("s")
+        first = await wait_for(pilot, lambda: heartbeat(conn, worker_id), timeout=30, what="the pool's heartbeat")
+        assert first[0] == 4
+        await pilot.press("plus")
+        await wait_for(pilot, lambda: heartbeat(conn, worker_id)[0] == 5, timeout=15, what="scale to 5")
+        await pilot.press("equals_sign")
+        await pilot.pause(0.2)
+        app.screen.query_one(Input).value = "12"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: heartbeat(conn, worker_id)[0] == 12, timeout=15, what="scale to 12")
+        assert heartbeat(conn, worker_id)[2] == first[2], "scaling must not restart the child"
+        await wait_for(pilot, lambda: scalar(conn, "SELECT count(*) FROM courier.archive") == 200, timeout=30,
+                       what="the pool to deliver everything")
+        await pilot.press("x")
+        await wait_for(pilot, lambda: not pool.state.running and heartbeat(conn, worker_id)[1] == "stopped",
+                       timeout=30, what="the pool to stop")
+    try:
+        run_console(dsn, scenario, pool=pool)
+    finally:
+        pool.stop()
+
+
+def test_console_survives_the_database_going_away_and_coming_back(dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('sink', 'noop', '{}')")
+    proxy = PostgresProxy(dsn)
+
+    async def scenario(pilot, app):
+        await open_pane(pilot, "overview")
+        banner = app.screen.query_one(ConnectionBanner)
+        assert not banner.has_class("-lost")
+        proxy.cut()
+        await wait_for(pilot, lambda: app.connection_error, timeout=20, what="the connection to be noticed lost")
+        assert banner.has_class("-lost")
+        assert "unreachable" in str(banner.render())
+        await pilot.press("2")  # the UI stays responsive without a database
+        await pilot.press("1")
+        proxy.restore()
+        await wait_for(pilot, lambda: not app.connection_error, timeout=30, what="the reconnection")
+        assert not app.screen.query_one(ConnectionBanner).has_class("-lost")
+        conn.execute("SELECT courier.send('sink', '{}')")
+        await wait_for(pilot, lambda: app.screen.samples and app.screen.samples[-1].pending == 1, timeout=15,
+                       what="fresh data after the reconnection")
+    try:
+        run_console(proxy.proxied_dsn, scenario, refresh_scale=0.25)
+    finally:
+        proxy.close()
+
+
+def test_polls_pause_behind_a_modal_and_on_hidden_panes(dsn, monkeypatch):
+    polls: list[str] = []
+    original = OverviewScreen.fetch
+
+    def counting(self, conn: psycopg.Connection):
+        polls.append("overview")
+        return original(self, conn)
+    monkeypatch.setattr(OverviewScreen, "fetch", counting)
+
+    async def scenario(pilot, app):
+        await open_pane(pilot, "overview")
+        await pilot.pause(0.5)
+        assert len(polls) >= 2  # refresh_scale 0.05: a poll every 0.1 s while visible
+        await pilot.press("question_mark")
+        await pilot.pause(0.3)
+        behind_modal = len(polls)
+        await pilot.pause(0.6)
+        assert len(polls) <= behind_modal + 1
+        await pilot.press("escape")
+        await pilot.press("6")
+        await pilot.pause(0.3)
+        hidden = len(polls)
+        await pilot.pause(0.6)
+        assert len(polls) <= hidden + 1
+        await pilot.press("1")
+        await pilot.pause(0.6)
+        assert len(polls) > hidden + 1
+    run_console(dsn, scenario, refresh_scale=0.05)
+
+
+@pytest.mark.parametrize("pane", ["overview", "endpoints", "messages", "dlq", "archive", "events", "workers"])
+def test_each_pane_loads_against_an_empty_database(dsn, pane):
+    async def scenario(pilot, app):
+        await open_pane(pilot, pane)
+        assert app.screen.loaded
+    run_console(dsn, scenario, size=(80, 24))
