@@ -1,7 +1,16 @@
-"""Ordered, checksummed migrations from sqlkit/migrations, tracked in courier.schema_migrations.
+"""Install and upgrade schema courier: versioned migrations for tables, indexes and data, and
+repeatable function files, each function defined once and re-applied when its file changes.
 
-`migrate()` holds an advisory lock for its whole run, so concurrent runs (several workers
-starting at once) apply each migration exactly once; later runs find nothing to do.
+sqlkit/migrations/NNNN_name.sql run once each, in order, and are immutable once shipped; they
+are the history an installed database upgrades through. sqlkit/functions/<area>.sql hold every
+function (and the triggers that call them) in its current form, as CREATE OR REPLACE; a file
+whose checksum differs from the one recorded in courier.schema_functions is applied again, the
+way Flyway's repeatable migrations work, so a change to a function is a diff of that function.
+roles.sql comes last and is re-applied whenever anything else was.
+
+`migrate()` does all of it in one transaction under an advisory lock, so concurrent runs
+(several workers starting at once) apply each step exactly once, a failed run leaves nothing
+behind, and no other session ever sees a function before its privileges are set.
 """
 
 from __future__ import annotations
@@ -19,6 +28,13 @@ from .errors import MigrationError, translated
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 # Any fixed key works; this one spells "courier" in the first bytes for pg_locks readers.
 MIGRATION_LOCK_KEY = 0x636F7572696572
+# The order function files are applied in; roles.sql grants on what the others define.
+FUNCTION_AREAS = ("internals", "endpoints", "sending", "claiming", "delivery", "archive",
+                  "observability", "roles")
+
+
+def _checksum(sql: str) -> str:
+    return hashlib.sha256(sql.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -29,7 +45,7 @@ class Migration:
 
     @property
     def checksum(self) -> str:
-        return hashlib.sha256(self.sql.encode()).hexdigest()
+        return _checksum(self.sql)
 
     @property
     def label(self) -> str:
@@ -37,14 +53,29 @@ class Migration:
 
 
 @dataclass(frozen=True)
+class FunctionFile:
+    area: str
+    sql: str = field(repr=False)
+
+    @property
+    def checksum(self) -> str:
+        return _checksum(self.sql)
+
+    @property
+    def label(self) -> str:
+        return f"functions/{self.area}.sql"
+
+
+@dataclass(frozen=True)
 class MigrationStatus:
     installed_version: int
     latest_version: int
     pending: list[Migration]
+    functions_pending: list[FunctionFile] = field(default_factory=list)
 
     @property
     def up_to_date(self) -> bool:
-        return not self.pending
+        return not self.pending and not self.functions_pending
 
 
 def available() -> list[Migration]:
@@ -61,16 +92,30 @@ def available() -> list[Migration]:
     return found
 
 
-def _grants_sql() -> str:
-    return resources.files("sqlkit").joinpath("grants.sql").read_text(encoding="utf-8")
+def function_files() -> list[FunctionFile]:
+    folder = resources.files("sqlkit").joinpath("functions")
+    present = {entry.name.removesuffix(".sql") for entry in folder.iterdir() if entry.name.endswith(".sql")}
+    if present != set(FUNCTION_AREAS):
+        raise MigrationError(f"sqlkit/functions holds {sorted(present)}, migrate knows {list(FUNCTION_AREAS)}")
+    return [FunctionFile(area, folder.joinpath(f"{area}.sql").read_text(encoding="utf-8"))
+            for area in FUNCTION_AREAS]
+
+
+def _exists(conn: psycopg.Connection, table: str) -> bool:
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+    return bool(row and row[0])
 
 
 def _applied(conn: psycopg.Connection) -> dict[int, str]:
-    exists = conn.execute("SELECT to_regclass('courier.schema_migrations') IS NOT NULL").fetchone()
-    if not exists or not exists[0]:
+    if not _exists(conn, "courier.schema_migrations"):
         return {}
-    rows = conn.execute("SELECT version, checksum FROM courier.schema_migrations").fetchall()
-    return dict(rows)
+    return dict(conn.execute("SELECT version, checksum FROM courier.schema_migrations").fetchall())
+
+
+def _applied_functions(conn: psycopg.Connection) -> dict[str, str]:
+    if not _exists(conn, "courier.schema_functions"):
+        return {}
+    return dict(conn.execute("SELECT area, checksum FROM courier.schema_functions").fetchall())
 
 
 def _pending(applied: dict[int, str], migrations: list[Migration]) -> list[Migration]:
@@ -91,42 +136,72 @@ def _pending(applied: dict[int, str], migrations: list[Migration]) -> list[Migra
     return [m for m in migrations if m.version not in applied]
 
 
+def _functions_pending(applied: dict[str, str], anything_else: bool) -> list[FunctionFile]:
+    changed = [f for f in function_files() if applied.get(f.area) != f.checksum]
+    if (changed or anything_else) and all(f.area != "roles" for f in changed):
+        changed.append(function_files()[-1])
+    return changed
+
+
 def status(conn: psycopg.Connection) -> MigrationStatus:
     migrations = available()
     with translated():
         applied = _applied(conn)
-    return MigrationStatus(max(applied, default=0), migrations[-1].version, _pending(applied, migrations))
+        applied_functions = _applied_functions(conn)
+    pending = _pending(applied, migrations)
+    return MigrationStatus(max(applied, default=0), migrations[-1].version, pending,
+                           _functions_pending(applied_functions, bool(pending)))
+
+
+def _bootstrap(conn: psycopg.Connection) -> None:
+    conn.execute("CREATE SCHEMA IF NOT EXISTS courier")
+    conn.execute(
+        """CREATE TABLE IF NOT EXISTS courier.schema_migrations (
+               version    integer PRIMARY KEY,
+               name       text NOT NULL,
+               checksum   text NOT NULL,
+               applied_at timestamptz NOT NULL DEFAULT now())"""
+    )
+    conn.execute(
+        """CREATE TABLE IF NOT EXISTS courier.schema_functions (
+               area       text PRIMARY KEY,
+               checksum   text NOT NULL,
+               applied_at timestamptz NOT NULL DEFAULT now())"""
+    )
+
+
+def _apply_functions(conn: psycopg.Connection, files: list[FunctionFile]) -> None:
+    # Bodies may name functions of a later file; they are checked when first called.
+    conn.execute("SET LOCAL check_function_bodies = off")
+    for file in files:
+        conn.execute(file.sql.encode())
+        conn.execute(
+            "INSERT INTO courier.schema_functions (area, checksum) VALUES (%s, %s)"
+            " ON CONFLICT (area) DO UPDATE SET checksum = excluded.checksum, applied_at = now()",
+            (file.area, file.checksum),
+        )
 
 
 def migrate(dsn: str, target: int | None = None) -> list[Migration]:
-    """Apply pending migrations up to target (default: all); returns those applied now."""
+    """Apply pending migrations up to target (default: all), then the function files that
+    changed if the schema is complete; returns the versioned migrations applied now."""
     migrations = [m for m in available() if target is None or m.version <= target]
-    applied_now: list[Migration] = []
     with connect(dsn) as conn, translated():
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
         try:
             with conn.transaction():
-                conn.execute("CREATE SCHEMA IF NOT EXISTS courier")
-                conn.execute(
-                    """CREATE TABLE IF NOT EXISTS courier.schema_migrations (
-                           version    integer PRIMARY KEY,
-                           name       text NOT NULL,
-                           checksum   text NOT NULL,
-                           applied_at timestamptz NOT NULL DEFAULT now())"""
-                )
-            for migration in _pending(_applied(conn), migrations):
-                with conn.transaction():
+                _bootstrap(conn)
+                pending = _pending(_applied(conn), migrations)
+                for migration in pending:
                     conn.execute(migration.sql.encode())
                     conn.execute(
                         "INSERT INTO courier.schema_migrations (version, name, checksum)"
                         " VALUES (%s, %s, %s)",
                         (migration.version, migration.name, migration.checksum),
                     )
-                applied_now.append(migration)
-            # Grants name the functions of the latest schema, so only a complete schema gets them.
-            if max(_applied(conn), default=0) == available()[-1].version:
-                with conn.transaction():
-                    conn.execute(_grants_sql().encode())
+                # Functions are written for the latest tables, so only a complete schema gets them.
+                if max(_applied(conn), default=0) == available()[-1].version:
+                    _apply_functions(conn, _functions_pending(_applied_functions(conn), bool(pending)))
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
-    return applied_now
+    return pending

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 import uuid
@@ -57,23 +58,103 @@ def test_concurrent_migrations_apply_each_step_once(empty_dsn):
         assert scalar(conn, "SELECT count(*) FROM courier.schema_migrations") == len(migrate.available())
 
 
+def _assert_equals_a_fresh_install(server_dsn: str, upgraded_dsn: str) -> None:
+    fresh_name = "courier_fresh_" + uuid.uuid4().hex[:10]
+    fresh_dsn = create_database(server_dsn, fresh_name)
+    try:
+        migrate.migrate(fresh_dsn)
+        assert schema_dump(upgraded_dsn) == schema_dump(fresh_dsn)
+    finally:
+        drop_database(server_dsn, fresh_name)
+
+
+def _with_data_in_flight(dsn: str, version: int) -> None:
+    """What a release at `version` had in its tables when the upgrade ran."""
+    if version < 4:
+        return
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        name = f"legacy{version}"
+        conn.execute("SELECT courier.create_endpoint(%s, 'noop', '{}')", (name,))
+        conn.execute("SELECT courier.send(%s, '{\"old\": true}')", (name,))
+
+
 @pytest.mark.parametrize("stop_at", [1, 3, 5])
 def test_upgraded_database_equals_a_fresh_install(server_dsn, empty_dsn, stop_at):
     migrate.migrate(empty_dsn, target=stop_at)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert migrate.status(conn).installed_version == stop_at
-        if stop_at >= 4:  # an older release had data in flight when the upgrade ran
-            conn.execute("SELECT courier.create_endpoint('legacy', 'noop', '{}')")
-            conn.execute("SELECT courier.send('legacy', '{\"old\": true}')")
+    _with_data_in_flight(empty_dsn, stop_at)
     migrate.migrate(empty_dsn)
+    _assert_equals_a_fresh_install(server_dsn, empty_dsn)
 
-    fresh_name = "courier_fresh_" + uuid.uuid4().hex[:10]
-    fresh_dsn = create_database(server_dsn, fresh_name)
-    try:
-        migrate.migrate(fresh_dsn)
-        assert schema_dump(empty_dsn) == schema_dump(fresh_dsn)
-    finally:
-        drop_database(server_dsn, fresh_name)
+
+def test_every_release_upgraded_step_by_step_equals_a_fresh_install(server_dsn, empty_dsn):
+    """From the first release, one version at a time, each with messages in flight."""
+    for migration in migrate.available():
+        assert [m.version for m in migrate.migrate(empty_dsn, target=migration.version)] == [migration.version]
+        _with_data_in_flight(empty_dsn, migration.version)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert migrate.status(conn).up_to_date
+        assert scalar(conn, "SELECT count(*) FROM courier.queue") >= 5  # nothing in flight was lost
+    _assert_equals_a_fresh_install(server_dsn, empty_dsn)
+
+
+def test_a_database_of_a_release_before_function_files_upgrades(server_dsn, empty_dsn):
+    """Releases up to 0012 defined their functions in the migrations, with no schema_functions."""
+    last_of_that_release = 12
+    migrate.migrate(empty_dsn, target=last_of_that_release)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE courier.schema_functions")
+        for statement in (m.sql for m in migrate.available() if m.version <= last_of_that_release):
+            assert "schema_functions" not in statement
+    _with_data_in_flight(empty_dsn, last_of_that_release)
+    migrate.migrate(empty_dsn)
+    _assert_equals_a_fresh_install(server_dsn, empty_dsn)
+
+
+def _declared_functions() -> set[str]:
+    declared = set()
+    for file in migrate.function_files():
+        for name in re.findall(r"CREATE OR REPLACE FUNCTION courier\.(\w+)\s*\(", file.sql):
+            assert name not in declared, f"{name} is defined twice in sqlkit/functions"
+            declared.add(name)
+    return declared
+
+
+def test_every_function_is_defined_once_in_the_function_files(conn):
+    installed = [row[0] for row in conn.execute(
+        "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = 'courier'")]
+    assert len(installed) == len(set(installed)), "an overloaded courier function"
+    assert set(installed) == _declared_functions()
+
+
+def test_a_changed_function_file_is_applied_again_and_alone(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE courier.schema_functions SET checksum = 'old' WHERE area = 'sending'")
+        conn.execute("CREATE OR REPLACE FUNCTION courier.enable_fast_mode() RETURNS void LANGUAGE sql AS 'SELECT'")
+        before = dict(conn.execute("SELECT area, applied_at FROM courier.schema_functions"))
+        state = migrate.status(conn)
+        assert not state.up_to_date and not state.pending
+        assert [f.area for f in state.functions_pending] == ["sending", "roles"]
+    assert migrate.migrate(dsn) == []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        after = dict(conn.execute("SELECT area, applied_at FROM courier.schema_functions"))
+        assert {area for area in after if after[area] != before[area]} == {"sending", "roles"}
+        assert "synchronous_commit" in scalar(conn, "SELECT prosrc FROM pg_proc WHERE proname = 'enable_fast_mode'")
+        assert migrate.status(conn).up_to_date
+
+
+def test_a_failed_function_file_leaves_the_database_as_it_was(dsn, monkeypatch):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE courier.schema_functions SET checksum = 'old' WHERE area = 'sending'")
+    broken = [migrate.FunctionFile(f.area, f.sql + ("\nSELECT 1/0;" if f.area == "archive" else ""))
+              for f in migrate.function_files()]
+    monkeypatch.setattr(migrate, "function_files", lambda: broken)
+    with pytest.raises(Exception, match="division by zero"):
+        migrate.migrate(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert scalar(conn, "SELECT checksum FROM courier.schema_functions WHERE area = 'sending'") == "old"
 
 
 def test_a_changed_migration_is_refused(dsn):

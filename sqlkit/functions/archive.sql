@@ -1,0 +1,384 @@
+-- The archive: monthly partitions, moving finished messages out of the queue, expiry and
+-- replay.
+
+-- Partitions ----------------------------------------------------------------------------
+
+-- Month boundaries are UTC, whatever the session's TimeZone, so partition names and
+-- bounds do not depend on who ran the maintenance.
+CREATE OR REPLACE FUNCTION courier._month_start(p_at timestamptz) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT date_trunc('month', p_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' $$;
+
+-- The first instant of the month a partition named archive_YYYY_MM holds.
+CREATE OR REPLACE FUNCTION courier._archive_partition_month(p_partition text) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT make_timestamptz(substr(p_partition, 9, 4)::integer, substr(p_partition, 14, 2)::integer, 1, 0, 0, 0, 'UTC') $$;
+
+CREATE OR REPLACE FUNCTION courier._archive_partition_name(p_month timestamptz) RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT 'archive_' || to_char(courier._month_start(p_month) AT TIME ZONE 'UTC', 'YYYY_MM') $$;
+
+-- Creates the partition of the month containing p_month unless it exists; returns whether it
+-- did. Rows of that month already in the default partition would clash with the new bounds,
+-- so they step aside into a temporary table and come back through the parent.
+CREATE OR REPLACE FUNCTION courier._ensure_archive_partition(p_month timestamptz) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_from timestamptz := courier._month_start(p_month);
+    v_to timestamptz := courier._month_start(v_from + interval '32 days');
+    v_name text := courier._archive_partition_name(v_from);
+BEGIN
+    IF to_regclass(format('courier.%I', v_name)) IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('courier.archive_partitions'));
+    IF to_regclass(format('courier.%I', v_name)) IS NOT NULL THEN
+        RETURN false;  -- another session made it while we waited
+    END IF;
+
+    EXECUTE 'CREATE TEMP TABLE courier_archive_moving (LIKE courier.archive) ON COMMIT DROP';
+    EXECUTE 'WITH moved AS (DELETE FROM courier.archive_default WHERE created_at >= $1 AND created_at < $2 RETURNING *)
+             INSERT INTO courier_archive_moving SELECT * FROM moved' USING v_from, v_to;
+    EXECUTE format('CREATE TABLE courier.%I PARTITION OF courier.archive FOR VALUES FROM (%L) TO (%L)',
+                   v_name, v_from, v_to);
+    EXECUTE 'INSERT INTO courier.archive SELECT * FROM courier_archive_moving';
+    EXECUTE 'DROP TABLE courier_archive_moving';
+    RETURN true;
+END
+$$;
+
+-- Creates the partitions of this month and months_ahead more, and of every month that has
+-- rows waiting in the default partition (moving them in); returns how many it created.
+CREATE OR REPLACE FUNCTION courier.maintain_archive_partitions(months_ahead integer DEFAULT 3) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_month timestamptz;
+    v_created text[] := '{}';
+BEGIN
+    IF months_ahead IS NULL OR months_ahead NOT BETWEEN 0 AND 120 THEN
+        PERFORM courier._raise_invalid(format('months_ahead must be between 0 and 120, got %s',
+                                              coalesce(months_ahead::text, 'NULL')));
+    END IF;
+    FOR v_month IN
+        SELECT courier._month_start(now()) + make_interval(months => n) FROM generate_series(0, months_ahead) AS n
+        UNION
+        SELECT DISTINCT courier._month_start(created_at) FROM courier.archive_default
+        ORDER BY 1
+    LOOP
+        IF courier._ensure_archive_partition(v_month) THEN
+            v_created := v_created || courier._archive_partition_name(v_month);
+        END IF;
+    END LOOP;
+    IF cardinality(v_created) > 0 THEN
+        PERFORM courier._log_event('archive.partitions_created', NULL, jsonb_build_object('partitions', v_created));
+    END IF;
+    RETURN cardinality(v_created);
+END
+$$;
+
+-- Drops monthly partitions that ended more than retention_months (default: the setting
+-- archive_retention_months) before the start of this month, and deletes default-partition
+-- rows that old; returns how many partitions it dropped. Dropping a partition costs the same
+-- at any size, unlike deleting its rows.
+CREATE OR REPLACE FUNCTION courier.cleanup_old_archive_partitions(retention_months integer DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_months integer := coalesce(retention_months, courier._setting_int('archive_retention_months')::integer);
+    v_cutoff timestamptz;
+    v_partition text;
+    v_dropped text[] := '{}';
+    v_deleted bigint;
+BEGIN
+    IF v_months NOT BETWEEN 1 AND 120 THEN
+        PERFORM courier._raise_invalid(format('retention_months must be between 1 and 120, got %s', v_months));
+    END IF;
+    v_cutoff := courier._month_start(now()) - make_interval(months => v_months);
+    FOR v_partition IN
+        SELECT c.relname FROM pg_inherits i
+        JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'courier.archive'::regclass AND c.relname ~ '^archive_[0-9]{4}_[0-9]{2}$'
+          AND courier._archive_partition_month(c.relname) < v_cutoff
+        ORDER BY c.relname
+    LOOP
+        EXECUTE format('DROP TABLE courier.%I', v_partition);
+        v_dropped := v_dropped || v_partition;
+    END LOOP;
+    DELETE FROM courier.archive_default WHERE created_at < v_cutoff;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    IF cardinality(v_dropped) > 0 OR v_deleted > 0 THEN
+        PERFORM courier._log_event('archive.partitions_dropped', NULL, jsonb_build_object(
+            'partitions', v_dropped, 'default_rows_deleted', v_deleted, 'retention_months', v_months));
+    END IF;
+    RETURN cardinality(v_dropped);
+END
+$$;
+
+-- Partitions with their sizes. Row counts are the planner's estimates, which stay free at
+-- any size (`courier archive partitions --exact` counts instead).
+CREATE OR REPLACE FUNCTION courier.archive_partitions()
+RETURNS TABLE (partition_name text, range_from timestamptz, range_to timestamptz,
+               estimated_rows bigint, total_bytes bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT c.relname::text,
+           CASE WHEN c.relname <> 'archive_default' THEN courier._archive_partition_month(c.relname) END,
+           CASE WHEN c.relname <> 'archive_default'
+                THEN courier._month_start(courier._archive_partition_month(c.relname) + interval '32 days') END,
+           greatest(c.reltuples, 0)::bigint,
+           pg_total_relation_size(c.oid)
+    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'courier.archive'::regclass
+    ORDER BY c.relname = 'archive_default', c.relname
+$$;
+
+-- The exact row count of one archive partition (a full scan of it: for operators who ask).
+CREATE OR REPLACE FUNCTION courier.count_archive_partition(p_partition text) RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_rows bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                   WHERE i.inhparent = 'courier.archive'::regclass AND c.relname = p_partition) THEN
+        RAISE EXCEPTION '[courier] % is not an archive partition', coalesce(p_partition, 'NULL')
+            USING ERRCODE = 'P0002', HINT = 'List them with courier.archive_partitions()';
+    END IF;
+    EXECUTE format('SELECT count(*) FROM courier.%I', p_partition) INTO v_rows;
+    RETURN v_rows;
+END
+$$;
+
+-- Moving messages out of the queue -------------------------------------------------------
+
+-- Moves the given messages from the queue into the archive in one statement; returns how
+-- many moved. Only rows whose status is in p_from_statuses move (NULL: any status).
+-- p_status, when given, is the status they are archived with; p_responses, parallel to
+-- p_ids, records captured responses.
+CREATE OR REPLACE FUNCTION courier._archive_messages(p_ids bigint[], p_from_statuses text[], p_status text DEFAULT NULL,
+                                          p_responses jsonb[] DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
+AS $$
+DECLARE
+    v_moved integer;
+BEGIN
+    WITH moved AS (
+        DELETE FROM courier.queue q
+        WHERE q.id = ANY (p_ids) AND (p_from_statuses IS NULL OR q.status = ANY (p_from_statuses))
+        RETURNING q.*
+    )
+    INSERT INTO courier.archive (id, endpoint_id, payload, headers, metadata, status, priority, retry_count,
+                                 max_retries, scheduled_at, expires_at, idempotency_key, correlation_id,
+                                 ordering_key, last_error, error_history, worker_id, response, completed_at,
+                                 created_at)
+    SELECT m.id, m.endpoint_id, m.payload, m.headers, m.metadata, coalesce(p_status, m.status), m.priority,
+           m.retry_count, m.max_retries, m.scheduled_at, m.expires_at, m.idempotency_key, m.correlation_id,
+           m.ordering_key, m.last_error, m.error_history, m.worker_id, coalesce(r.response, m.response),
+           coalesce(m.completed_at, now()), m.created_at
+    FROM moved m
+    LEFT JOIN unnest(p_ids, p_responses) AS r(id, response) ON r.id = m.id AND p_responses IS NOT NULL;
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    RETURN v_moved;
+END
+$$;
+
+-- Moves up to batch_size finished messages (completed, failed, expired) that finished more
+-- than older_than_seconds ago into the archive; returns how many. Call it until it returns
+-- less than batch_size; the maintenance leader does.
+CREATE OR REPLACE FUNCTION courier.archive_completed_messages(older_than_seconds integer DEFAULT 3600,
+                                                   batch_size integer DEFAULT 1000)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_ids bigint[];
+BEGIN
+    IF older_than_seconds IS NULL OR older_than_seconds < 0 OR batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 100000 THEN
+        PERFORM courier._raise_invalid('older_than_seconds must be >= 0 and batch_size between 1 and 100000');
+    END IF;
+    SELECT array_agg(id) INTO v_ids FROM (
+        SELECT q.id FROM courier.queue q
+        WHERE q.status IN ('completed', 'failed', 'expired')
+          AND coalesce(q.completed_at, q.updated_at) <= now() - make_interval(secs => older_than_seconds)
+        ORDER BY q.id
+        LIMIT batch_size
+        FOR UPDATE SKIP LOCKED
+    ) picked;
+    RETURN courier._archive_messages(coalesce(v_ids, '{}'), '{completed,failed,expired}');
+END
+$$;
+
+-- Expiry ----------------------------------------------------------------------------------
+
+-- Marks pending messages whose expires_at has passed as expired, at most p_batch_size per
+-- call (the leader calls again while it gets a full batch); returns how many. Claims skip
+-- expired messages anyway; this makes them visible and moves them on to the archive.
+CREATE OR REPLACE FUNCTION courier.mark_expired_messages(p_batch_size integer DEFAULT 10000) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_endpoint_ids integer[];
+BEGIN
+    WITH expired AS (
+        UPDATE courier.queue q
+        SET status = 'expired', completed_at = now(), updated_at = now(),
+            last_error = 'Expired before delivery'
+        WHERE q.id IN (SELECT id FROM courier.queue
+                       WHERE status = 'pending' AND expires_at <= now()
+                       ORDER BY expires_at LIMIT greatest(p_batch_size, 1)
+                       FOR UPDATE SKIP LOCKED)
+          AND q.status = 'pending'
+        RETURNING q.endpoint_id
+    )
+    SELECT array_agg(endpoint_id) INTO v_endpoint_ids FROM expired;
+    PERFORM courier._count_outcomes(v_endpoint_ids, 'expired');
+    RETURN coalesce(cardinality(v_endpoint_ids), 0);
+END
+$$;
+
+-- Enqueues archived messages again as new pending messages, in their original order, with
+-- their idempotency key and expiry cleared (ulak) and metadata.replayed_from naming the
+-- archived id; returns how many it enqueued.
+CREATE OR REPLACE FUNCTION courier._replay(p_archive_ids bigint[], p_from_ts timestamptz, p_to_ts timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
+AS $$
+DECLARE
+    v_endpoint_ids integer[];
+BEGIN
+    PERFORM courier._require_room(cardinality(p_archive_ids));
+    WITH replayed AS (
+        INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, ordering_key, correlation_id)
+        SELECT a.endpoint_id, a.payload, a.headers, a.metadata || jsonb_build_object('replayed_from', a.id),
+               a.priority, a.ordering_key, a.correlation_id
+        FROM courier.archive a
+        WHERE a.id = ANY (p_archive_ids) AND a.created_at >= p_from_ts AND a.created_at < p_to_ts
+        ORDER BY a.id
+        RETURNING endpoint_id
+    )
+    SELECT array_agg(endpoint_id) INTO v_endpoint_ids FROM replayed;
+    PERFORM courier._count_outcomes(v_endpoint_ids, 'replayed');
+    RETURN coalesce(cardinality(v_endpoint_ids), 0);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.replay_message(archive_id bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_row courier.archive;
+    v_message_id bigint;
+BEGIN
+    SELECT * INTO v_row FROM courier.archive a WHERE a.id = replay_message.archive_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '[courier] archived message % does not exist', replay_message.archive_id
+            USING ERRCODE = 'P0002', HINT = 'It may be in the queue still, or its partition was dropped by retention';
+    END IF;
+    PERFORM courier._require_endpoint(v_row.endpoint_id);
+    PERFORM courier._replay(ARRAY[v_row.id], v_row.created_at, v_row.created_at + interval '1 microsecond');
+    v_message_id := currval(pg_get_serial_sequence('courier.queue', 'id'));
+    PERFORM courier._log_event('archive.replay_message', v_row.endpoint_id,
+        jsonb_build_object('archive_id', v_row.id, 'message_id', v_message_id, 'original_status', v_row.status));
+    PERFORM pg_notify('courier_new_msg', v_row.endpoint_id::text);
+    RETURN v_message_id;
+END
+$$;
+
+-- Replays the endpoint's archived messages created in [p_from_ts, p_to_ts), optionally only
+-- those archived with status p_status, oldest id first. Each call works on the replay of
+-- that exact range that is still running, if any, so an interrupted replay resumes where
+-- it stopped. p_batch_size NULL replays everything left in this call; a number replays at
+-- most that many and returns, so a caller can run each batch in its own short
+-- transaction. p_dry_run counts what is left without enqueueing. Returns the count.
+CREATE OR REPLACE FUNCTION courier.replay_range(p_endpoint_id integer, p_from_ts timestamptz, p_to_ts timestamptz,
+                                     p_status text DEFAULT NULL, p_batch_size integer DEFAULT NULL,
+                                     p_dry_run boolean DEFAULT false)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_endpoint courier.endpoints := courier._require_endpoint(p_endpoint_id);
+    v_replay courier.replays;
+    v_chunk integer := least(coalesce(p_batch_size, 1000), 10000);
+    v_limit integer;
+    v_ids bigint[];
+    v_done bigint := 0;
+BEGIN
+    IF p_from_ts IS NULL OR p_to_ts IS NULL OR p_from_ts >= p_to_ts THEN
+        PERFORM courier._raise_invalid(format('the replay range must have p_from_ts before p_to_ts, got %s to %s',
+                                              coalesce(p_from_ts::text, 'NULL'), coalesce(p_to_ts::text, 'NULL')));
+    END IF;
+    IF p_status IS NOT NULL AND p_status NOT IN ('completed', 'failed', 'expired') THEN
+        PERFORM courier._raise_invalid(format('p_status must be completed, failed or expired, got %L', p_status),
+                                       'NULL replays every status');
+    END IF;
+    IF p_batch_size IS NOT NULL AND p_batch_size < 1 THEN
+        PERFORM courier._raise_invalid(format('p_batch_size must be at least 1, got %s', p_batch_size));
+    END IF;
+
+    SELECT * INTO v_replay FROM courier.replays r
+    WHERE r.endpoint_id = p_endpoint_id AND r.from_ts = p_from_ts AND r.to_ts = p_to_ts
+      AND coalesce(r.status_filter, '') = coalesce(p_status, '') AND r.state = 'running'
+    FOR UPDATE;  -- a second caller of the same replay waits, then continues after our cursor
+
+    IF p_dry_run THEN
+        RETURN (SELECT count(*) FROM courier.archive a
+                WHERE a.endpoint_id = p_endpoint_id AND a.created_at >= p_from_ts AND a.created_at < p_to_ts
+                  AND (p_status IS NULL OR a.status = p_status) AND a.id > coalesce(v_replay.last_archive_id, 0));
+    END IF;
+
+    IF v_replay.id IS NULL THEN
+        INSERT INTO courier.replays (endpoint_id, from_ts, to_ts, status_filter)
+        VALUES (p_endpoint_id, p_from_ts, p_to_ts, p_status)
+        RETURNING * INTO v_replay;
+        PERFORM courier._log_event('archive.replay_started', p_endpoint_id, jsonb_build_object(
+            'replay_id', v_replay.id, 'endpoint', v_endpoint.name, 'from', p_from_ts, 'to', p_to_ts,
+            'status', p_status));
+    END IF;
+
+    LOOP
+        v_limit := least(v_chunk, coalesce(p_batch_size - v_done, v_chunk));
+        SELECT array_agg(id ORDER BY id) INTO v_ids FROM (
+            SELECT a.id FROM courier.archive a
+            WHERE a.endpoint_id = p_endpoint_id AND a.created_at >= p_from_ts AND a.created_at < p_to_ts
+              AND (p_status IS NULL OR a.status = p_status) AND a.id > v_replay.last_archive_id
+            ORDER BY a.id
+            LIMIT v_limit
+        ) picked;
+        EXIT WHEN v_ids IS NULL;
+        v_done := v_done + courier._replay(v_ids, p_from_ts, p_to_ts);
+        v_replay.last_archive_id := v_ids[cardinality(v_ids)];
+        EXIT WHEN cardinality(v_ids) < v_limit OR v_done >= coalesce(p_batch_size, v_done + 1);
+    END LOOP;
+
+    UPDATE courier.replays SET last_archive_id = v_replay.last_archive_id, replayed = replayed + v_done,
+                               updated_at = now()
+    WHERE id = v_replay.id
+    RETURNING * INTO v_replay;
+
+    IF v_ids IS NULL OR cardinality(v_ids) < v_limit OR p_batch_size IS NULL THEN
+        UPDATE courier.replays SET state = 'finished', finished_at = now() WHERE id = v_replay.id;
+        PERFORM courier._log_event('archive.replay_finished', p_endpoint_id, jsonb_build_object(
+            'replay_id', v_replay.id, 'endpoint', v_endpoint.name, 'replayed', v_replay.replayed));
+    END IF;
+    IF v_done > 0 THEN
+        PERFORM pg_notify('courier_new_msg', p_endpoint_id::text);
+    END IF;
+    RETURN v_done;
+END
+$$;

@@ -1,0 +1,469 @@
+-- Delivery outcomes: retry backoff, the circuit breaker, dead-lettering, the DLQ and its
+-- counters, and redrive. Each function is defined here once; `courier migrate` re-applies
+-- this file when it changes.
+
+CREATE OR REPLACE FUNCTION courier._count_dlq() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        DELETE FROM courier.dlq_depth;
+        RETURN NULL;
+    END IF;
+    INSERT INTO courier.dlq_depth AS d (endpoint_id, status, backend_pid, messages)
+    SELECT endpoint_id, status, pg_backend_pid(), sum(delta)
+    FROM (SELECT endpoint_id, status, 1 AS delta FROM new_rows
+          UNION ALL
+          SELECT endpoint_id, status, -1 FROM old_rows) AS changes
+    GROUP BY endpoint_id, status
+    HAVING sum(delta) <> 0
+    ON CONFLICT (endpoint_id, status, backend_pid)
+    DO UPDATE SET messages = d.messages + excluded.messages;
+    RETURN NULL;
+END
+$$;
+
+-- Transition tables cannot be shared across events, so each event names its own; an
+-- empty stand-in fills the missing side.
+CREATE OR REPLACE FUNCTION courier._count_dlq_insert() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO courier.dlq_depth AS d (endpoint_id, status, backend_pid, messages)
+    SELECT endpoint_id, status, pg_backend_pid(), count(*) FROM new_rows GROUP BY endpoint_id, status
+    ON CONFLICT (endpoint_id, status, backend_pid) DO UPDATE SET messages = d.messages + excluded.messages;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._count_dlq_delete() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO courier.dlq_depth AS d (endpoint_id, status, backend_pid, messages)
+    SELECT endpoint_id, status, pg_backend_pid(), -count(*) FROM old_rows GROUP BY endpoint_id, status
+    ON CONFLICT (endpoint_id, status, backend_pid) DO UPDATE SET messages = d.messages + excluded.messages;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER dlq_count_insert AFTER INSERT ON courier.dlq
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION courier._count_dlq_insert();
+
+CREATE OR REPLACE TRIGGER dlq_count_update AFTER UPDATE ON courier.dlq
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION courier._count_dlq();
+
+CREATE OR REPLACE TRIGGER dlq_count_delete AFTER DELETE ON courier.dlq
+    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION courier._count_dlq_delete();
+
+CREATE OR REPLACE TRIGGER dlq_count_truncate AFTER TRUNCATE ON courier.dlq
+    FOR EACH STATEMENT EXECUTE FUNCTION courier._count_dlq();
+
+-- Retry backoff ---------------------------------------------------------------------
+
+-- Seconds to wait before the next attempt of a message that has failed p_retry_count times
+-- before. The endpoint's retry_policy picks the strategy and may override the global
+-- delays; above 10 retries exponential backoff returns the cap directly, since 2^n would
+-- overflow long before it mattered.
+CREATE OR REPLACE FUNCTION courier.retry_delay(p_policy jsonb, p_retry_count integer) RETURNS integer
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_base bigint := coalesce((p_policy ->> 'base_delay_seconds')::numeric::bigint, courier._setting_int('retry_base_delay'));
+    v_max bigint := coalesce((p_policy ->> 'max_delay_seconds')::numeric::bigint, courier._setting_int('retry_max_delay'));
+    v_increment bigint := coalesce((p_policy ->> 'increment_seconds')::numeric::bigint, courier._setting_int('retry_increment'));
+    v_count integer := greatest(coalesce(p_retry_count, 0), 0);
+BEGIN
+    CASE coalesce(p_policy ->> 'backoff', 'exponential')
+    WHEN 'fixed' THEN
+        RETURN least(v_base, v_max);
+    WHEN 'linear' THEN
+        RETURN least(v_base + v_count::bigint * v_increment, v_max);
+    ELSE
+        IF v_count > 10 THEN
+            RETURN v_max;
+        END IF;
+        RETURN least(v_base * (1::bigint << v_count), v_max);
+    END CASE;
+END
+$$;
+
+-- Applies the circuit breaker to one endpoint after a batch: p_failures retryable failures
+-- and p_successes successes. Updates are serialised per endpoint by an advisory lock.
+CREATE OR REPLACE FUNCTION courier._update_circuit_breaker(p_endpoint_id integer, p_successes integer, p_failures integer)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_endpoint courier.endpoints;
+    v_threshold integer := courier._setting_int('circuit_breaker_threshold');
+    v_cooldown interval := make_interval(secs => courier._setting_int('circuit_breaker_cooldown'));
+    v_count integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('courier_cb'), p_endpoint_id);
+    SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+
+    IF v_endpoint.circuit_state = 'half_open' THEN
+        IF p_failures > 0 THEN
+            UPDATE courier.endpoints SET circuit_state = 'open', circuit_opened_at = now(),
+                   circuit_half_open_at = now() + v_cooldown,
+                   circuit_failure_count = circuit_failure_count + p_failures, updated_at = now()
+            WHERE id = p_endpoint_id;
+            PERFORM courier._log_event('circuit.reopened', p_endpoint_id, jsonb_build_object('name', v_endpoint.name));
+        ELSIF p_successes > 0 THEN
+            UPDATE courier.endpoints SET circuit_state = 'closed', circuit_failure_count = 0,
+                   circuit_opened_at = NULL, circuit_half_open_at = NULL, updated_at = now()
+            WHERE id = p_endpoint_id;
+            PERFORM courier._log_event('circuit.closed', p_endpoint_id, jsonb_build_object('name', v_endpoint.name));
+        END IF;
+        RETURN;
+    END IF;
+
+    -- A success resets the count; failures that came with it in the same batch still count.
+    v_count := CASE WHEN p_successes > 0 THEN 0 ELSE v_endpoint.circuit_failure_count END + p_failures;
+    IF v_count = v_endpoint.circuit_failure_count THEN
+        RETURN;
+    END IF;
+    IF v_endpoint.circuit_state = 'closed' AND v_count >= v_threshold THEN
+        UPDATE courier.endpoints SET circuit_state = 'open', circuit_failure_count = v_count,
+               circuit_opened_at = now(), circuit_half_open_at = now() + v_cooldown, updated_at = now()
+        WHERE id = p_endpoint_id;
+        PERFORM courier._log_event('circuit.opened', p_endpoint_id,
+            jsonb_build_object('name', v_endpoint.name, 'failures', v_count, 'threshold', v_threshold));
+    ELSE
+        UPDATE courier.endpoints SET circuit_failure_count = v_count WHERE id = p_endpoint_id;
+    END IF;
+END
+$$;
+
+-- DLQ operations ---------------------------------------------------------------------
+
+-- Re-queues DLQ rows as new pending messages in their original creation order, with
+-- retry_count reset and expires_at and idempotency_key cleared, marking each row
+-- 'redriven'. Works through at most p_limit rows, so large redrives run as many short
+-- transactions; returns how many it redrove.
+CREATE OR REPLACE FUNCTION courier._redrive(p_dlq_ids bigint[], p_endpoint_id integer, p_limit integer) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    WITH picked AS (
+        SELECT d.id FROM courier.dlq d
+        WHERE d.status = 'failed'
+          AND (p_dlq_ids IS NULL OR d.id = ANY (p_dlq_ids))
+          AND (p_endpoint_id IS NULL OR d.endpoint_id = p_endpoint_id)
+          AND EXISTS (SELECT 1 FROM courier.endpoints e WHERE e.id = d.endpoint_id)
+        ORDER BY d.original_created_at, d.id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ),
+    requeued AS (
+        INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, ordering_key,
+                                   correlation_id, scheduled_at)
+        SELECT d.endpoint_id, d.payload, d.headers, d.metadata, d.priority, d.ordering_key,
+               d.correlation_id, NULL
+        FROM courier.dlq d JOIN picked USING (id)
+        ORDER BY d.original_created_at, d.id
+        RETURNING id, correlation_id
+    ),
+    paired AS (
+        -- New ids were handed out in the same order as the picked rows.
+        SELECT p.id AS dlq_id, r.id AS message_id
+        FROM (SELECT id, row_number() OVER (ORDER BY original_created_at, id) AS n
+              FROM courier.dlq WHERE id IN (SELECT id FROM picked)) p
+        JOIN (SELECT id, row_number() OVER (ORDER BY id) AS n FROM requeued) r USING (n)
+    )
+    UPDATE courier.dlq d SET status = 'redriven', redriven_at = now(), redriven_message_id = paired.message_id
+    FROM paired WHERE d.id = paired.dlq_id;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.redrive_message(p_dlq_id bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_row courier.dlq;
+BEGIN
+    SELECT * INTO v_row FROM courier.dlq WHERE id = p_dlq_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '[courier] DLQ entry % does not exist', p_dlq_id USING ERRCODE = 'P0002';
+    END IF;
+    IF v_row.status = 'redriven' THEN
+        RAISE EXCEPTION '[courier] DLQ entry % was already redriven as message %', p_dlq_id, v_row.redriven_message_id
+            USING ERRCODE = '55000';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM courier.endpoints WHERE id = v_row.endpoint_id) THEN
+        RAISE EXCEPTION '[courier] endpoint "%" of DLQ entry % no longer exists', v_row.endpoint_name, p_dlq_id
+            USING ERRCODE = '55000', HINT = 'Recreate the endpoint first';
+    END IF;
+    PERFORM courier._redrive(ARRAY[p_dlq_id], NULL, 1);
+    SELECT redriven_message_id INTO v_row.redriven_message_id FROM courier.dlq WHERE id = p_dlq_id;
+    PERFORM courier._log_event('dlq.redrive', v_row.endpoint_id,
+        jsonb_build_object('dlq_id', p_dlq_id, 'message_id', v_row.redriven_message_id));
+    PERFORM pg_notify('courier_new_msg', v_row.endpoint_id::text);
+    RETURN v_row.redriven_message_id;
+END
+$$;
+
+-- Redrives up to p_batch_size failed entries of one endpoint per call; call again until it
+-- returns 0 (the CLI does, with a progress bar), so the queue is never locked for long.
+CREATE OR REPLACE FUNCTION courier.redrive_endpoint(p_endpoint_name text, p_batch_size integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_endpoint courier.endpoints := courier._endpoint_by_name(p_endpoint_name);
+    v_count integer;
+BEGIN
+    v_count := courier._redrive(NULL, v_endpoint.id, greatest(p_batch_size, 1));
+    IF v_count > 0 THEN
+        PERFORM courier._log_event('dlq.redrive_endpoint', v_endpoint.id,
+            jsonb_build_object('name', p_endpoint_name, 'count', v_count));
+        PERFORM pg_notify('courier_new_msg', v_endpoint.id::text);
+    END IF;
+    RETURN v_count;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.redrive_all(p_batch_size integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_count integer := courier._redrive(NULL, NULL, greatest(p_batch_size, 1));
+BEGIN
+    IF v_count > 0 THEN
+        PERFORM courier._log_event('dlq.redrive_all', NULL, jsonb_build_object('count', v_count));
+        PERFORM pg_notify('courier_new_msg', '');
+    END IF;
+    RETURN v_count;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.cleanup_dlq() RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_deleted integer;
+BEGIN
+    DELETE FROM courier.dlq
+    WHERE failed_at < now() - make_interval(days => courier._setting_int('dlq_retention_days')::integer);
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    IF v_deleted > 0 THEN
+        PERFORM courier._log_event('dlq.cleanup', NULL, jsonb_build_object('deleted', v_deleted));
+    END IF;
+    RETURN v_deleted;
+END
+$$;
+
+-- Dead-letters messages (by id, in any state): the DLQ gets the whole message with its
+-- history, and the archive records it as failed; returns how many.
+CREATE OR REPLACE FUNCTION courier._dead_letter(p_ids bigint[]) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_endpoint_ids integer[];
+BEGIN
+    WITH dead AS (
+        INSERT INTO courier.dlq (original_message_id, endpoint_id, endpoint_name, payload, headers, metadata,
+                                 priority, ordering_key, idempotency_key, correlation_id, scheduled_at, expires_at,
+                                 retry_count, last_error, error_history, original_created_at)
+        SELECT m.id, m.endpoint_id, coalesce(e.name, '#' || m.endpoint_id), m.payload, m.headers, m.metadata,
+               m.priority, m.ordering_key, m.idempotency_key, m.correlation_id, m.scheduled_at, m.expires_at,
+               m.retry_count, m.last_error, m.error_history, m.created_at
+        FROM courier.queue m LEFT JOIN courier.endpoints e ON e.id = m.endpoint_id
+        WHERE m.id = ANY (p_ids)
+        ORDER BY m.id
+        RETURNING endpoint_id
+    )
+    SELECT array_agg(endpoint_id) INTO v_endpoint_ids FROM dead;
+    PERFORM courier._count_outcomes(v_endpoint_ids, 'dead_lettered');
+    RETURN courier._archive_messages(p_ids, NULL, 'failed');
+END
+$$;
+
+-- Records what happened to each claimed message, in one call per batch. p_outcomes holds
+-- 'success', 'retryable', 'permanent' or 'disable' (ulak's [RETRYABLE], [PERMANENT] and
+-- [DISABLE]); p_retry_after a server-requested delay in seconds (Retry-After), capped at
+-- 24 h, or NULL; p_responses captured responses or NULL.
+--   success    -> the archive at once (one write per message, and the hot table holds only
+--                 active messages)
+--   retryable  -> pending again after the backoff delay, or the DLQ once out of retries
+--   permanent  -> the DLQ at once
+--   disable    -> the DLQ, and the endpoint is disabled if its config says auto_disable_on_gone
+-- Only rows still in processing are touched, so a late report after stale recovery is void.
+CREATE OR REPLACE FUNCTION courier.report_outcomes_v1(p_ids bigint[], p_outcomes text[], p_errors text[],
+                                                      p_retry_after integer[] DEFAULT NULL,
+                                                      p_responses jsonb[] DEFAULT NULL)
+RETURNS TABLE (delivered integer, retried integer, dead_lettered integer)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+SET plan_cache_mode = force_custom_plan
+SET jit = off
+AS $$
+DECLARE
+    v_n integer := coalesce(cardinality(p_ids), 0);
+    v_bad text;
+    v_success_ids bigint[];
+    v_success_responses jsonb[];
+    v_failed_ids bigint[];
+    v_failed_outcomes text[];
+    v_failed_errors text[];
+    v_failed_delays integer[];
+    v_failed_retry_after integer[];
+    v_dead_ids bigint[];
+    v_endpoints jsonb;
+    v_endpoint jsonb;
+    v_default_max_retries integer := courier._setting_int('default_max_retries');
+BEGIN
+    IF v_n IS DISTINCT FROM coalesce(cardinality(p_outcomes), 0) OR v_n IS DISTINCT FROM coalesce(cardinality(p_errors), 0)
+       OR v_n IS DISTINCT FROM coalesce(cardinality(p_retry_after), v_n)
+       OR v_n IS DISTINCT FROM coalesce(cardinality(p_responses), v_n) THEN
+        RAISE EXCEPTION '[courier] report_outcomes_v1 needs one outcome, error, retry-after and response per id'
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT string_agg(DISTINCT coalesce(o, 'NULL'), ', ') INTO v_bad FROM unnest(p_outcomes) AS o
+    WHERE o IS NULL OR o NOT IN ('success', 'retryable', 'permanent', 'disable');
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION '[courier] unknown outcome(s): %', v_bad
+            USING ERRCODE = '22023', HINT = 'Outcomes are success, retryable, permanent and disable';
+    END IF;
+
+    -- Decide everything up front from one read of the claimed rows.
+    WITH reported AS (
+        SELECT u.id, u.outcome, u.error, u.response, q.endpoint_id,
+               CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400) END AS retry_after,
+               q.retry_count + 1 > coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
+                                            v_default_max_retries) AS exhausted,
+               CASE WHEN u.outcome = 'retryable' THEN
+                   CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400)
+                        ELSE courier.retry_delay(e.retry_policy, q.retry_count) END
+               END AS delay
+        FROM unnest(p_ids, p_outcomes, p_errors,
+                    coalesce(p_retry_after, array_fill(NULL::integer, ARRAY[v_n])),
+                    coalesce(p_responses, array_fill(NULL::jsonb, ARRAY[v_n])))
+             AS u(id, outcome, error, retry_after, response)
+        JOIN courier.queue q ON q.id = u.id AND q.status = 'processing'
+        JOIN courier.endpoints e ON e.id = q.endpoint_id
+    ),
+    per_endpoint AS (
+        SELECT r.endpoint_id, e.name, e.config,
+               count(*) FILTER (WHERE r.outcome = 'success') AS successes,
+               count(*) FILTER (WHERE r.outcome = 'retryable') AS failures,
+               count(*) FILTER (WHERE r.outcome <> 'success') AS all_failures,
+               bool_or(r.outcome = 'disable') AS gone,
+               (array_agg(r.error ORDER BY r.id DESC) FILTER (WHERE r.outcome <> 'success'))[1] AS last_error
+        FROM reported r JOIN courier.endpoints e ON e.id = r.endpoint_id
+        GROUP BY r.endpoint_id, e.name, e.config
+    )
+    SELECT array_agg(id ORDER BY id) FILTER (WHERE outcome = 'success'),
+           array_agg(response ORDER BY id) FILTER (WHERE outcome = 'success'),
+           array_agg(id ORDER BY id) FILTER (WHERE outcome <> 'success'),
+           array_agg(outcome ORDER BY id) FILTER (WHERE outcome <> 'success'),
+           array_agg(error ORDER BY id) FILTER (WHERE outcome <> 'success'),
+           array_agg(delay ORDER BY id) FILTER (WHERE outcome <> 'success'),
+           array_agg(retry_after ORDER BY id) FILTER (WHERE outcome <> 'success'),
+           array_agg(id ORDER BY id) FILTER (WHERE outcome IN ('permanent', 'disable')
+                                                  OR (outcome = 'retryable' AND exhausted)),
+           (SELECT jsonb_agg(to_jsonb(p)) FROM per_endpoint p)
+    INTO v_success_ids, v_success_responses, v_failed_ids, v_failed_outcomes, v_failed_errors,
+         v_failed_delays, v_failed_retry_after, v_dead_ids, v_endpoints
+    FROM reported;
+
+    IF v_success_ids IS NOT NULL THEN
+        -- Delivered messages go straight to the archive with their captured responses. Only
+        -- rows still in processing count, so a late report after stale recovery is void.
+        delivered := courier._archive_messages(v_success_ids, '{processing}', 'completed', v_success_responses);
+    ELSE
+        delivered := 0;
+    END IF;
+    IF v_failed_ids IS NULL THEN  -- the common case: skip the failure statements altogether
+        retried := 0;
+        dead_lettered := 0;
+    ELSE
+        -- Every failure lands in the message's history first, so a DLQ row carries it too.
+        UPDATE courier.queue q
+        SET retry_count = q.retry_count + 1,
+            last_error = f.error,
+            error_history = q.error_history || jsonb_strip_nulls(jsonb_build_object(
+                'attempt', q.retry_count + 1, 'at', now(), 'outcome', f.outcome, 'error', f.error,
+                'worker_id', q.worker_id, 'retry_after', f.retry_after)),
+            status = 'pending', processing_started_at = NULL,
+            next_retry_at = now() + make_interval(secs => coalesce(f.delay, 0)),
+            updated_at = now()
+        FROM unnest(v_failed_ids, v_failed_outcomes, v_failed_errors, v_failed_delays, v_failed_retry_after)
+             AS f(id, outcome, error, delay, retry_after)
+        WHERE q.id = f.id AND q.id = ANY (v_failed_ids);
+
+        dead_lettered := CASE WHEN v_dead_ids IS NULL THEN 0 ELSE courier._dead_letter(v_dead_ids) END;
+        retried := cardinality(v_failed_ids) - dead_lettered;
+    END IF;
+
+    FOR v_endpoint IN SELECT value FROM jsonb_array_elements(coalesce(v_endpoints, '[]')) LOOP
+        UPDATE courier.endpoints
+        SET last_success_at = CASE WHEN (v_endpoint ->> 'successes')::integer > 0 THEN now() ELSE last_success_at END,
+            last_failure_at = CASE WHEN (v_endpoint ->> 'all_failures')::integer > 0 THEN now() ELSE last_failure_at END,
+            last_error = coalesce(v_endpoint ->> 'last_error', last_error)
+        WHERE id = (v_endpoint ->> 'endpoint_id')::integer;
+        PERFORM courier._update_circuit_breaker((v_endpoint ->> 'endpoint_id')::integer,
+                                                (v_endpoint ->> 'successes')::integer,
+                                                (v_endpoint ->> 'failures')::integer);
+        PERFORM courier._add_delivery_totals((v_endpoint ->> 'endpoint_id')::integer, 'delivered',
+                                             (v_endpoint ->> 'successes')::bigint);
+        PERFORM courier._add_delivery_totals((v_endpoint ->> 'endpoint_id')::integer, 'failed_attempt',
+                                             (v_endpoint ->> 'all_failures')::bigint);
+        IF (v_endpoint ->> 'gone')::boolean
+           AND coalesce((v_endpoint #>> '{config,auto_disable_on_gone}')::boolean, false) THEN
+            UPDATE courier.endpoints SET enabled = false, updated_at = now()
+            WHERE id = (v_endpoint ->> 'endpoint_id')::integer AND enabled;
+            IF FOUND THEN
+                PERFORM courier._log_event('endpoint.auto_disabled', (v_endpoint ->> 'endpoint_id')::integer,
+                    jsonb_build_object('name', v_endpoint ->> 'name', 'reason', v_endpoint ->> 'last_error'));
+            END IF;
+        END IF;
+    END LOOP;
+    RETURN NEXT;
+END
+$$;
+
+-- Counts come from the maintained dlq_depth counters and the oldest and newest failure from
+-- two index probes per endpoint, instead of an aggregate over every DLQ row (162 ms at 1M
+-- entries). Entries keep the name their
+-- endpoint had when they failed, so dropped endpoints are still summarised by name.
+CREATE OR REPLACE FUNCTION courier.dlq_summary()
+RETURNS TABLE (endpoint_name text, failed_count bigint, redriven_count bigint,
+               oldest_failure timestamptz, newest_failure timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    WITH depth AS (
+        SELECT d.endpoint_id,
+               coalesce(sum(d.messages) FILTER (WHERE d.status = 'failed'), 0)::bigint AS failed,
+               coalesce(sum(d.messages) FILTER (WHERE d.status = 'redriven'), 0)::bigint AS redriven
+        FROM courier.dlq_depth d
+        GROUP BY d.endpoint_id
+        HAVING sum(d.messages) <> 0
+    )
+    SELECT oldest.endpoint_name, sum(depth.failed)::bigint, sum(depth.redriven)::bigint,
+           min(oldest.failed_at), max(newest.failed_at)
+    FROM depth
+    CROSS JOIN LATERAL (
+        SELECT x.endpoint_name, x.failed_at FROM courier.dlq x
+        WHERE x.endpoint_id = depth.endpoint_id ORDER BY x.failed_at LIMIT 1
+    ) oldest
+    CROSS JOIN LATERAL (
+        SELECT x.failed_at FROM courier.dlq x
+        WHERE x.endpoint_id = depth.endpoint_id ORDER BY x.failed_at DESC LIMIT 1
+    ) newest
+    GROUP BY oldest.endpoint_name
+    ORDER BY oldest.endpoint_name
+$$;

@@ -1,0 +1,379 @@
+-- Settings and endpoint management: validated, logged, and callable from any client.
+CREATE OR REPLACE FUNCTION courier.get_setting(p_name text) RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_value text;
+BEGIN
+    SELECT value INTO v_value FROM courier.settings WHERE name = p_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '[courier] unknown setting "%"', p_name
+            USING ERRCODE = '42704', HINT = 'List the settings with: SELECT name FROM courier.settings';
+    END IF;
+    RETURN v_value;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.set_setting(p_name text, p_value text) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_setting courier.settings;
+    v_normalized text;
+    v_number numeric;
+BEGIN
+    SELECT * INTO v_setting FROM courier.settings WHERE name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '[courier] unknown setting "%"', p_name
+            USING ERRCODE = '42704', HINT = 'List the settings with: SELECT name FROM courier.settings';
+    END IF;
+
+    IF v_setting.value_type = 'boolean' THEN
+        IF lower(trim(p_value)) IN ('true', 'on', 'yes', '1') THEN
+            v_normalized := 'true';
+        ELSIF lower(trim(p_value)) IN ('false', 'off', 'no', '0') THEN
+            v_normalized := 'false';
+        ELSE
+            RAISE EXCEPTION '[courier] setting % must be true or false, got "%"', p_name, p_value
+                USING ERRCODE = '22023';
+        END IF;
+    ELSE
+        IF p_value IS NULL OR trim(p_value) !~ '^-?[0-9]+$' THEN
+            RAISE EXCEPTION '[courier] setting % must be a whole number, got "%"', p_name, p_value
+                USING ERRCODE = '22023';
+        END IF;
+        v_number := trim(p_value)::numeric;
+        IF v_number < v_setting.min_value OR v_number > v_setting.max_value THEN
+            RAISE EXCEPTION '[courier] setting % = % is out of range', p_name, p_value
+                USING ERRCODE = '22023',
+                      HINT = format('Allowed range: %s to %s %s', v_setting.min_value, v_setting.max_value,
+                                    coalesce(v_setting.unit, ''));
+        END IF;
+        v_normalized := v_number::bigint::text;
+    END IF;
+
+    UPDATE courier.settings SET value = v_normalized, updated_at = now() WHERE name = p_name;
+    PERFORM courier._log_event('config.changed', NULL,
+        jsonb_build_object('setting', p_name, 'old_value', v_setting.value, 'new_value', v_normalized));
+    RETURN v_normalized;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.validate_retry_policy(p_policy jsonb) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    IF p_policy IS NULL OR jsonb_typeof(p_policy) <> 'object' THEN
+        PERFORM courier._raise_invalid('retry_policy must be a JSON object',
+            '{"max_retries": 10, "backoff": "exponential"|"linear"|"fixed", "base_delay_seconds": 10, '
+            '"max_delay_seconds": 300, "increment_seconds": 30}');
+    END IF;
+    PERFORM courier._require_keys_within('retry_policy', p_policy,
+        ARRAY['max_retries', 'backoff', 'base_delay_seconds', 'max_delay_seconds', 'increment_seconds']);
+    IF p_policy ? 'backoff' AND coalesce(p_policy ->> 'backoff', '') <> ALL (ARRAY['exponential', 'linear', 'fixed']) THEN
+        PERFORM courier._raise_invalid(format('retry_policy.backoff must be exponential, linear or fixed, got %s',
+                                              p_policy -> 'backoff'));
+    END IF;
+    PERFORM courier._require_positive_number('retry_policy', p_policy, 'max_retries', 0, 1000);
+    PERFORM courier._require_positive_number('retry_policy', p_policy, 'base_delay_seconds', 1, 3600);
+    PERFORM courier._require_positive_number('retry_policy', p_policy, 'max_delay_seconds', 1, 86400);
+    PERFORM courier._require_positive_number('retry_policy', p_policy, 'increment_seconds', 1, 3600);
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.validate_endpoint_config(p_protocol text, p_config jsonb) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_common text[] := ARRAY['rate_limit', 'auto_disable_on_gone', 'concurrency'];
+    v_what text := coalesce(p_protocol, '?') || ' config';
+BEGIN
+    IF p_config IS NULL OR jsonb_typeof(p_config) <> 'object' THEN
+        PERFORM courier._raise_invalid('endpoint config must be a JSON object');
+    END IF;
+
+    CASE p_protocol
+    WHEN 'http' THEN
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY[
+            'url', 'method', 'headers', 'timeout', 'connect_timeout', 'auth', 'signing', 'cloudevents',
+            'allow_internal', 'capture_response']);
+        PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['http', 'https']);
+        IF p_config ? 'method' AND upper(p_config ->> 'method') <> ALL (ARRAY['POST', 'PUT', 'PATCH', 'GET', 'DELETE']) THEN
+            PERFORM courier._raise_invalid(format('http config.method must be POST, PUT, PATCH, GET or DELETE, got %s',
+                                                  p_config -> 'method'));
+        END IF;
+        IF p_config ? 'headers' AND jsonb_typeof(p_config -> 'headers') <> 'object' THEN
+            PERFORM courier._raise_invalid('http config.headers must be a JSON object of strings');
+        END IF;
+        PERFORM courier._require_positive_number(v_what, p_config, 'timeout', 0.001, 300);
+        PERFORM courier._require_positive_number(v_what, p_config, 'connect_timeout', 0.001, 300);
+        IF p_config ? 'auth' THEN
+            IF jsonb_typeof(p_config -> 'auth') <> 'object'
+               OR coalesce(p_config #>> '{auth,type}', '') <> ALL (ARRAY['basic', 'bearer']) THEN
+                PERFORM courier._raise_invalid('http config.auth must be {"type": "basic", "username", "password"} '
+                                               'or {"type": "bearer", "token"}');
+            END IF;
+            IF p_config #>> '{auth,type}' = 'basic' THEN
+                PERFORM courier._require_string('http config.auth', p_config -> 'auth', 'username', true);
+                PERFORM courier._require_string('http config.auth', p_config -> 'auth', 'password', true);
+            ELSE
+                PERFORM courier._require_string('http config.auth', p_config -> 'auth', 'token', true);
+            END IF;
+        END IF;
+        IF p_config ? 'signing' THEN
+            IF jsonb_typeof(p_config -> 'signing') <> 'object' THEN
+                PERFORM courier._raise_invalid('http config.signing must be {"secret": "whsec_..."}');
+            END IF;
+            PERFORM courier._require_string('http config.signing', p_config -> 'signing', 'secret', true);
+        END IF;
+        IF p_config ? 'cloudevents' THEN
+            IF jsonb_typeof(p_config -> 'cloudevents') <> 'object'
+               OR coalesce(p_config #>> '{cloudevents,mode}', '') <> ALL (ARRAY['binary', 'structured']) THEN
+                PERFORM courier._raise_invalid('http config.cloudevents must be {"mode": "binary"|"structured", '
+                                               '"type": "...", "source": "..."}');
+            END IF;
+        END IF;
+    WHEN 'redis' THEN
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'stream', 'maxlen']);
+        PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['redis', 'rediss']);
+        PERFORM courier._require_string(v_what, p_config, 'stream', true);
+        PERFORM courier._require_positive_number(v_what, p_config, 'maxlen', 1, 9223372036854775807);
+    WHEN 'amqp' THEN
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'exchange', 'routing_key', 'persistent']);
+        PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['amqp', 'amqps']);
+        PERFORM courier._require_string(v_what, p_config, 'routing_key', true);
+    WHEN 'mqtt' THEN
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'topic', 'qos', 'retain']);
+        PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['mqtt', 'mqtts']);
+        PERFORM courier._require_string(v_what, p_config, 'topic', true);
+        PERFORM courier._require_positive_number(v_what, p_config, 'qos', 0, 2);
+    WHEN 'nats' THEN
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'subject', 'jetstream']);
+        PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['nats', 'tls']);
+        PERFORM courier._require_string(v_what, p_config, 'subject', true);
+    WHEN 'kafka' THEN
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['bootstrap_servers', 'topic', 'acks']);
+        PERFORM courier._require_string(v_what, p_config, 'bootstrap_servers', true);
+        PERFORM courier._require_string(v_what, p_config, 'topic', true);
+    WHEN 'noop' THEN
+        PERFORM courier._require_keys_within(v_what, p_config, v_common);
+    WHEN 'pull' THEN
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY[
+            'max_retries', 'message_ttl_seconds', 'max_depth', 'throughput_limit', 'visibility_timeout']);
+        PERFORM courier._require_positive_number(v_what, p_config, 'max_retries', 0, 1000);
+        PERFORM courier._require_positive_number(v_what, p_config, 'message_ttl_seconds', 0, 31536000);
+        PERFORM courier._require_positive_number(v_what, p_config, 'max_depth', 0, 2147483647);
+        PERFORM courier._require_positive_number(v_what, p_config, 'throughput_limit', 0, 1000000);
+        PERFORM courier._require_positive_number(v_what, p_config, 'visibility_timeout', 1, 43200);
+    ELSE
+        PERFORM courier._raise_invalid(format('unknown protocol %L', p_protocol),
+                                       'Protocols: http, redis, amqp, mqtt, nats, kafka, noop, pull');
+    END CASE;
+
+    IF p_config ? 'rate_limit' THEN
+        IF jsonb_typeof(p_config -> 'rate_limit') <> 'object' THEN
+            PERFORM courier._raise_invalid('rate_limit must be {"rate": per-second, "burst": tokens}');
+        END IF;
+        PERFORM courier._require_keys_within('rate_limit', p_config -> 'rate_limit', ARRAY['rate', 'burst']);
+        PERFORM courier._require_positive_number('rate_limit', p_config -> 'rate_limit', 'rate', 0.001, 1000000);
+        PERFORM courier._require_positive_number('rate_limit', p_config -> 'rate_limit', 'burst', 1, 1000000);
+    END IF;
+    PERFORM courier._require_positive_number(v_what, p_config, 'concurrency', 1, 10000);
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._endpoint_by_name(p_name text) RETURNS courier.endpoints
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_endpoint courier.endpoints;
+BEGIN
+    SELECT * INTO v_endpoint FROM courier.endpoints WHERE name = p_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '[courier] endpoint "%" does not exist', p_name
+            USING ERRCODE = 'P0002', HINT = 'List endpoints with: SELECT name FROM courier.endpoints';
+    END IF;
+    RETURN v_endpoint;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.create_endpoint(p_name text, p_protocol text, p_config jsonb DEFAULT '{}',
+                                        p_retry_policy jsonb DEFAULT '{}', p_description text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_id integer;
+BEGIN
+    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' THEN
+        PERFORM courier._raise_invalid(format('invalid endpoint name %L', p_name),
+            'Use 1-128 letters, digits, "_", ".", ":" or "-", starting with a letter or digit');
+    END IF;
+    IF p_name LIKE '%.dlq' THEN
+        PERFORM courier._raise_invalid(format('endpoint names ending in ".dlq" are reserved: %L', p_name));
+    END IF;
+    PERFORM courier.validate_endpoint_config(p_protocol, p_config);
+    PERFORM courier.validate_retry_policy(coalesce(p_retry_policy, '{}'));
+
+    INSERT INTO courier.endpoints (name, protocol, config, retry_policy, description)
+    VALUES (p_name, p_protocol, p_config, coalesce(p_retry_policy, '{}'), p_description)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING id INTO v_id;
+    IF v_id IS NULL THEN
+        RAISE EXCEPTION '[courier] endpoint "%" already exists', p_name
+            USING ERRCODE = '42710', HINT = 'Change it with alter_endpoint(), or drop it first';
+    END IF;
+    PERFORM courier._log_event('endpoint.created', v_id,
+        jsonb_build_object('name', p_name, 'protocol', p_protocol, 'config', p_config,
+                           'retry_policy', coalesce(p_retry_policy, '{}')));
+    RETURN v_id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.alter_endpoint(p_name text, p_config jsonb DEFAULT NULL,
+                                       p_retry_policy jsonb DEFAULT NULL, p_description text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_endpoint courier.endpoints := courier._endpoint_by_name(p_name);
+BEGIN
+    IF p_config IS NOT NULL THEN
+        PERFORM courier.validate_endpoint_config(v_endpoint.protocol, p_config);
+    END IF;
+    IF p_retry_policy IS NOT NULL THEN
+        PERFORM courier.validate_retry_policy(p_retry_policy);
+    END IF;
+    UPDATE courier.endpoints
+    SET config = coalesce(p_config, config),
+        retry_policy = coalesce(p_retry_policy, retry_policy),
+        description = coalesce(p_description, description),
+        updated_at = now()
+    WHERE id = v_endpoint.id;
+    PERFORM courier._log_event('endpoint.altered', v_endpoint.id,
+        jsonb_strip_nulls(jsonb_build_object('name', p_name, 'config', p_config,
+                                             'retry_policy', p_retry_policy, 'description', p_description)));
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._set_endpoint_enabled(p_name text, p_enabled boolean) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_endpoint courier.endpoints := courier._endpoint_by_name(p_name);
+BEGIN
+    IF v_endpoint.enabled = p_enabled THEN
+        RETURN false;
+    END IF;
+    UPDATE courier.endpoints SET enabled = p_enabled, updated_at = now() WHERE id = v_endpoint.id;
+    PERFORM courier._log_event(CASE WHEN p_enabled THEN 'endpoint.enabled' ELSE 'endpoint.disabled' END,
+                               v_endpoint.id, jsonb_build_object('name', p_name));
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.enable_endpoint(p_name text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$ SELECT courier._set_endpoint_enabled(p_name, true) $$;
+
+CREATE OR REPLACE FUNCTION courier.disable_endpoint(p_name text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$ SELECT courier._set_endpoint_enabled(p_name, false) $$;
+
+-- Refuses while the endpoint has active messages, unless p_force, which deletes them too.
+CREATE OR REPLACE FUNCTION courier.drop_endpoint(p_name text, p_force boolean DEFAULT false) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_endpoint courier.endpoints;
+    v_active bigint;
+    v_deleted bigint;
+BEGIN
+    v_endpoint := courier._endpoint_by_name(p_name);
+    PERFORM 1 FROM courier.endpoints WHERE id = v_endpoint.id FOR UPDATE;
+    SELECT coalesce(sum(messages), 0) INTO v_active FROM courier.queue_depth
+    WHERE endpoint_id = v_endpoint.id AND status IN ('pending', 'processing');
+    IF v_active > 0 AND NOT p_force THEN
+        RAISE EXCEPTION '[courier] endpoint "%" still has % active message(s)', p_name, v_active
+            USING ERRCODE = '55006',
+                  HINT = 'Wait for them to drain, or force the drop to delete them (`courier endpoint drop --force`, p_force := true)';
+    END IF;
+    DELETE FROM courier.queue WHERE endpoint_id = v_endpoint.id;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    DELETE FROM courier.endpoints WHERE id = v_endpoint.id;
+    DELETE FROM courier.queue_depth WHERE endpoint_id = v_endpoint.id;
+    PERFORM courier._log_event('endpoint.dropped', v_endpoint.id,
+        jsonb_build_object('name', p_name, 'deleted_messages', v_deleted));
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.reset_circuit_breaker(p_endpoint_name text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_endpoint courier.endpoints := courier._endpoint_by_name(p_endpoint_name);
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('courier_cb'), v_endpoint.id);
+    UPDATE courier.endpoints
+    SET circuit_state = 'closed', circuit_failure_count = 0, circuit_opened_at = NULL,
+        circuit_half_open_at = NULL, updated_at = now()
+    WHERE id = v_endpoint.id;
+    PERFORM courier._log_event('circuit.reset', v_endpoint.id,
+        jsonb_build_object('name', p_endpoint_name, 'previous_state', v_endpoint.circuit_state));
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._require_endpoint(p_endpoint_id integer) RETURNS courier.endpoints
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_endpoint courier.endpoints;
+BEGIN
+    SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '[courier] endpoint id % does not exist', coalesce(p_endpoint_id::text, 'NULL')
+            USING ERRCODE = 'P0002', HINT = 'Recreate the endpoint, or list them with `courier endpoint list`';
+    END IF;
+    RETURN v_endpoint;
+END
+$$;
+
+-- Operators change endpoints with plain UPDATEs too (ulak's own retry-policy example does),
+-- and a policy or config that the API would refuse must not get in that way: one bad
+-- retry_policy would make every outcome report that touches the endpoint fail.
+CREATE OR REPLACE FUNCTION courier._validate_endpoint_row() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    PERFORM courier.validate_endpoint_config(NEW.protocol, NEW.config);
+    PERFORM courier.validate_retry_policy(NEW.retry_policy);
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER endpoints_validate_insert BEFORE INSERT ON courier.endpoints
+    FOR EACH ROW EXECUTE FUNCTION courier._validate_endpoint_row();
+
+CREATE OR REPLACE TRIGGER endpoints_validate_update BEFORE UPDATE OF protocol, config, retry_policy ON courier.endpoints
+    FOR EACH ROW
+    WHEN (OLD.protocol IS DISTINCT FROM NEW.protocol OR OLD.config IS DISTINCT FROM NEW.config
+          OR OLD.retry_policy IS DISTINCT FROM NEW.retry_policy)
+    EXECUTE FUNCTION courier._validate_endpoint_row();

@@ -1,0 +1,285 @@
+-- Internal machinery shared by the public API: typed settings, depth counters, the event
+-- log with secret redaction, and the immutability of what a producer enqueued.
+CREATE OR REPLACE FUNCTION courier._setting_int(p_name text) RETURNS bigint
+LANGUAGE sql STABLE
+AS $$ SELECT value::bigint FROM courier.settings WHERE name = p_name $$;
+
+CREATE OR REPLACE FUNCTION courier._setting_bool(p_name text) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$ SELECT value::boolean FROM courier.settings WHERE name = p_name $$;
+
+-- Replaces the value of every key that looks like a secret, at any depth, and the password
+-- of any URL with credentials in it (amqp://user:password@host).
+CREATE OR REPLACE FUNCTION courier._redact(p_doc jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT CASE jsonb_typeof(p_doc)
+        WHEN 'object' THEN (
+            SELECT coalesce(jsonb_object_agg(
+                key,
+                CASE WHEN key ~* '(secret|password|passwd|token|authorization|api[_-]?key|credential|signing)'
+                          AND jsonb_typeof(value) <> 'object'
+                     THEN to_jsonb('***'::text)
+                     ELSE courier._redact(value) END), '{}'::jsonb)
+            FROM jsonb_each(p_doc))
+        WHEN 'array' THEN (
+            SELECT coalesce(jsonb_agg(courier._redact(value) ORDER BY ord), '[]'::jsonb)
+            FROM jsonb_array_elements(p_doc) WITH ORDINALITY AS e(value, ord))
+        WHEN 'string' THEN
+            to_jsonb(regexp_replace(p_doc #>> '{}', '^([a-z][a-z0-9+.-]*://[^/?#@:]*:)[^/?#@]*@', '\1***@', 'i'))
+        ELSE p_doc
+    END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._log_event(p_event_type text, p_endpoint_id integer, p_details jsonb)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    INSERT INTO courier.event_log (event_type, endpoint_id, details)
+    VALUES (p_event_type, p_endpoint_id, courier._redact(coalesce(p_details, '{}'::jsonb)))
+$$;
+
+-- Depth counters ------------------------------------------------------------------------
+-- The trigger functions and small helpers carry no SET search_path: they run on every send,
+-- a SET clause costs a GUC save/restore per call, and they name every object in full.
+CREATE OR REPLACE FUNCTION courier._count_queue_insert() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
+    SELECT endpoint_id, status, pg_backend_pid(), count(*)
+    FROM inserted_rows GROUP BY endpoint_id, status
+    ON CONFLICT (endpoint_id, status, backend_pid)
+    DO UPDATE SET messages = d.messages + excluded.messages;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._count_queue_update() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
+    SELECT endpoint_id, status, pg_backend_pid(), sum(delta)
+    FROM (SELECT endpoint_id, status, 1 AS delta FROM new_rows
+          UNION ALL
+          SELECT endpoint_id, status, -1 FROM old_rows) AS changes
+    GROUP BY endpoint_id, status
+    HAVING sum(delta) <> 0
+    ON CONFLICT (endpoint_id, status, backend_pid)
+    DO UPDATE SET messages = d.messages + excluded.messages;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._count_queue_delete() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
+    SELECT endpoint_id, status, pg_backend_pid(), -count(*)
+    FROM deleted_rows GROUP BY endpoint_id, status
+    ON CONFLICT (endpoint_id, status, backend_pid)
+    DO UPDATE SET messages = d.messages + excluded.messages;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._count_queue_truncate() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    DELETE FROM courier.queue_depth;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER queue_count_insert AFTER INSERT ON courier.queue
+    REFERENCING NEW TABLE AS inserted_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION courier._count_queue_insert();
+
+CREATE OR REPLACE TRIGGER queue_count_update AFTER UPDATE ON courier.queue
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION courier._count_queue_update();
+
+CREATE OR REPLACE TRIGGER queue_count_delete AFTER DELETE ON courier.queue
+    REFERENCING OLD TABLE AS deleted_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION courier._count_queue_delete();
+
+CREATE OR REPLACE TRIGGER queue_count_truncate AFTER TRUNCATE ON courier.queue
+    FOR EACH STATEMENT EXECUTE FUNCTION courier._count_queue_truncate();
+
+CREATE OR REPLACE FUNCTION courier._add_delivery_totals(p_endpoint_id integer, p_outcome text, p_count bigint)
+RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
+    SELECT p_endpoint_id, p_outcome, pg_backend_pid(), p_count
+    WHERE p_count > 0
+    ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
+$$;
+
+-- Immutability ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION courier._forbid_payload_change() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION '[courier] message % is immutable: payload and headers cannot change once enqueued', OLD.id
+        USING ERRCODE = '55000',
+              HINT = 'Send a new message instead, or replay the original from the archive.';
+END
+$$;
+
+CREATE OR REPLACE TRIGGER queue_payload_immutable BEFORE UPDATE ON courier.queue
+    FOR EACH ROW
+    WHEN (OLD.payload IS DISTINCT FROM NEW.payload OR OLD.headers IS DISTINCT FROM NEW.headers)
+    EXECUTE FUNCTION courier._forbid_payload_change();
+
+-- Endpoint configuration -------------------------------------------------------------
+CREATE OR REPLACE FUNCTION courier._raise_invalid(p_message text, p_hint text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION '[courier] %', p_message USING ERRCODE = '22023', HINT = coalesce(p_hint, '');
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._require_keys_within(p_what text, p_doc jsonb, p_allowed text[]) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_unknown text;
+BEGIN
+    SELECT string_agg(k, ', ' ORDER BY k) INTO v_unknown
+    FROM jsonb_object_keys(p_doc) AS k WHERE k <> ALL (p_allowed);
+    IF v_unknown IS NOT NULL THEN
+        PERFORM courier._raise_invalid(format('%s has unknown key(s): %s', p_what, v_unknown),
+                                       format('Allowed keys: %s', array_to_string(p_allowed, ', ')));
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._require_positive_number(p_what text, p_doc jsonb, p_key text,
+                                                 p_min numeric, p_max numeric) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    IF NOT p_doc ? p_key THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(p_doc -> p_key) <> 'number'
+       OR (p_doc ->> p_key)::numeric < p_min OR (p_doc ->> p_key)::numeric > p_max THEN
+        PERFORM courier._raise_invalid(
+            format('%s.%s must be a number from %s to %s, got %s', p_what, p_key, p_min, p_max, p_doc -> p_key));
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._require_url(p_what text, p_doc jsonb, p_key text, p_schemes text[]) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_url text;
+BEGIN
+    IF jsonb_typeof(p_doc -> p_key) IS DISTINCT FROM 'string' THEN
+        PERFORM courier._raise_invalid(format('%s needs "%s" (a string)', p_what, p_key));
+    END IF;
+    v_url := p_doc ->> p_key;
+    -- scheme://host[:port][/path]; no spaces or control characters anywhere.
+    IF v_url !~* ('^(' || array_to_string(p_schemes, '|') || ')://[^/\s?#@]+(@[^/\s?#]+)?(:[0-9]{1,5})?([/?#]\S*)?$')
+       OR v_url ~ '[[:cntrl:]]' THEN
+        PERFORM courier._raise_invalid(
+            format('%s.%s is not a valid URL: "%s"', p_what, p_key, v_url),
+            format('Expected a URL starting with %s', array_to_string(
+                ARRAY(SELECT s || '://' FROM unnest(p_schemes) AS s), ' or ')));
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._require_string(p_what text, p_doc jsonb, p_key text, p_required boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    IF p_doc ? p_key THEN
+        IF jsonb_typeof(p_doc -> p_key) <> 'string' OR length(p_doc ->> p_key) = 0 THEN
+            PERFORM courier._raise_invalid(format('%s.%s must be a non-empty string', p_what, p_key));
+        END IF;
+    ELSIF p_required THEN
+        PERFORM courier._raise_invalid(format('%s needs "%s"', p_what, p_key));
+    END IF;
+END
+$$;
+
+-- Adds one to outcome p_outcome's counter of each endpoint, once per element of p_endpoint_ids
+-- (an endpoint per message): the counters behind metrics()' *_total series.
+CREATE OR REPLACE FUNCTION courier._count_outcomes(p_endpoint_ids integer[], p_outcome text) RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
+    SELECT endpoint_id, p_outcome, pg_backend_pid(), count(*)
+    FROM unnest(p_endpoint_ids) AS endpoint_id GROUP BY endpoint_id
+    ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
+$$;
+
+-- Folds the counter rows of backends that have exited into backend_pid 0, so the counter
+-- tables (queue_depth, dlq_depth, delivery_totals) stay as small as the number of live
+-- connections.
+CREATE OR REPLACE FUNCTION courier.compact_queue_depth() RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_folded integer;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtext('courier.compact_queue_depth')) THEN
+        RETURN 0;
+    END IF;
+
+    WITH gone AS (
+        DELETE FROM courier.queue_depth
+        WHERE backend_pid <> 0
+          AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+        RETURNING endpoint_id, status, messages
+    )
+    INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
+    SELECT endpoint_id, status, 0, sum(messages) FROM gone GROUP BY endpoint_id, status
+    ON CONFLICT (endpoint_id, status, backend_pid)
+    DO UPDATE SET messages = d.messages + excluded.messages;
+    GET DIAGNOSTICS v_folded = ROW_COUNT;
+
+    WITH gone AS (
+        DELETE FROM courier.dlq_depth
+        WHERE backend_pid <> 0
+          AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+        RETURNING endpoint_id, status, messages
+    )
+    INSERT INTO courier.dlq_depth AS d (endpoint_id, status, backend_pid, messages)
+    SELECT endpoint_id, status, 0, sum(messages) FROM gone GROUP BY endpoint_id, status
+    ON CONFLICT (endpoint_id, status, backend_pid)
+    DO UPDATE SET messages = d.messages + excluded.messages;
+
+    WITH gone AS (
+        DELETE FROM courier.delivery_totals
+        WHERE backend_pid <> 0
+          AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+        RETURNING endpoint_id, outcome, total
+    )
+    INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
+    SELECT endpoint_id, outcome, 0, sum(total) FROM gone GROUP BY endpoint_id, outcome
+    ON CONFLICT (endpoint_id, outcome, backend_pid)
+    DO UPDATE SET total = d.total + excluded.total;
+
+    DELETE FROM courier.queue_depth WHERE backend_pid = 0 AND messages = 0;
+    DELETE FROM courier.dlq_depth WHERE backend_pid = 0 AND messages = 0;
+    RETURN v_folded;
+END
+$$;

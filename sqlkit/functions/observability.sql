@@ -1,0 +1,248 @@
+-- Observability: metrics() in ulak's shape and get_endpoint_health(). Every depth comes from
+-- the maintained counters and every age from an index probe, so both stay cheap at any size.
+
+-- created_at of the oldest pending message of one endpoint: one index probe per priority
+-- level on queue_claim_idx instead of a scan.
+CREATE OR REPLACE FUNCTION courier._oldest_pending_at(p_endpoint_id integer) RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT q.created_at
+    FROM generate_series(0, 10) AS p(priority)
+    CROSS JOIN LATERAL (
+        SELECT id, created_at FROM courier.queue
+        WHERE endpoint_id = p_endpoint_id AND status = 'pending' AND priority = p.priority
+        ORDER BY priority DESC, id LIMIT 1
+    ) q
+    ORDER BY q.id LIMIT 1
+$$;
+
+CREATE OR REPLACE FUNCTION courier._depth_by_endpoint()
+RETURNS TABLE (endpoint_id integer, status text, messages bigint)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT endpoint_id, status, sum(messages)::bigint
+    FROM courier.queue_depth GROUP BY endpoint_id, status
+$$;
+
+CREATE OR REPLACE FUNCTION courier.get_endpoint_health(p_endpoint_name text DEFAULT NULL)
+RETURNS TABLE (
+    endpoint_name          text,
+    protocol               text,
+    enabled                boolean,
+    circuit_state          text,
+    circuit_failure_count  integer,
+    last_success_at        timestamptz,
+    last_failure_at        timestamptz,
+    pending_messages       bigint,
+    oldest_pending_message timestamptz
+)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT e.name, e.protocol, e.enabled, e.circuit_state, e.circuit_failure_count,
+           e.last_success_at, e.last_failure_at,
+           coalesce((SELECT sum(d.messages) FROM courier.queue_depth d
+                     WHERE d.endpoint_id = e.id AND d.status = 'pending'), 0)::bigint,
+           courier._oldest_pending_at(e.id)
+    FROM courier.endpoints e
+    WHERE p_endpoint_name IS NULL OR e.name = p_endpoint_name
+    ORDER BY e.name
+$$;
+
+-- Retention of the event log and the counters ------------------------------------------------
+CREATE OR REPLACE FUNCTION courier.cleanup_event_log() RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_deleted integer;
+BEGIN
+    DELETE FROM courier.event_log
+    WHERE created_at < now() - make_interval(days => courier._setting_int('event_log_retention_days')::integer);
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    IF v_deleted > 0 THEN
+        PERFORM courier._log_event('event_log.cleanup', NULL, jsonb_build_object('deleted', v_deleted));
+    END IF;
+    RETURN v_deleted;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.get_worker_status()
+RETURNS TABLE (worker_id text, hostname text, pid integer, state text, concurrency integer, in_flight integer,
+               delivered bigint, failed bigint, started_at timestamptz, last_heartbeat timestamptz, alive boolean,
+               maintenance_leader boolean)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT w.worker_id, w.hostname, w.pid, w.state, w.concurrency, w.in_flight, w.delivered, w.failed,
+           w.started_at, w.last_heartbeat,
+           w.state <> 'stopped' AND w.last_heartbeat > now() - interval '30 seconds',
+           w.leader_backend_pid IS NOT NULL AND EXISTS (
+               SELECT 1 FROM pg_locks l
+               WHERE l.locktype = 'advisory' AND l.granted AND l.pid = w.leader_backend_pid
+                 AND l.classid = 1668248946 AND l.objid = 2 AND l.objsubid = 2
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+    FROM courier.workers w
+    ORDER BY w.started_at
+$$;
+
+-- Observability --------------------------------------------------------------------------------
+
+-- ulak's metrics(): depths from the maintained counters, delivery counters, the archive and
+-- the maintenance leader.
+CREATE OR REPLACE FUNCTION courier.metrics()
+RETURNS TABLE (metric_name text, metric_value double precision, labels jsonb, metric_type text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    WITH depth AS (SELECT * FROM courier._depth_by_endpoint()),
+    statuses AS (SELECT unnest(ARRAY['pending', 'processing', 'completed', 'failed', 'expired']) AS status),
+    dlq AS (SELECT endpoint_id, status, sum(messages) AS messages FROM courier.dlq_depth GROUP BY 1, 2),
+    workers AS (SELECT * FROM courier.get_worker_status())
+    SELECT 'queue_depth', coalesce(sum(d.messages), 0)::double precision,
+           jsonb_build_object('status', s.status), 'gauge'
+    FROM statuses s LEFT JOIN depth d ON d.status = s.status
+    GROUP BY s.status
+    UNION ALL
+    SELECT 'queue_depth_by_endpoint', coalesce(d.messages, 0)::double precision,
+           jsonb_build_object('endpoint', e.name, 'status', s.status), 'gauge'
+    FROM courier.endpoints e CROSS JOIN statuses s
+    LEFT JOIN depth d ON d.endpoint_id = e.id AND d.status = s.status
+    UNION ALL
+    SELECT 'oldest_message_age_seconds',
+           coalesce(extract(epoch FROM now() - min(courier._oldest_pending_at(e.id))), 0)::double precision,
+           '{}'::jsonb, 'gauge'
+    FROM courier.endpoints e
+    UNION ALL
+    SELECT 'dlq_depth', coalesce(d.messages, 0)::double precision,
+           jsonb_build_object('endpoint', e.name, 'status', s.status), 'gauge'
+    FROM courier.endpoints e CROSS JOIN (VALUES ('failed'), ('redriven')) AS s(status)
+    LEFT JOIN dlq d ON d.endpoint_id = e.id AND d.status = s.status
+    UNION ALL
+    SELECT 'endpoint_circuit_state',
+           CASE e.circuit_state WHEN 'closed' THEN 0 WHEN 'half_open' THEN 1 ELSE 2 END,
+           jsonb_build_object('endpoint', e.name), 'gauge'
+    FROM courier.endpoints e
+    UNION ALL
+    SELECT 'endpoint_enabled', e.enabled::integer, jsonb_build_object('endpoint', e.name), 'gauge'
+    FROM courier.endpoints e
+    UNION ALL
+    SELECT o.metric, coalesce(sum(t.total), 0)::double precision,
+           jsonb_build_object('endpoint', e.name), 'counter'
+    FROM courier.endpoints e
+    CROSS JOIN (VALUES ('delivered', 'messages_delivered_total'),
+                       ('failed_attempt', 'delivery_failures_total'),
+                       ('dead_lettered', 'messages_dead_lettered_total'),
+                       ('expired', 'messages_expired_total'),
+                       ('replayed', 'messages_replayed_total')) AS o(outcome, metric)
+    LEFT JOIN courier.delivery_totals t ON t.endpoint_id = e.id AND t.outcome = o.outcome
+    GROUP BY e.name, o.metric
+    UNION ALL
+    SELECT 'workers_alive', count(*) FILTER (WHERE w.alive)::double precision, '{}'::jsonb, 'gauge'
+    FROM workers w
+    UNION ALL
+    SELECT 'maintenance_leader_present', coalesce(bool_or(w.maintenance_leader AND w.alive), false)::integer::double precision,
+           '{}'::jsonb, 'gauge'
+    FROM workers w
+    UNION ALL
+    SELECT 'archive_partitions', count(*)::double precision, '{}'::jsonb, 'gauge'
+    FROM pg_inherits i WHERE i.inhparent = 'courier.archive'::regclass
+$$;
+
+-- One row per check, each 'ok', 'warning' or 'critical', for load balancers and alerting.
+-- Every check reads maintained counters, catalogs or index probes.
+CREATE OR REPLACE FUNCTION courier.health_check()
+RETURNS TABLE (check_name text, status text, value double precision, detail text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_limit bigint := courier._setting_int('max_queue_size');
+    v_active bigint;
+    v_pending bigint;
+    v_oldest timestamptz;
+    v_alive integer;
+    v_leader boolean;
+    v_names text;
+    v_count bigint;
+BEGIN
+    SELECT coalesce(sum(messages) FILTER (WHERE d.status IN ('pending', 'processing')), 0),
+           coalesce(sum(messages) FILTER (WHERE d.status = 'pending'), 0)
+    INTO v_active, v_pending FROM courier.queue_depth d;
+
+    check_name := 'backpressure';
+    value := CASE WHEN v_limit = 0 THEN 0 ELSE round(100.0 * v_active / v_limit, 1) END;
+    status := CASE WHEN v_limit = 0 OR value < 80 THEN 'ok' WHEN value < 95 THEN 'warning' ELSE 'critical' END;
+    detail := CASE WHEN v_limit = 0 THEN format('%s active message(s); max_queue_size is off', v_active)
+                   ELSE format('%s of max_queue_size %s in use (%s%%)', v_active, v_limit, value) END;
+    RETURN NEXT;
+
+    SELECT min(courier._oldest_pending_at(e.id)) INTO v_oldest FROM courier.endpoints e WHERE e.enabled;
+    check_name := 'oldest_pending';
+    value := coalesce(extract(epoch FROM now() - v_oldest), 0);
+    status := CASE WHEN value < 300 THEN 'ok' WHEN value < 3600 THEN 'warning' ELSE 'critical' END;
+    detail := CASE WHEN v_oldest IS NULL THEN 'nothing pending on enabled endpoints'
+                   ELSE format('oldest pending message is %s s old', round(value::numeric)) END;
+    RETURN NEXT;
+
+    SELECT count(*) FILTER (WHERE w.alive), coalesce(bool_or(w.alive AND w.maintenance_leader), false)
+    INTO v_alive, v_leader FROM courier.get_worker_status() w;
+    check_name := 'workers';
+    value := v_alive;
+    status := CASE WHEN v_alive > 0 THEN 'ok' WHEN v_pending > 0 THEN 'critical' ELSE 'warning' END;
+    detail := format('%s worker(s) alive, %s message(s) pending', v_alive, v_pending);
+    RETURN NEXT;
+
+    check_name := 'maintenance_leader';
+    value := v_leader::integer;
+    status := CASE WHEN v_leader OR v_alive = 0 THEN 'ok' ELSE 'warning' END;
+    detail := CASE WHEN v_leader THEN 'a live worker holds the maintenance lock'
+                   WHEN v_alive = 0 THEN 'no workers running'
+                   ELSE 'workers are alive but none leads maintenance' END;
+    RETURN NEXT;
+
+    SELECT count(*), string_agg(e.name, ', ' ORDER BY e.name) INTO v_count, v_names
+    FROM courier.endpoints e WHERE e.enabled AND e.circuit_state <> 'closed';
+    check_name := 'circuits';
+    value := v_count;
+    status := CASE WHEN v_count = 0 THEN 'ok' ELSE 'warning' END;
+    detail := CASE WHEN v_count = 0 THEN 'every circuit is closed' ELSE 'not closed: ' || v_names END;
+    RETURN NEXT;
+
+    SELECT coalesce(sum(messages), 0) INTO v_count FROM courier.dlq_depth WHERE dlq_depth.status = 'failed';
+    check_name := 'dlq';
+    value := v_count;
+    status := CASE WHEN v_count = 0 THEN 'ok' ELSE 'warning' END;
+    detail := format('%s dead-lettered message(s) awaiting redrive or cleanup', v_count);
+    RETURN NEXT;
+
+    SELECT count(*) INTO v_count FROM (
+        SELECT 1 FROM courier.queue q
+        WHERE q.status = 'processing'
+          AND q.processing_started_at < now() - make_interval(secs => courier._setting_int('stale_recovery_timeout'))
+        LIMIT 1000) stale;
+    check_name := 'stale_processing';
+    value := v_count;
+    status := CASE WHEN v_count = 0 THEN 'ok' ELSE 'warning' END;
+    detail := CASE WHEN v_count = 0 THEN 'no message is stuck in processing'
+                   ELSE format('%s%s message(s) in processing past stale_recovery_timeout',
+                               v_count, CASE WHEN v_count = 1000 THEN '+' ELSE '' END) END;
+    RETURN NEXT;
+
+    check_name := 'archive_partitions';
+    v_names := concat_ws(', ',
+        CASE WHEN to_regclass('courier.' || courier._archive_partition_name(now())) IS NULL THEN 'this month' END,
+        CASE WHEN to_regclass('courier.' || courier._archive_partition_name(now() + interval '1 month')) IS NULL
+             THEN 'next month' END);
+    SELECT count(*) INTO v_count FROM (SELECT 1 FROM courier.archive_default LIMIT 1) d;
+    value := v_count;
+    status := CASE WHEN v_names <> '' AND v_names LIKE 'this month%' THEN 'critical'
+                   WHEN v_names <> '' OR v_count > 0 THEN 'warning' ELSE 'ok' END;
+    detail := CASE WHEN v_names <> '' THEN 'missing partition for ' || v_names
+                   WHEN v_count > 0 THEN 'rows are waiting in archive_default; run maintain_archive_partitions()'
+                   ELSE 'partitions exist for this month and the next' END;
+    RETURN NEXT;
+END
+$$;
