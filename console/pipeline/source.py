@@ -1,0 +1,371 @@
+"""The `courier` Spark data source (Python Data Source API): reads the queue, the DLQ and the
+archive in parallel slices (archive partition x id range) with COPY, and writes messages into
+the queue through send_batch, one transaction per Spark partition.
+
+    spark.read.format("courier").option("dsn", dsn).option("table", "archive").load()
+    df.write.format("courier").option("dsn", dsn).option("endpoint", "billing").mode("append").save()
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceWriter,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    IsNotNull,
+    IsNull,
+    LessThan,
+    LessThanOrEqual,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    BooleanType,
+    DataType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+TABLES = {"archive": "created_at", "queue": "created_at", "dlq": "failed_at", "endpoints": "created_at"}
+DEFAULT_SLICE_IDS = 250_000
+DEFAULT_BATCH = 1000
+DEFAULT_BACKPRESSURE_WAIT = 300.0
+BACKPRESSURE = "53400"
+
+# PostgreSQL type -> (Spark type, Arrow type name). Anything else is read as its text form.
+_TYPES: dict[str, tuple[DataType, str]] = {
+    "bigint": (LongType(), "int64"),
+    "integer": (IntegerType(), "int32"),
+    "smallint": (ShortType(), "int16"),
+    "boolean": (BooleanType(), "bool"),
+    "double precision": (DoubleType(), "float64"),
+    "timestamp with time zone": (TimestampType(), "timestamp"),
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    pg_type: str
+
+    @property
+    def spark_type(self) -> DataType:
+        return _TYPES.get(self.pg_type, (StringType(), "string"))[0]
+
+    @property
+    def arrow_type(self) -> Any:
+        import pyarrow as pa
+
+        kind = _TYPES.get(self.pg_type, (None, "string"))[1]
+        return pa.timestamp("us", tz="UTC") if kind == "timestamp" else pa.type_for_alias(kind)
+
+    @property
+    def is_text(self) -> bool:
+        return self.pg_type not in _TYPES
+
+
+def _options(options: Any) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in dict(options).items()}
+
+
+def _connect(dsn: str, *, autocommit: bool = True) -> Any:
+    import psycopg
+
+    conn = psycopg.connect(dsn, autocommit=autocommit, application_name="courier pipeline")
+    conn.execute("SET TimeZone = 'UTC'")
+    return conn
+
+
+def _timestamp(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+class CourierDataSource(DataSource):
+    """Options: dsn (required); table = archive | queue | dlq | endpoints (reading);
+    columns (comma-separated, to prune); since / until (ISO times on time_column, which
+    defaults to created_at, failed_at for the DLQ); slice_ids (ids per read task).
+    Writing: endpoint, priority, scope (the ledger scope deduplicating rows by their `key`
+    column), batch_size, backpressure_wait (seconds), report (a file for the totals)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "courier"
+
+    def _columns(self) -> list[Column]:
+        from sqlkit import analytics
+
+        opts = _options(self.options)
+        table = opts.get("table", "archive")
+        if table not in TABLES:
+            raise ValueError(f"courier data source: table must be one of {', '.join(TABLES)}, got {table!r}")
+        with _connect(opts["dsn"]) as conn:
+            found = [Column(n, t) for n, t in analytics.table_columns(conn, f"courier.{table}")]
+        wanted = [c.strip() for c in opts.get("columns", "").split(",") if c.strip()]
+        if wanted:
+            by_name = {c.name: c for c in found}
+            missing = [w for w in wanted if w not in by_name]
+            if missing:
+                raise ValueError(f"courier data source: courier.{table} has no column {', '.join(missing)}")
+            found = [by_name[w] for w in wanted]
+        return found
+
+    def schema(self) -> StructType:
+        return StructType([StructField(c.name, c.spark_type, True) for c in self._columns()])
+
+    def reader(self, schema: StructType) -> CourierReader:
+        return CourierReader(_options(self.options), self._columns())
+
+    def writer(self, schema: StructType, overwrite: bool) -> CourierWriter:
+        if overwrite:
+            raise ValueError("courier data source: messages are only ever appended; use mode('append')")
+        return CourierWriter(_options(self.options), [f.name for f in schema.fields])
+
+
+@dataclass
+class Slice(InputPartition):
+    """One read task: an id range of one table or archive partition."""
+    relation: str | None
+    low: int = 0
+    high: int = -1
+    value: Any = field(default=None, repr=False)
+
+
+_PUSHABLE = (EqualTo, In, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual, IsNull, IsNotNull)
+_OPS = {EqualTo: "=", GreaterThan: ">", GreaterThanOrEqual: ">=", LessThan: "<", LessThanOrEqual: "<="}
+
+
+class CourierReader(DataSourceReader):
+    def __init__(self, options: dict[str, str], columns: list[Column]) -> None:
+        self.options = options
+        self.columns = columns
+        self.table = options.get("table", "archive")
+        self.time_column = options.get("time_column", TABLES[self.table])
+        self.since = _timestamp(options.get("since"))
+        self.until = _timestamp(options.get("until"))
+        self.pushed: list[tuple[str, str, Any]] = []
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        kinds = {c.name: c for c in self.columns}
+        for item in filters:
+            column = kinds.get(item.attribute[0]) if len(item.attribute) == 1 else None
+            plain = column is not None and column.pg_type != "timestamp with time zone"
+            if plain and isinstance(item, _PUSHABLE):
+                if isinstance(item, IsNull | IsNotNull):
+                    self.pushed.append((column.name, "null" if isinstance(item, IsNull) else "not null", None))
+                elif isinstance(item, In):
+                    self.pushed.append((column.name, "in", list(item.value)))
+                else:
+                    self.pushed.append((column.name, _OPS[type(item)], item.value))
+            else:
+                yield item
+
+    def partitions(self) -> Sequence[Slice]:
+        from sqlkit import analytics, archive
+
+        per_slice = int(self.options.get("slice_ids", DEFAULT_SLICE_IDS))
+        relations: list[str] = []
+        with _connect(self.options["dsn"]) as conn:
+            if self.table == "archive":
+                for part in archive.partitions(conn):
+                    if self.time_column == "created_at" and part.range_from is not None:
+                        if self.until and part.range_from >= self.until:
+                            continue
+                        if self.since and part.range_to is not None and part.range_to <= self.since:
+                            continue
+                    relations.append(part.partition_name)
+            else:
+                relations.append(self.table)
+            slices: list[Slice] = []
+            for relation in relations:
+                bounds = analytics.rows(conn, "id_bounds", relation=("courier", relation))[0]
+                if bounds["low"] is None:
+                    continue
+                low, high = int(bounds["low"]), int(bounds["high"])
+                count = max(1, math.ceil((high - low + 1) / per_slice))
+                step = math.ceil((high - low + 1) / count)
+                slices += [Slice(relation, start, min(start + step - 1, high)) for start in range(low, high + 1, step)]
+        return slices or [Slice(None)]
+
+    def _select(self, part: Slice) -> Any:
+        from psycopg import sql
+
+        selected = sql.SQL(", ").join(
+            sql.SQL("{}::text").format(sql.Identifier(c.name)) if c.is_text and c.pg_type not in ("text", "jsonb")
+            else sql.Identifier(c.name) for c in self.columns)
+        where = [sql.SQL("id BETWEEN {} AND {}").format(sql.Literal(part.low), sql.Literal(part.high))]
+        if self.since:
+            where.append(sql.SQL("{} >= {}").format(sql.Identifier(self.time_column), sql.Literal(self.since)))
+        if self.until:
+            where.append(sql.SQL("{} < {}").format(sql.Identifier(self.time_column), sql.Literal(self.until)))
+        for name, op, value in self.pushed:
+            column = sql.Identifier(name)
+            if op in ("null", "not null"):
+                where.append(sql.SQL("{} IS " + op.upper()).format(column))
+            elif op == "in":
+                where.append(sql.SQL("{} = ANY({})").format(column, sql.Literal(value)))
+            else:
+                where.append(sql.SQL("{} " + op + " {}").format(column, sql.Literal(value)))
+        return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT WITH (FORMAT csv)").format(
+            selected, sql.Identifier("courier", part.relation), sql.SQL(" AND ").join(where))
+
+    def read(self, partition: Slice) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        if partition.relation is None:
+            return
+        names = [c.name for c in self.columns]
+        read_options = pacsv.ReadOptions(column_names=names, block_size=4 << 20)
+        convert = pacsv.ConvertOptions(
+            column_types={c.name: c.arrow_type for c in self.columns},
+            strings_can_be_null=True, quoted_strings_can_be_null=False,
+            true_values=["t"], false_values=["f"])
+        schema = pa.schema([(c.name, c.arrow_type) for c in self.columns])
+        with _connect(self.options["dsn"]) as conn, conn.cursor() as cur, cur.copy(self._select(partition)) as copy:
+            stream = _CopyStream(copy)
+            try:
+                batches = pacsv.open_csv(stream, read_options=read_options, convert_options=convert)
+            except pa.ArrowInvalid as error:  # no rows at all
+                if "Empty CSV file" in str(error):
+                    return
+                raise
+            for batch in batches:
+                yield batch.cast(schema) if batch.schema != schema else batch
+
+
+class _CopyStream(io.RawIOBase):
+    """COPY TO STDOUT as a readable file, so Arrow parses it while it streams in."""
+
+    def __init__(self, copy: Any) -> None:
+        self._copy = copy
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            chunk = self._copy.read()
+            if not chunk:
+                return 0
+            self._pending = memoryview(chunk)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+
+def _first_of_each(chunk: list[tuple[str | None, str]], fresh: set[str]) -> list[tuple[str | None, str]]:
+    """The unkeyed rows, and the first row of each key the ledger had not seen."""
+    kept = []
+    for key, payload in chunk:
+        if key is None or key in fresh:
+            kept.append((key, payload))
+            fresh.discard(key)  # a key repeated within the selection is enqueued once
+    return kept
+
+
+@dataclass
+class Sent(WriterCommitMessage):
+    rows: int
+    sent: int
+    skipped: int
+
+
+class CourierWriter(DataSourceWriter):
+    """Each Spark partition's rows are enqueued in one transaction: a failed or retried task
+    leaves nothing behind. Rows need `payload` (JSON text) and, unless the endpoint option is
+    set, `endpoint`; `priority` and `key` are optional. With a scope, a row whose key that
+    scope already enqueued (a re-run, a retried task) is skipped."""
+
+    def __init__(self, options: dict[str, str], fields: list[str]) -> None:
+        self.options = options
+        self.fields = fields
+        if "payload" not in fields:
+            raise ValueError("courier data source: the rows to write need a payload column")
+        if "endpoint" not in fields and not options.get("endpoint"):
+            raise ValueError("courier data source: give the endpoint option or an endpoint column")
+        if "key" in fields and not options.get("scope"):
+            raise ValueError("courier data source: rows with a key column need the scope option")
+
+    def write(self, iterator: Iterator[Any]) -> Sent:
+        default_endpoint = self.options.get("endpoint")
+        default_priority = int(self.options.get("priority", 0))
+        groups: dict[tuple[str, int], list[tuple[str | None, str]]] = {}
+        rows = 0
+        for row in iterator:
+            rows += 1
+            record = row.asDict()
+            endpoint = record.get("endpoint") or default_endpoint
+            priority = record.get("priority")
+            key = record.get("key")
+            groups.setdefault((endpoint, default_priority if priority is None else int(priority)), []).append(
+                (None if key is None else str(key), record["payload"]))
+        if not rows:
+            return Sent(0, 0, 0)
+        wait = float(self.options.get("backpressure_wait", DEFAULT_BACKPRESSURE_WAIT))
+        deadline = time.monotonic() + wait
+        delay = 0.2
+        while True:
+            try:
+                sent = self._send(groups)
+                return Sent(rows, sent, rows - sent)
+            except Exception as error:
+                if getattr(error, "sqlstate", None) != BACKPRESSURE or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)  # the workers drain the queue meanwhile
+                delay = min(delay * 2, 5.0)
+
+    def _send(self, groups: dict[tuple[str, int], list[tuple[str | None, str]]]) -> int:
+        from sqlkit import analytics
+
+        scope = self.options.get("scope")
+        size = int(self.options.get("batch_size", DEFAULT_BATCH))
+        sent = 0
+        with _connect(self.options["dsn"], autocommit=False) as conn, conn.transaction():
+            for (endpoint, priority), items in groups.items():
+                for start in range(0, len(items), size):
+                    chunk = items[start:start + size]
+                    if scope:
+                        keys = [k for k, _ in chunk if k is not None]
+                        fresh = {row["source_key"] for row in analytics.rows(
+                            conn, "ledger_claim", {"scope": scope, "keys": keys})}
+                        chunk = _first_of_each(chunk, fresh)
+                    if not chunk:
+                        continue
+                    analytics.value(conn, "send_batch_with_priority", {
+                        "endpoint": endpoint, "payloads": [p for _, p in chunk], "priority": priority})
+                    sent += len(chunk)
+        return sent
+
+    def commit(self, messages: list[Sent | None]) -> None:
+        report = self.options.get("report")
+        if report:
+            done = [m for m in messages if m is not None]
+            totals = {"rows": sum(m.rows for m in done), "sent": sum(m.sent for m in done),
+                      "skipped": sum(m.skipped for m in done)}
+            with open(report, "w", encoding="utf-8") as out:
+                json.dump(totals, out)

@@ -1,0 +1,125 @@
+"""The `courier` Spark data source, in Spark local mode over small generated archives.
+
+One SparkSession serves the whole test session (Spark's start-up is the slow part)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+
+from console.pipeline.session import get_session  # noqa: E402
+
+SEED = """
+SELECT courier.create_endpoint('billing', 'noop', '{}');
+SELECT courier.create_endpoint('shipping', 'noop', '{}');
+SELECT courier.create_endpoint('audit', 'noop', '{}');
+INSERT INTO courier.archive (id, endpoint_id, payload, status, priority, retry_count, correlation_id,
+                             last_error, error_history, completed_at, created_at)
+SELECT i,
+       e.id,
+       jsonb_build_object('i', i, 'order', jsonb_build_object('total', (i * 37) % 250, 'currency',
+                          CASE WHEN i % 3 = 0 THEN 'EUR' ELSE 'USD' END)),
+       s.status,
+       (i % 4)::smallint,
+       r.retries,
+       CASE WHEN i % 10 = 0 THEN md5(i::text)::uuid END,
+       CASE WHEN r.retries > 0 THEN 'HTTP 503: unavailable' END,
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                    'attempt', a, 'outcome', CASE WHEN a % 2 = 0 THEN 'retryable' ELSE 'permanent' END,
+                    'error', CASE WHEN (i + a) % 3 = 0 THEN 'timeout after 10s'
+                                  WHEN (i + a) % 3 = 1 THEN 'HTTP 503: unavailable'
+                                  ELSE 'connection reset: peer' END))
+                 FROM generate_series(1, r.retries) a), '[]'),
+       t.created + make_interval(secs => ((i * 7919) % 5000) / 1000.0),
+       t.created
+FROM generate_series(1, {rows}) i
+JOIN courier.endpoints e ON e.name = (ARRAY['billing', 'shipping', 'audit'])[1 + i % 3]
+CROSS JOIN LATERAL (SELECT CASE WHEN i % 11 = 0 THEN 'failed' WHEN i % 17 = 0 THEN 'expired'
+                                ELSE 'completed' END AS status) s
+CROSS JOIN LATERAL (SELECT CASE WHEN s.status = 'failed' THEN 3 ELSE (i % 5) / 3 END AS retries) r
+CROSS JOIN LATERAL (SELECT timestamptz '2026-08-01 00:00:00+00'
+                           + make_interval(mins => (i * 131) % (60 * 24 * 92)) AS created) t;
+SELECT courier.maintain_archive_partitions(0);
+"""
+
+
+def seed_archive(conn: psycopg.Connection, rows: int = 3000) -> None:
+    """Archived messages over August to October 2026, on three endpoints, one partition a month."""
+    for statement in SEED.split(";\n"):
+        if statement.strip():
+            conn.execute(statement.replace("{rows}", str(int(rows))))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[pyspark.sql.SparkSession]:
+    session = get_session("local[2]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def archive_dsn(dsn: str, conn: psycopg.Connection) -> str:
+    seed_archive(conn)
+    return dsn
+
+
+def test_reads_the_archive_in_parallel_slices_equal_to_sql(spark, archive_dsn, conn):
+    df = (spark.read.format("courier").option("dsn", archive_dsn).option("table", "archive")
+          .option("slice_ids", 500).load())
+    assert df.rdd.getNumPartitions() >= 6  # three monthly partitions, several id ranges each
+    got = sorted((r.id, r.endpoint_id, r.status, r.payload, r.created_at) for r in df.collect())
+    want = sorted(conn.execute("SELECT id, endpoint_id, status, payload::text, created_at FROM courier.archive")
+                  .fetchall())
+    assert len(got) == 3000
+    assert [(i, e, s, p) for i, e, s, p, _ in got] == [(i, e, s, p) for i, e, s, p, _ in want]
+    assert [c.timestamp() for *_, c in got] == [c.timestamp() for *_, c in want]
+
+
+def test_prunes_columns_and_pushes_filters_down(spark, archive_dsn, conn):
+    df = (spark.read.format("courier").option("dsn", archive_dsn).option("table", "archive")
+          .option("columns", "id,endpoint_id,status").load())
+    assert df.columns == ["id", "endpoint_id", "status"]
+    billing = conn.execute("SELECT id FROM courier.endpoints WHERE name = 'billing'").fetchone()[0]
+    picked = df.where((df.endpoint_id == billing) & df.status.isin("failed", "expired"))
+    plan = picked._jdf.queryExecution().executedPlan().toString()
+    assert "Filter" not in plan.split("BatchScan")[0] or "PushedFilters" in plan
+    want = conn.execute("SELECT count(*) FROM courier.archive WHERE endpoint_id = %s "
+                        "AND status IN ('failed', 'expired')", (billing,)).fetchone()[0]
+    assert picked.count() == want > 0
+
+
+def test_reads_the_queue_and_the_dlq(spark, dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('billing', 'noop', '{}')")
+    conn.execute("SELECT courier.send_batch('billing', array_agg(jsonb_build_object('n', g))) "
+                 "FROM generate_series(1, 50) g")
+    queue = spark.read.format("courier").option("dsn", dsn).option("table", "queue").load()
+    assert queue.where(queue.status == "pending").count() == 50
+    dlq = spark.read.format("courier").option("dsn", dsn).option("table", "dlq").load()
+    assert dlq.count() == 0 and "original_message_id" in dlq.columns
+
+
+def test_writes_one_transaction_per_partition_and_skips_keys_already_sent(spark, dsn, conn, tmp_path):
+    conn.execute("SELECT courier.create_endpoint('billing', 'noop', '{}')")
+    rows = [(str(i), json.dumps({"n": i}), i % 3) for i in range(200)]
+    df = spark.createDataFrame(rows, "key string, payload string, priority int").repartition(4)
+    report = tmp_path / "report.json"
+    for _ in range(2):
+        (df.write.format("courier").mode("append").option("dsn", dsn).option("endpoint", "billing")
+         .option("scope", "test:once").option("report", str(report)).save())
+    assert json.loads(report.read_text()) == {"rows": 200, "sent": 0, "skipped": 200}
+    assert conn.execute("SELECT count(*), count(DISTINCT payload), sum(priority) FROM courier.queue").fetchone() \
+        == (200, 200, sum(r[2] for r in rows))
+
+
+def test_a_failing_partition_writes_nothing(spark, dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('billing', 'noop', '{}')")
+    rows = [(json.dumps({"n": i}),) for i in range(99)] + [("not json",)]
+    df = spark.createDataFrame(rows, "payload string").coalesce(1)
+    with pytest.raises(Exception, match="jsonb|json"):
+        df.write.format("courier").mode("append").option("dsn", dsn).option("endpoint", "billing").save()
+    assert conn.execute("SELECT count(*) FROM courier.queue").fetchone()[0] == 0
