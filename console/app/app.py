@@ -42,7 +42,7 @@ class CourierApp(App[None]):
         Binding("q", "quit", "Quit", id="quit"),
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True, id="quit.ctrl_c"),
         Binding("question_mark", "help", "Help", id="help"),
-        Binding("colon", "jump", "Jump", id="jump"),
+        Binding("colon", "jump", "Jump", show=False, id="jump"),
         *[Binding(spec.key, f"switch_mode('{name}')", spec.title, show=False, id=f"goto.{name}")
           for name, spec in SCREENS.items()],
     ]

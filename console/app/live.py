@@ -15,11 +15,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import Footer
 
 from sqlkit.errors import CourierError
 
 from .widgets.banner import ConnectionBanner
+from .widgets.keybar import KeyBar
 from .widgets.topbar import TopBar
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class LiveScreen(Screen):
         yield TopBar(self.TITLE_TEXT)
         yield ConnectionBanner()
         yield from self.compose_body()
-        yield Footer()
+        yield KeyBar()
 
     def compose_body(self) -> ComposeResult:
         yield from ()
@@ -69,7 +69,8 @@ class LiveScreen(Screen):
     # Scheduling -------------------------------------------------------------------------
 
     def on_screen_resume(self) -> None:
-        self.poll_now()
+        # After the repaint: the pane the key asked for shows before its data is fetched.
+        self.call_after_refresh(self.poll_now)
 
     def on_screen_suspend(self) -> None:
         self._stop_timer()

@@ -45,7 +45,8 @@ SELECT e.id,
             'error', '[RETRYABLE] connection refused: inventory.example.com:443')) ELSE '[]'::jsonb END,
        CASE WHEN e.name = 'inventory' THEN '2026-11-02 12:02:00+00'::timestamptz END
 FROM generate_series(1, 60) g
-JOIN courier.endpoints e ON e.name = (ARRAY['billing', 'inventory', 'search-index', 'billing', 'crm-legacy'])[1 + g % 5];
+JOIN courier.endpoints e ON e.name = (ARRAY['billing', 'inventory', 'search-index', 'billing', 'crm-legacy'])[1 + g % 5]
+ORDER BY g;
 
 UPDATE courier.queue SET status = 'processing', worker_id = 'api-1:4242:7f3a2c',
        processing_started_at = '2026-11-02 11:59:57+00'
@@ -74,7 +75,8 @@ SELECT 5000 + g, e.id, e.name,
        CASE WHEN g > 10 THEN '2026-11-02 11:45:00+00'::timestamptz END,
        CASE WHEN g > 10 THEN 9000 + g END
 FROM generate_series(1, 12) g
-JOIN courier.endpoints e ON e.name = (ARRAY['inventory', 'search-index', 'billing'])[1 + g % 3];
+JOIN courier.endpoints e ON e.name = (ARRAY['inventory', 'search-index', 'billing'])[1 + g % 3]
+ORDER BY g;
 
 -- Cumulative delivery outcomes.
 INSERT INTO courier.delivery_totals (endpoint_id, outcome, backend_pid, total)

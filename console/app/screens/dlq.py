@@ -43,13 +43,16 @@ class DlqScreen(LiveScreen):
     DlqScreen #dlq-filter.-shown { display: block; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("space", "toggle_select", "Select", id="dlq.select"),
-        Binding("o", "open", "Open (enter)", id="dlq.open"),
-        Binding("R", "redrive_one", "Redrive", id="dlq.redrive_one"),
-        Binding("S", "redrive_selection", "Redrive sel.", id="dlq.redrive_selection"),
-        Binding("E", "redrive_endpoint", "Redrive endpoint", id="dlq.redrive_endpoint"),
-        Binding("A", "redrive_all", "Redrive all", id="dlq.redrive_all"),
-        Binding("t", "toggle_redriven", "Show redriven", id="dlq.toggle_redriven"),
+        Binding("space", "toggle_select", "Mark", id="dlq.select"),
+        Binding("o", "open", "Open", tooltip="Open the entry (enter)", show=False, id="dlq.open"),
+        Binding("R", "redrive_one", "Redrive", tooltip="Redrive this entry", id="dlq.redrive_one"),
+        Binding("S", "redrive_selection", "…marked", tooltip="Redrive the marked entries",
+                id="dlq.redrive_selection"),
+        Binding("E", "redrive_endpoint", "…endpoint", tooltip="Redrive every failed entry of this endpoint",
+                id="dlq.redrive_endpoint"),
+        Binding("A", "redrive_all", "…all", tooltip="Redrive every failed entry", id="dlq.redrive_all"),
+        Binding("t", "toggle_redriven", "Redriven", tooltip="Show or hide redriven entries", show=False,
+                id="dlq.toggle_redriven"),
         Binding("slash", "filter", "Filter", id="dlq.filter"),
     ]
 

@@ -11,6 +11,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from ..widgets.keybar import KEY_NAMES
+
 GLOBAL_KEYS = [
     ("1 … 8", "go to Overview, Endpoints, Messages, DLQ, Archive, Events, Workers, Analytics"),
     (":", "jump to a pane by name (k9s style): :dlq, :endpoints, :workers …"),
@@ -24,9 +26,10 @@ GLOBAL_KEYS = [
 
 def _keys_of(screen_class) -> list[tuple[str, str]]:
     rows = []
-    for binding in getattr(screen_class, "BINDINGS", []):
-        if isinstance(binding, Binding) and binding.show and binding.description:
-            rows.append((binding.key.replace("_", " "), binding.description))
+    for binding in vars(screen_class).get("BINDINGS", []):
+        if isinstance(binding, Binding) and binding.description:
+            keys = ", ".join(KEY_NAMES.get(k, k) for k in binding.key.split(","))
+            rows.append((keys, binding.tooltip or binding.description))
     return rows
 
 

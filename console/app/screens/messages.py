@@ -47,7 +47,7 @@ class MessagesScreen(LiveScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "focus_search", "Search", id="messages.search"),
         Binding("escape", "focus_table", "Results", show=False, id="messages.results"),
-        Binding("o", "open", "Open (enter)", id="messages.open"),
+        Binding("o", "open", "Open", tooltip="Open the message (enter)", id="messages.open"),
     ]
 
     def compose_body(self) -> ComposeResult:

@@ -13,13 +13,13 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Static
-from textual_plotext import PlotextPlot
 
 from sqlkit import observability
 from sqlkit.observability import DeliveryTotals, EndpointHealth, QueueStatus
 
 from ..formatting import age, count, rate, state_text
 from ..live import LiveScreen
+from ..widgets.chart import Chart
 from ..widgets.live_table import LiveTable
 
 HISTORY = 120  # samples kept for the charts (4 minutes at the default 2 s poll)
@@ -53,9 +53,10 @@ class OverviewScreen(LiveScreen):
     OverviewScreen #tiles { height: 3; }
     OverviewScreen .tile {
         width: 1fr; height: 3; border: round $primary-muted; padding: 0 1; content-align: center middle;
+        border-title-color: $text-muted; border-title-align: left;
     }
     OverviewScreen #charts { height: 9; }
-    OverviewScreen PlotextPlot { width: 1fr; height: 9; }
+    OverviewScreen Chart { width: 1fr; height: 9; }
     OverviewScreen #overview-endpoints { height: 1fr; }
     """
 
@@ -74,8 +75,8 @@ class OverviewScreen(LiveScreen):
             yield Static(id="tile-dlq", classes="tile")
             yield Static(id="tile-workers", classes="tile")
         with Horizontal(id="charts"):
-            yield PlotextPlot(id="throughput-chart")
-            yield PlotextPlot(id="depth-chart")
+            yield Chart(id="throughput-chart")
+            yield Chart(id="depth-chart")
         yield LiveTable([("endpoint", "endpoint"), ("circuit", "circuit"), ("pending", "pending"),
                          ("processing", "in flight"), ("dlq", "dlq"), ("rate", "delivered")],
                         id="overview-endpoints")
@@ -98,8 +99,8 @@ class OverviewScreen(LiveScreen):
         colors = self.app.get_css_variables()
         self._tile("#tile-pending", "pending", count(depth.get("pending", 0)))
         self._tile("#tile-processing", "in flight", count(depth.get("processing", 0)))
-        self._tile("#tile-oldest", "oldest pending", age((now - oldest).total_seconds()) if oldest else "-")
-        dlq = Text(count(data.status.dlq_depth), style=colors["error"] if data.status.dlq_depth else "")
+        self._tile("#tile-oldest", "oldest", age((now - oldest).total_seconds()) if oldest else "-")
+        dlq = Text(count(data.status.dlq_depth), style=f"bold {colors['error']}" if data.status.dlq_depth else "bold")
         self._tile("#tile-dlq", "DLQ", dlq)
         alive = [w for w in data.status.workers if (now - w.last_heartbeat).total_seconds() < 30]
         leader = any(w.maintenance_leader for w in alive)
@@ -112,10 +113,11 @@ class OverviewScreen(LiveScreen):
             for e in data.status.endpoints)
 
     def _tile(self, selector: str, label: str, value: str | Text) -> None:
-        text = Text(justify="center", no_wrap=True, overflow="ellipsis")
-        text.append(label + " ", style="dim")
-        text.append(value if isinstance(value, Text) else Text(value, style="bold"))
-        self.query_one(selector, Static).update(text)
+        tile = self.query_one(selector, Static)
+        tile.border_title = label
+        text = value if isinstance(value, Text) else Text(value, style="bold")
+        text.justify = "center"
+        tile.update(text)
 
     def _draw_charts(self) -> None:
         samples = list(self.samples)
@@ -128,13 +130,9 @@ class OverviewScreen(LiveScreen):
             ("#depth-chart", "depth", [("pending", [s.pending for s in samples]),
                                        ("in flight", [s.processing for s in samples])]),
         ):
-            plot = self.query_one(widget_id, PlotextPlot)
-            plt = plot.plt
-            plt.clear_data()
-            plt.clear_figure()
-            plt.title(title)
-            for label, ys in series:
-                plt.plot(xs, ys, label=label if len(series) > 1 else None, marker="braille")
-            plt.xlabel("seconds ago")
-            plot.refresh()
-
+            def draw(plt, title=title, series=series) -> None:
+                plt.title(title)
+                for label, ys in series:
+                    plt.plot(xs, ys, label=label if len(series) > 1 else None, marker="braille")
+                plt.xlabel("seconds ago")
+            self.query_one(widget_id, Chart).replot(draw)

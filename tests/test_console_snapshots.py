@@ -1,0 +1,56 @@
+"""Snapshot tests: every pane drawn from the showcase data, at 80x24 and at 120x36.
+
+Update after a deliberate change with `pytest tests/test_console_snapshots.py --snapshot-update`,
+then look at the new pictures (the report, or `python -m console.app.screenshots`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC
+
+import pytest
+
+from console.app import make_app, showcase
+from tests.conftest import create_database, drop_database
+
+PANES = ["overview", "endpoints", "messages", "dlq", "archive", "events", "workers", "analytics"]
+SIZES = {"80x24": (80, 24), "120x36": (120, 36)}
+
+
+@pytest.fixture(scope="module")
+def showcase_dsn(server_dsn: str, template_name: str) -> Iterator[str]:
+    name = "courier_show_" + uuid.uuid4().hex[:10]
+    dsn = create_database(server_dsn, name, template=template_name)
+    showcase.seed(dsn)
+    yield dsn
+    drop_database(server_dsn, name)
+
+
+def showcase_app(dsn: str):
+    return make_app(dsn, clock=showcase.fixed_clock, tz=UTC, refresh_scale=1000, database_label="showcase")
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("pane", PANES)
+def test_pane(snap_compare, showcase_dsn, pane, size):
+    async def before(pilot) -> None:
+        await showcase.open_pane(pilot, pane)
+    assert snap_compare(showcase_app(showcase_dsn), terminal_size=SIZES[size], run_before=before)
+
+
+@pytest.mark.parametrize(("pane", "keys"), [
+    ("overview", ("question_mark",)),
+    ("dlq", ("enter",)),
+    ("dlq", ("A",)),
+    ("endpoints", ("n",)),
+    ("archive", ("p",)),
+])
+def test_dialog(snap_compare, showcase_dsn, pane, keys):
+    async def before(pilot) -> None:
+        await showcase.open_pane(pilot, pane)
+        for key in keys:
+            await pilot.press(key)
+            await pilot.pause(0.5)
+    assert snap_compare(showcase_app(showcase_dsn), terminal_size=(100, 30), run_before=before)
