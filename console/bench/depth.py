@@ -5,9 +5,10 @@ query under 50 ms at 10M."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import psycopg
 
@@ -22,14 +23,13 @@ GROW_CHUNK = 1_000_000
 SAMPLES = 25
 
 
-def _claim(conn: psycopg.Connection) -> None:
+def _claim(conn: psycopg.Connection, endpoint_id: int) -> None:
     # Claims a batch and rolls it back, so every sample sees the same queue.
     with conn.transaction(force_rollback=True):
-        conn.execute("SELECT * FROM courier.claim_batch_v2('bench', 50, 1)").fetchall()
+        conn.execute("SELECT * FROM courier.claim_batch_v2('bench', 50, %s)", (endpoint_id,)).fetchall()
 
 
 QUERIES: dict[str, Callable[[psycopg.Connection], object]] = {
-    "claim 50": _claim,
     "metrics()": observability.metrics,
     "courier status": observability.queue_status,
     "get_endpoint_health()": observability.endpoint_health,
@@ -37,17 +37,21 @@ QUERIES: dict[str, Callable[[psycopg.Connection], object]] = {
 }
 
 
-def _grow(conn: psycopg.Connection, current: int, target: int) -> None:
+def grow_queue(conn: psycopg.Connection, current: int, target: int, endpoint_ids: Sequence[int]) -> None:
+    """Add target - current pending messages (priorities 0-10, spread evenly over
+    endpoint_ids) in chunks of GROW_CHUNK rows, then VACUUM ANALYZE the queue."""
     for start in range(current, target, GROW_CHUNK):
         end = min(start + GROW_CHUNK, target)
         conn.execute("INSERT INTO courier.queue (endpoint_id, payload, priority) "
-                     "SELECT 1 + g %% %s, jsonb_build_object('n', g), g %% 11 "
-                     "FROM generate_series(%s::bigint, %s::bigint) g", (ENDPOINTS, start, end - 1))
+                     "SELECT (%s::integer[])[1 + g %% %s], jsonb_build_object('n', g), g %% 11 "
+                     "FROM generate_series(%s::bigint, %s::bigint) g",
+                     (list(endpoint_ids), len(endpoint_ids), start, end - 1))
     conn.execute("VACUUM ANALYZE courier.queue")
 
 
-def _median_ms(conn: psycopg.Connection, query: Callable[[psycopg.Connection], object]) -> float:
-    query(conn)  # warm the caches and plans once
+def median_ms(conn: psycopg.Connection, query: Callable[[psycopg.Connection], object]) -> float:
+    """query's median time over SAMPLES runs on conn, after one run to warm caches and plans."""
+    query(conn)
     timings = []
     for _ in range(SAMPLES):
         started = time.perf_counter()
@@ -58,18 +62,19 @@ def _median_ms(conn: psycopg.Connection, query: Callable[[psycopg.Connection], o
 
 def depth(dsn: str, *, clients: int, seconds: float, rounds: int,
           sizes: tuple[int, ...] = DEFAULT_SIZES) -> list[ScenarioResult]:
-    timings: dict[str, dict[int, float]] = {name: {} for name in QUERIES}
     with connect(dsn) as conn:
         conn.execute("TRUNCATE courier.queue")
         conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
-        for n in range(ENDPOINTS):
-            conn.execute("SELECT courier.create_endpoint(%s, 'noop', '{}')", ("bench" if n == 0 else f"idle-{n}",))
+        ids = [conn.execute("SELECT courier.create_endpoint(%s, 'noop', '{}')",
+                            ("bench" if n == 0 else f"idle-{n}",)).fetchone()[0] for n in range(ENDPOINTS)]
+        queries = {"claim 50": functools.partial(_claim, endpoint_id=ids[0]), **QUERIES}
+        timings: dict[str, dict[int, float]] = {name: {} for name in queries}
         size = 0
         for target in sorted(sizes):
-            _grow(conn, size, target)
+            grow_queue(conn, size, target, ids)
             size = target
-            for name, query in QUERIES.items():
-                timings[name][size] = _median_ms(conn, query)
+            for name, query in queries.items():
+                timings[name][size] = median_ms(conn, query)
         conn.execute("TRUNCATE courier.queue")
 
     smallest = min(sizes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .churn import churn
+from .console import console_panes
 from .delivery import dispatch_http, latency, mixed
 from .depth import depth
 from .drain import drain_noop
@@ -22,6 +23,7 @@ SCENARIOS: dict[str, Scenario] = {
     "latency": latency,
     "mixed": mixed,
     "depth": depth,
+    "console": console_panes,
     "churn": churn,
 }
 

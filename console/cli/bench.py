@@ -54,7 +54,7 @@ def _notes(results: list[ScenarioResult]) -> str:
 @click.option("--rounds", type=click.IntRange(1, 10), default=2, show_default=True,
               help="Alternating courier/ceiling rounds; medians are reported.")
 @click.option("--depth-rows", default="10000,1000000,10000000", show_default=True,
-              help="Queue sizes the depth scenario grows through, comma-separated.")
+              help="Queue sizes the depth and console scenarios grow through, comma-separated.")
 @dsn_option
 def bench(scenarios: tuple[str, ...], json_file: Path | None, clients: int, seconds: float,
           rounds: int, depth_rows: str) -> None:
@@ -69,7 +69,7 @@ def bench(scenarios: tuple[str, ...], json_file: Path | None, clients: int, seco
     quiet = json_file is not None and str(json_file) == "-"
     with console.status("benchmarking...") as status:
         results = runner.run(names, database_url(), clients=clients, seconds=seconds, rounds=rounds,
-                             options={"depth": {"sizes": sizes}},
+                             options={"depth": {"sizes": sizes}, "console": {"sizes": sizes}},
                              progress=lambda name: status.update(f"running {name}..."))
     payload = [r.as_dict() for r in results]
     if quiet:
