@@ -54,9 +54,25 @@ def main(ctx: click.Context) -> None:
 
 
 def _register() -> None:
-    from . import archive, bench, config, console, db, demo, dlq, endpoint, events, metrics, send, status, worker
+    from . import (
+        archive,
+        bench,
+        config,
+        console,
+        db,
+        demo,
+        dlq,
+        endpoint,
+        events,
+        metrics,
+        pipeline,
+        send,
+        status,
+        worker,
+    )
 
-    for module in (db, endpoint, send, config, worker, status, dlq, archive, metrics, events, bench, demo, console):
+    for module in (db, endpoint, send, config, worker, status, dlq, archive, metrics, events, bench, demo, console,
+                   pipeline):
         for command in module.COMMANDS:
             main.add_command(command)
 
