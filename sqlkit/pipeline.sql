@@ -29,13 +29,13 @@ SELECT count(*) FROM courier.pipeline_ledger WHERE scope = %(scope)s;
 SELECT courier.send_batch_with_priority(%(endpoint)s, %(payloads)s::jsonb[], %(priority)s);
 
 -- name: clear_analytics_hourly
-DELETE FROM courier.analytics_hourly WHERE hour >= coalesce(%(from)s, '-infinity') AND hour < %(to)s;
+DELETE FROM courier.analytics_hourly WHERE hour >= coalesce(%(from)s::timestamptz, '-infinity') AND hour < %(to)s;
 
 -- name: clear_analytics_attempts
-DELETE FROM courier.analytics_attempts WHERE hour >= coalesce(%(from)s, '-infinity') AND hour < %(to)s;
+DELETE FROM courier.analytics_attempts WHERE hour >= coalesce(%(from)s::timestamptz, '-infinity') AND hour < %(to)s;
 
 -- name: clear_analytics_errors
-DELETE FROM courier.analytics_errors WHERE hour >= coalesce(%(from)s, '-infinity') AND hour < %(to)s;
+DELETE FROM courier.analytics_errors WHERE hour >= coalesce(%(from)s::timestamptz, '-infinity') AND hour < %(to)s;
 
 -- name: insert_analytics_run
 INSERT INTO courier.analytics_runs (range_from, range_to, master, rows_read, endpoints, started_at)
@@ -66,11 +66,11 @@ ORDER BY h.hour, endpoint;
 
 -- name: analytics_attempts
 SELECT endpoint_id, hour, attempts, messages FROM courier.analytics_attempts
-WHERE hour >= coalesce(%(from)s, '-infinity') AND hour < %(to)s ORDER BY endpoint_id, hour, attempts;
+WHERE hour >= coalesce(%(from)s::timestamptz, '-infinity') AND hour < %(to)s ORDER BY endpoint_id, hour, attempts;
 
 -- name: analytics_errors
 SELECT endpoint_id, hour, error_class, occurrences FROM courier.analytics_errors
-WHERE hour >= coalesce(%(from)s, '-infinity') AND hour < %(to)s ORDER BY endpoint_id, hour, error_class;
+WHERE hour >= coalesce(%(from)s::timestamptz, '-infinity') AND hour < %(to)s ORDER BY endpoint_id, hour, error_class;
 
 -- name: latest_analytics_run
 SELECT id, range_from, range_to, master, rows_read, endpoints, started_at, finished_at
@@ -92,7 +92,7 @@ FROM (SELECT endpoint_id, status, error_history, completed_at,
                   THEN ((extract(epoch FROM completed_at) - extract(epoch FROM created_at)) * 1000000)::bigint
              END AS latency_us
       FROM courier.archive
-      WHERE completed_at >= coalesce(%(from)s, '-infinity') AND completed_at < %(to)s) a
+      WHERE completed_at >= coalesce(%(from)s::timestamptz, '-infinity') AND completed_at < %(to)s) a
 GROUP BY 1, 2
 ORDER BY 1, 2;
 
@@ -110,14 +110,14 @@ FROM (SELECT endpoint_id, status, error_history,
                   THEN ((extract(epoch FROM completed_at) - extract(epoch FROM created_at)) * 1000000)::bigint
              END AS latency_us
       FROM courier.archive
-      WHERE completed_at >= coalesce(%(from)s, '-infinity') AND completed_at < %(to)s) a
+      WHERE completed_at >= coalesce(%(from)s::timestamptz, '-infinity') AND completed_at < %(to)s) a
 GROUP BY 1
 ORDER BY 1;
 
 -- name: sql_analytics_attempts
 SELECT endpoint_id, date_trunc('hour', completed_at) AS hour, retry_count + 1 AS attempts, count(*) AS messages
 FROM courier.archive
-WHERE status <> 'expired' AND completed_at >= coalesce(%(from)s, '-infinity') AND completed_at < %(to)s
+WHERE status <> 'expired' AND completed_at >= coalesce(%(from)s::timestamptz, '-infinity') AND completed_at < %(to)s
 GROUP BY 1, 2, 3
 ORDER BY 1, 2, 3;
 
@@ -128,7 +128,7 @@ SELECT endpoint_id, hour, error_class, occurrences FROM (
     FROM (SELECT a.endpoint_id, date_trunc('hour', a.completed_at) AS hour,
                  coalesce(left(split_part(e ->> 'error', ':', 1), 80), e ->> 'outcome', 'unknown') AS error_class
           FROM courier.archive a, jsonb_array_elements(a.error_history) e
-          WHERE a.completed_at >= coalesce(%(from)s, '-infinity') AND a.completed_at < %(to)s) x
+          WHERE a.completed_at >= coalesce(%(from)s::timestamptz, '-infinity') AND a.completed_at < %(to)s) x
     GROUP BY 1, 2, 3
 ) ranked
 WHERE rank <= %(top)s

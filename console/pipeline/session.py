@@ -72,6 +72,7 @@ def get_session(master: str | None = None, *, verbose: bool = False) -> SparkSes
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.python.filterPushdown.enabled": "true",
         "spark.sql.shuffle.partitions": "8",
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.driver.memory": "1g",
         "spark.executor.memory": "1g",

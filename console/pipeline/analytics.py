@@ -1,0 +1,125 @@
+"""`courier pipeline analytics`: per endpoint and UTC hour of completion, the outcomes,
+latency percentiles, attempts and top error classes of archived messages, written back to
+PostgreSQL (replacing the hours analysed, so re-runs never duplicate rows)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlkit import analytics as store
+from sqlkit.connection import connect
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+TOP_ERRORS = 5
+ERROR_ENTRY = "array<struct<outcome:string,error:string>>"
+COLUMNS = "endpoint_id,status,retry_count,error_history,completed_at,created_at"
+
+
+@dataclass(frozen=True)
+class EndpointSummary:
+    endpoint: str
+    endpoint_id: int
+    delivered: int
+    failed: int
+    expired: int
+    dead_lettered: int
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+
+
+@dataclass(frozen=True)
+class AnalyticsResult:
+    run_id: int
+    range_from: datetime | None
+    range_to: datetime
+    rows_read: int
+    hours: int
+    endpoints: list[EndpointSummary]
+
+
+def floor_hour(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _outcomes(df: DataFrame, *keys: str) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    def percentile(p: float) -> Any:
+        return F.expr(f"percentile_disc({p}) WITHIN GROUP (ORDER BY latency_us)") / F.lit(1000.0)
+
+    return df.groupBy(*keys).agg(
+        F.count_if(F.col("status") == "completed").alias("delivered"),
+        F.coalesce(F.sum("failures"), F.lit(0)).cast("long").alias("failed"),
+        F.count_if(F.col("status") == "expired").alias("expired"),
+        F.count_if(F.col("status") == "failed").alias("dead_lettered"),
+        percentile(0.5).alias("p50_ms"), percentile(0.95).alias("p95_ms"), percentile(0.99).alias("p99_ms"))
+
+
+def compute(spark: SparkSession, dsn: str, since: datetime | None, until: datetime) -> dict[str, Any]:
+    """The job's results as plain rows: hourly, attempts, errors, summary, rows_read."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    reader = (spark.read.format("courier").option("dsn", dsn).option("table", "archive")
+              .option("columns", COLUMNS).option("time_column", "completed_at").option("until", until.isoformat()))
+    if since is not None:
+        reader = reader.option("since", since.isoformat())
+    archived = (reader.load()
+                .withColumn("hour", F.date_trunc("hour", "completed_at"))
+                .withColumn("latency_us", F.when(F.col("status") == "completed",
+                                                 F.unix_micros("completed_at") - F.unix_micros("created_at")))
+                .withColumn("failures", F.json_array_length("error_history"))
+                .persist(StorageLevel.MEMORY_AND_DISK))
+    try:
+        rows_read = archived.count()
+        hourly = _outcomes(archived, "endpoint_id", "hour")
+        summary = _outcomes(archived, "endpoint_id")
+        attempts = (archived.where(F.col("status") != "expired")
+                    .groupBy("endpoint_id", "hour", (F.col("retry_count") + 1).alias("attempts"))
+                    .agg(F.count(F.lit(1)).alias("messages")))
+        entries = archived.select("endpoint_id", "hour",
+                                  F.explode(F.from_json("error_history", ERROR_ENTRY)).alias("e"))
+        classes = entries.select("endpoint_id", "hour", F.coalesce(
+            F.substring(F.substring_index("e.error", ":", 1), 1, 80), F.col("e.outcome"), F.lit("unknown"),
+        ).alias("error_class")).groupBy("endpoint_id", "hour", "error_class").agg(
+            F.count(F.lit(1)).alias("occurrences"))
+        ranked = Window.partitionBy("endpoint_id", "hour").orderBy(F.desc("occurrences"), F.asc("error_class"))
+        errors = (classes.withColumn("rank", F.row_number().over(ranked)).where(F.col("rank") <= TOP_ERRORS)
+                  .drop("rank"))
+        return {"rows_read": rows_read,
+                **{name: [row.asDict() for row in frame.collect()]
+                   for name, frame in (("hourly", hourly), ("summary", summary), ("attempts", attempts),
+                                       ("errors", errors))}}
+    finally:
+        archived.unpersist()
+
+
+def run(spark: SparkSession, dsn: str, since: datetime | None, until: datetime | None = None,
+        master: str = "local[*]") -> AnalyticsResult:
+    started = datetime.now(UTC)
+    range_from = floor_hour(since) if since is not None else None
+    range_to = (until or started).astimezone(UTC)
+    found = compute(spark, dsn, range_from, range_to)
+    with connect(dsn, autocommit=False) as conn, conn.transaction():
+        names = store.endpoint_names(conn)
+        endpoints = sorted((EndpointSummary(endpoint=names.get(row["endpoint_id"], f"#{row['endpoint_id']}"), **row)
+                            for row in found["summary"]), key=lambda s: s.endpoint)
+        bounds = {"from": range_from, "to": range_to}
+        for table in ("hourly", "attempts", "errors"):
+            store.value(conn, f"clear_analytics_{table}", bounds)
+        run_id = store.value(conn, "insert_analytics_run", {
+            **bounds, "master": master, "rows_read": found["rows_read"], "started_at": started,
+            "endpoints": json.dumps([asdict(e) for e in endpoints])})
+        with conn.cursor() as cur:
+            cur.executemany(store.query("insert_analytics_hourly"),
+                            [{**row, "run_id": run_id} for row in found["hourly"]])
+            cur.executemany(store.query("insert_analytics_attempts"), found["attempts"])
+            cur.executemany(store.query("insert_analytics_errors"), found["errors"])
+    return AnalyticsResult(run_id, range_from, range_to, found["rows_read"], len(found["hourly"]), endpoints)
