@@ -1,0 +1,164 @@
+"""`courier pipeline export`: archive months to Parquet under month=YYYY-MM/endpoint=NAME/,
+each verified (row count and checksum of the files read back against PostgreSQL) before it
+counts as exported, and dropped from the archive only after a fresh check under lock. An
+interrupted run leaves only a staging folder, which the next run clears and redoes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlkit import analytics as store
+from sqlkit import archive
+from sqlkit.connection import connect
+
+from .session import PipelineError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+MANIFEST = "_courier_export.json"
+
+
+@dataclass(frozen=True)
+class MonthExport:
+    month: str
+    rows: int
+    checksum: str
+    location: str
+    state: str          # exported | already exported
+    dropped: bool
+
+
+def next_month(month: datetime) -> datetime:
+    return month.replace(year=month.year + month.month // 12, month=month.month % 12 + 1)
+
+
+def month_folder(root: Path, month: datetime) -> Path:
+    return root / f"month={month:%Y-%m}"
+
+
+def months_before(conn: Any, before: datetime) -> list[datetime]:
+    """Whole months of archived messages created before `before`, oldest first."""
+    found = {p.range_from for p in archive.partitions(conn)
+             if p.range_from is not None and p.range_to is not None and p.range_to <= before}
+    found |= {row["month"] for row in store.rows(conn, "archive_default_months", {"before": before})
+              if next_month(row["month"]) <= before}
+    return sorted(m.astimezone(UTC) for m in found)
+
+
+def pg_checksum(conn: Any, month: datetime) -> tuple[int, str]:
+    row = store.rows(conn, "archive_month_checksum", {"from": month, "to": next_month(month)})[0]
+    return int(row["rows"]), row["checksum"]
+
+
+def frame_checksum(df: DataFrame) -> tuple[int, str]:
+    """The same count and checksum as archive_month_checksum, over a DataFrame."""
+    from pyspark.sql import functions as F
+
+    line = F.concat_ws("|", F.col("id").cast("string"), F.col("endpoint_id").cast("string"), F.col("status"),
+                       F.unix_micros("created_at").cast("string"), "payload", "headers", "metadata")
+    digest = F.conv(F.substring(F.md5(line), 1, 15), 16, 10).cast("decimal(38,0)")
+    row = df.agg(F.count(F.lit(1)).alias("rows"), F.sum(digest).alias("checksum")).collect()[0]
+    return int(row["rows"]), str(row["checksum"] if row["checksum"] is not None else 0)
+
+
+def read_month(spark: SparkSession, dsn: str, month: datetime) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    messages = (spark.read.format("courier").option("dsn", dsn).option("table", "archive")
+                .option("since", month.isoformat()).option("until", next_month(month).isoformat()).load())
+    names = (spark.read.format("courier").option("dsn", dsn).option("table", "endpoints")
+             .option("columns", "id,name").load().withColumnsRenamed({"id": "_endpoint_id", "name": "_name"}))
+    fallback = F.concat(F.lit("#"), F.col("endpoint_id").cast("string"))
+    return (messages.join(F.broadcast(names), messages.endpoint_id == names._endpoint_id, "left")
+            .withColumn("endpoint", F.coalesce(F.col("_name"), fallback))
+            .select(*messages.columns, "endpoint"))
+
+
+def _manifest(folder: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _publish(staging: Path, final: Path, manifest: dict[str, Any]) -> None:
+    """Moves verified files into place; the manifest is written last, so its presence means done."""
+    if final.exists():
+        shutil.rmtree(final)
+    staging.rename(final)
+    (final / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+
+
+def export_month(spark: SparkSession, dsn: str, root: Path, month: datetime, *, drop: bool) -> MonthExport:
+    final = month_folder(root, month)
+    with connect(dsn) as conn:
+        rows, checksum = pg_checksum(conn, month)
+        recorded = store.archive_export(conn, month)
+    manifest = _manifest(final)
+    done = (recorded is not None and manifest is not None and recorded.dropped_at is None
+            and (manifest.get("rows"), manifest.get("checksum")) == (recorded.rows, recorded.checksum)
+            == (rows, checksum))
+    if recorded is not None and recorded.dropped_at is not None and rows == 0:
+        return MonthExport(f"{month:%Y-%m}", recorded.rows, recorded.checksum, recorded.location,
+                           "already exported", True)
+    state = "already exported"
+    if not done:
+        staging = root / f".staging-month={month:%Y-%m}-{uuid.uuid4().hex[:8]}"
+        read_month(spark, dsn, month).write.partitionBy("endpoint").parquet(str(staging))
+        written = frame_checksum(spark.read.parquet(str(staging)))
+        if written != (rows, checksum):
+            shutil.rmtree(staging, ignore_errors=True)
+            raise PipelineError(f"export of {month:%Y-%m} did not verify: PostgreSQL has {rows} row(s), checksum "
+                                f"{checksum}; the Parquet files {written[0]} row(s), checksum {written[1]}",
+                                hint="Nothing was dropped; run the export again")
+        _publish(staging, final, {"month": f"{month:%Y-%m}", "rows": rows, "checksum": checksum,
+                                  "exported_at": datetime.now(UTC).isoformat()})
+        with connect(dsn) as conn:
+            store.value(conn, "record_archive_export", {"month": month, "location": str(final.resolve()),
+                                                        "rows": rows, "checksum": checksum})
+        state = "exported"
+    if drop:
+        _drop_month(dsn, month, rows, checksum)
+    return MonthExport(f"{month:%Y-%m}", rows, checksum, str(final.resolve()), state, drop)
+
+
+def _drop_month(dsn: str, month: datetime, rows: int, checksum: str) -> None:
+    """Drops the month's partition (and its rows in the default partition) if, under a lock
+    that keeps new rows out, it still holds exactly what was exported."""
+    with connect(dsn, autocommit=False) as conn, conn.transaction():
+        partition = next((p.partition_name for p in archive.partitions(conn)
+                          if p.range_from is not None and p.range_from.astimezone(UTC) == month), None)
+        if partition:
+            store.value(conn, "lock_archive_partition", relation=("courier", partition))
+        store.value(conn, "lock_archive_partition", relation=("courier", "archive_default"))
+        if pg_checksum(conn, month) != (rows, checksum):
+            raise PipelineError(f"{month:%Y-%m} gained or changed rows since it was exported; not dropped",
+                                hint="Run the export again: it re-exports that month, then drops it")
+        if partition:
+            store.value(conn, "drop_archive_partition", relation=("courier", partition))
+        store.value(conn, "delete_archive_default_month", {"from": month, "to": next_month(month)})
+        store.value(conn, "record_archive_drop", {"month": month})
+
+
+def run(spark: SparkSession, dsn: str, before: datetime, root: Path, *, drop: bool = False,
+        on_month: Callable[[MonthExport], None] | None = None) -> list[MonthExport]:
+    root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.glob(".staging-month=*"):
+        shutil.rmtree(leftover, ignore_errors=True)  # an interrupted run's unverified files
+    with connect(dsn) as conn:
+        months = months_before(conn, before)
+    done = []
+    for month in months:
+        result = export_month(spark, dsn, root, month, drop=drop)
+        done.append(result)
+        if on_month:
+            on_month(result)
+    return done

@@ -1,0 +1,73 @@
+"""courier pipeline export and replay, in Spark local mode: the Parquet round trip verified,
+drop only after verification, resume after an interruption, replay from Parquet twice."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from console.pipeline import export
+from tests.test_pipeline import archive_dsn, seed_archive, spark  # noqa: F401 - shared fixtures
+
+BEFORE = datetime(2026, 10, 1, tzinfo=UTC)
+
+
+def _partitions(conn: psycopg.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT partition_name FROM courier.archive_partitions()").fetchall()}
+
+
+def test_export_round_trip_is_verified_then_dropped(spark, archive_dsn, conn, tmp_path):  # noqa: F811
+    per_month = dict(conn.execute(
+        "SELECT to_char(created_at, 'YYYY-MM'), count(*) FROM courier.archive GROUP BY 1").fetchall())
+    done = export.run(spark, archive_dsn, BEFORE, tmp_path, drop=True)
+    assert [(m.month, m.rows, m.state, m.dropped) for m in done] == [
+        ("2026-08", per_month["2026-08"], "exported", True), ("2026-09", per_month["2026-09"], "exported", True)]
+    assert {"archive_2026_08", "archive_2026_09"}.isdisjoint(_partitions(conn))
+    assert conn.execute("SELECT count(*) FROM courier.archive").fetchone()[0] == per_month["2026-10"]
+
+    files = spark.read.parquet(str(tmp_path))
+    assert files.count() == per_month["2026-08"] + per_month["2026-09"]
+    assert sorted(p.name for p in (tmp_path / "month=2026-08").iterdir() if p.is_dir()) == [
+        "endpoint=audit", "endpoint=billing", "endpoint=shipping"]
+    manifest = json.loads((tmp_path / "month=2026-08" / export.MANIFEST).read_text())
+    assert manifest["rows"] == per_month["2026-08"] and manifest["checksum"] == done[0].checksum
+    assert export.frame_checksum(spark.read.parquet(str(tmp_path / "month=2026-08"))) \
+        == (manifest["rows"], manifest["checksum"])
+    again = export.run(spark, archive_dsn, BEFORE, tmp_path, drop=True)
+    assert [m.state for m in again] == []  # nothing left before October
+
+
+def test_a_failed_verification_drops_nothing(spark, archive_dsn, conn, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(export, "frame_checksum", lambda df: (df.count() - 1, "0"))
+    with pytest.raises(export.PipelineError, match="did not verify"):
+        export.run(spark, archive_dsn, BEFORE, tmp_path, drop=True)
+    assert {"archive_2026_08", "archive_2026_09"} <= _partitions(conn)
+    assert not list(tmp_path.iterdir())
+    assert conn.execute("SELECT count(*) FROM courier.archive_exports").fetchone()[0] == 0
+
+
+def test_an_interrupted_export_resumes(spark, archive_dsn, conn, tmp_path, monkeypatch):  # noqa: F811
+    published = export._publish
+    calls = []
+
+    def crash_on_second(staging: Path, final: Path, manifest: dict) -> None:
+        calls.append(manifest["month"])
+        if len(calls) == 2:  # the process dies with September's files written but unverified
+            raise KeyboardInterrupt
+        published(staging, final, manifest)
+
+    monkeypatch.setattr(export, "_publish", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        export.run(spark, archive_dsn, BEFORE, tmp_path)
+    assert list(tmp_path.glob(".staging-*")) and not (tmp_path / "month=2026-09").exists()
+    monkeypatch.setattr(export, "_publish", published)
+
+    done = export.run(spark, archive_dsn, BEFORE, tmp_path, drop=True)
+    assert [(m.month, m.state) for m in done] == [("2026-08", "already exported"), ("2026-09", "exported")]
+    assert not list(tmp_path.glob(".staging-*"))
+    total = conn.execute("SELECT sum(rows) FROM courier.archive_exports WHERE dropped_at IS NOT NULL").fetchone()[0]
+    assert spark.read.parquet(str(tmp_path)).count() == total
