@@ -71,3 +71,48 @@ def test_an_interrupted_export_resumes(spark, archive_dsn, conn, tmp_path, monke
     assert not list(tmp_path.glob(".staging-*"))
     total = conn.execute("SELECT sum(rows) FROM courier.archive_exports WHERE dropped_at IS NOT NULL").fetchone()[0]
     assert spark.read.parquet(str(tmp_path)).count() == total
+
+
+def test_replay_from_parquet_with_a_json_predicate_twice_enqueues_once(spark, archive_dsn, conn, tmp_path):  # noqa: F811
+    from click.testing import CliRunner
+
+    from console.cli.pipeline import pipeline_group
+
+    export.run(spark, archive_dsn, BEFORE, tmp_path, drop=True)
+    billing = conn.execute("SELECT id FROM courier.endpoints WHERE name = 'billing'").fetchone()[0]
+    want = conn.execute("SELECT count(*) FROM courier.archive_exports").fetchone()[0]
+    assert want == 2
+    expected = sorted(json.loads(r.payload)["i"] for r in spark.read.parquet(str(tmp_path)).collect()
+                      if r.endpoint == "billing" and json.loads(r.payload)["order"]["total"] > 100
+                      and r.status == "completed")
+    assert expected
+
+    args = ["replay", "--dsn", archive_dsn, "--master", "local[2]", "--from", str(tmp_path), "--endpoint", "billing",
+            "--status", "completed", "--where", "$.order.total > 100", "--json"]
+    runner = CliRunner()
+    dry = runner.invoke(pipeline_group, [*args, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert json.loads(dry.stdout)["matched"] == len(expected)
+    assert conn.execute("SELECT count(*) FROM courier.queue").fetchone()[0] == 0
+
+    first = runner.invoke(pipeline_group, args)
+    second = runner.invoke(pipeline_group, args)
+    assert first.exit_code == second.exit_code == 0, first.output + second.output
+    assert (json.loads(first.stdout)["enqueued"], json.loads(second.stdout)["enqueued"]) == (len(expected), 0)
+    queued = conn.execute("SELECT endpoint_id, (payload->>'i')::int FROM courier.queue ORDER BY 2").fetchall()
+    assert [i for _, i in queued] == expected and {e for e, _ in queued} == {billing}
+    again = runner.invoke(pipeline_group, [*args, "--dry-run"])
+    assert json.loads(again.stdout)["already_replayed"] == len(expected)
+
+
+def test_replay_from_the_archive_agrees_with_postgres_jsonpath(spark, archive_dsn, conn):  # noqa: F811
+    from console.pipeline import replay
+
+    selection = replay.Selection(endpoints=("billing",), where=('$.order.currency == "EUR"', "$.order.total <= 40"))
+    result = replay.run(spark, archive_dsn, selection)
+    want = conn.execute("SELECT count(*) FROM courier.archive a JOIN courier.endpoints e ON e.id = a.endpoint_id "
+                        "WHERE e.name = 'billing' AND a.payload @@ '$.order.currency == \"EUR\"' "
+                        "AND a.payload @@ '$.order.total <= 40'").fetchone()[0]
+    assert result.matched == result.enqueued == want > 0
+    assert replay.run(spark, archive_dsn, selection).enqueued == 0
+    assert conn.execute("SELECT count(*) FROM courier.queue").fetchone()[0] == want

@@ -4,8 +4,10 @@ export to Parquet, replay, ingest). Each command is a thin layer over console.pi
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import click
@@ -50,11 +52,11 @@ def analytics_command(since: datetime | None, until: datetime | None, master: st
     Results go to courier.analytics_* tables (the console's Analytics pane draws them);
     running again over the same range replaces those hours."""
     from console.pipeline import analytics
-    from console.pipeline.session import progress
+    from console.pipeline.session import one_line_errors, progress
 
     dsn = database_url()
     spark = _session(master, verbose)
-    with progress(spark, "analysing the archive", enabled=not wants_json()):
+    with one_line_errors(), progress(spark, "analysing the archive", enabled=not wants_json()):
         result = analytics.run(spark, dsn, _utc(since), _utc(until), master)
     rows = [{"endpoint": e.endpoint, "delivered": e.delivered, "failed": e.failed, "expired": e.expired,
              "dead_lettered": e.dead_lettered, "p50_ms": e.p50_ms, "p95_ms": e.p95_ms, "p99_ms": e.p99_ms}
@@ -74,6 +76,116 @@ def analytics_command(since: datetime | None, until: datetime | None, master: st
         console.print(table)
 
     emit(rows, render)
+
+
+
+@pipeline_group.command("export")
+@click.option("--before", required=True, type=click.DateTime(), help="Export whole months created before this (UTC).")
+@click.option("--to", "to", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the Parquet files (month=YYYY-MM/endpoint=NAME/).")
+@click.option("--drop", is_flag=True, help="Drop each month from the archive once its files are verified.")
+@spark_options
+@common_options
+def export_command(before: datetime, to: Path, drop: bool, master: str, verbose: bool) -> None:
+    """Archive months to Parquet, verified by row count and checksum, optionally dropped.
+
+    Interrupted, it resumes: verified months are skipped and unverified files redone."""
+    from console.pipeline import export
+    from console.pipeline.session import one_line_errors, progress
+
+    dsn = database_url()
+    spark = _session(master, verbose)
+
+    def report(month: export.MonthExport) -> None:
+        if not wants_json():
+            dropped = ", dropped from the archive" if month.dropped else ""
+            console.print(f"{month.month}: {month.state}, {month.rows:,} row(s), checksum {month.checksum}{dropped}",
+                          highlight=False)
+
+    with one_line_errors(), progress(spark, "exporting", enabled=not wants_json()):
+        done = export.run(spark, dsn, _utc(before), to, drop=drop, on_month=report)
+    emit([vars(m) for m in done], lambda: console.print(
+        f"{len(done)} month(s) in {to}" if done else "no whole month of the archive is older than --before",
+        highlight=False))
+
+
+@pipeline_group.command("replay")
+@click.option("--from", "source", type=click.Path(exists=True, path_type=Path),
+              help="Replay from Parquet written by `courier pipeline export` (default: the archive).")
+@click.option("--endpoint", "endpoints", multiple=True, help="Only this endpoint's messages (repeatable).")
+@click.option("--since", type=click.DateTime(), help="Created at or after (UTC).")
+@click.option("--until", type=click.DateTime(), help="Created before (UTC).")
+@click.option("--status", "statuses", multiple=True, type=click.Choice(["completed", "failed", "expired"]),
+              help="Only messages archived with this status (repeatable).")
+@click.option("--correlation-id", "correlation_ids", multiple=True, help="Only these correlation ids (repeatable).")
+@click.option("--where", "where", multiple=True, metavar="PREDICATE",
+              help="A JSON-path test on the payload, e.g. '$.order.total > 100' (repeatable, all must hold).")
+@click.option("--dry-run", is_flag=True, help="Count what would be replayed, and stop.")
+@spark_options
+@common_options
+def replay_command(source: Path | None, endpoints: tuple[str, ...], since: datetime | None, until: datetime | None,
+                   statuses: tuple[str, ...], correlation_ids: tuple[str, ...], where: tuple[str, ...],
+                   dry_run: bool, master: str, verbose: bool) -> None:
+    """Enqueue archived messages again, selected by endpoint, time, status, correlation id
+    and payload. Running the same selection again enqueues nothing twice."""
+    from console.pipeline import predicates, replay
+    from console.pipeline.session import one_line_errors, progress
+
+    for text in where:
+        predicates.parse(text)  # a typo fails before Spark starts
+    selection = replay.Selection(endpoints, _utc(since), _utc(until), statuses, correlation_ids, where)
+    dsn = database_url()
+    spark = _session(master, verbose)
+    with one_line_errors(), progress(spark, "replaying", enabled=not wants_json()):
+        result = replay.run(spark, dsn, selection, source, dry_run=dry_run)
+
+    def render() -> None:
+        if dry_run:
+            console.print(f"would replay {result.matched - result.already_replayed:,} message(s): "
+                          f"{result.matched:,} match, {result.already_replayed:,} already replayed by this selection",
+                          highlight=False)
+        else:
+            console.print(f"replayed {result.enqueued:,} message(s) of {result.matched:,} matching; "
+                          f"{result.matched - result.enqueued:,} had been replayed before", highlight=False)
+
+    emit(vars(result), render)
+
+
+@pipeline_group.command("ingest")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--endpoint", required=True, help="The endpoint to enqueue the rows for.")
+@click.option("--priority", type=click.IntRange(0, 10), default=0, show_default=True)
+@click.option("--format", "file_format", type=click.Choice(["jsonl", "csv", "parquet"]),
+              help="Default: from the file name.")
+@spark_options
+@common_options
+def ingest_command(path: Path, endpoint: str, priority: int, file_format: str | None, master: str,
+                   verbose: bool) -> None:
+    """Backfill the queue from a file: each JSONL line, CSV row (an object of its columns)
+    or Parquet row (its payload column, or all columns) is one message.
+
+    Bad rows are reported by line and skipped; good rows are enqueued once, even if the
+    same file is ingested again. Exits 1 if any row was bad."""
+    from console.pipeline import ingest
+    from console.pipeline.session import one_line_errors, progress
+
+    dsn = database_url()
+    spark = _session(master, verbose)
+    with one_line_errors(), progress(spark, "ingesting", enabled=not wants_json()):
+        result = ingest.run(spark, dsn, path, endpoint, priority=priority, file_format=file_format)
+
+    def render() -> None:
+        for problem in result.errors:
+            error_console.print(f"{path.name}:{problem.line}: {problem.error}", highlight=False, markup=False)
+        if result.bad > len(result.errors):
+            error_console.print(f"... and {result.bad - len(result.errors):,} more bad row(s)", highlight=False)
+        console.print(f"enqueued {result.enqueued:,} of {result.good:,} good row(s) for {endpoint}"
+                      f"{'' if result.enqueued == result.good else ' (the rest were ingested before)'}; "
+                      f"{result.bad:,} bad row(s) skipped", highlight=False)
+
+    emit(vars(result), render)
+    if result.bad:
+        sys.exit(1)
 
 
 COMMANDS = [pipeline_group]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 import threading
@@ -144,3 +145,25 @@ def progress(session: SparkSession, label: str, *, enabled: bool = True) -> Iter
         finally:
             stop.set()
             thread.join()
+
+
+_TASK_ERROR = re.compile(r"(?:psycopg\.errors\.\w+|sqlkit\.errors\.\w+|ValueError|\w+Error): (.+)")
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """A failed Spark job as one PipelineError line: the task's own error, not the JVM trace."""
+    try:
+        yield
+    except CourierError:
+        raise
+    except Exception as error:
+        module = type(error).__module__ or ""
+        if not (module.startswith("pyspark") or module.startswith("py4j")):
+            raise
+        text = str(error)
+        reasons = [m.group(1).strip() for m in _TASK_ERROR.finditer(text)]
+        reason = next((r for r in reversed(reasons) if "[courier]" in r), reasons[-1] if reasons else None)
+        first = reason or (text.strip().splitlines() or [type(error).__name__])[0]
+        raise PipelineError(f"the Spark job failed: {first.replace('[courier] ', '')}",
+                            hint=f"Run again with --verbose for Spark's log ({spark_log_path()})") from None

@@ -1,0 +1,121 @@
+"""`courier pipeline replay`: archived messages (from the archive or from exported Parquet)
+selected by endpoint, time, status, correlation id and JSON-path predicates, enqueued again
+through the batch path. A selection enqueues each message at most once, however often it runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlkit import analytics as store
+from sqlkit.connection import connect
+
+from . import predicates
+from .session import PipelineError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to replay. Its fingerprint names the ledger scope, so the same selection run again
+    (from the archive or from its Parquet export) skips what it already enqueued."""
+    endpoints: tuple[str, ...] = ()
+    since: datetime | None = None
+    until: datetime | None = None
+    statuses: tuple[str, ...] = ()
+    correlation_ids: tuple[str, ...] = ()
+    where: tuple[str, ...] = ()
+
+    @property
+    def scope(self) -> str:
+        text = json.dumps({k: v.isoformat() if isinstance(v, datetime) else sorted(v) if isinstance(v, tuple) else v
+                           for k, v in asdict(self).items()}, sort_keys=True)
+        return "replay:" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    scope: str
+    matched: int
+    already_replayed: int
+    enqueued: int = 0
+    by_endpoint: dict[str, int] = field(default_factory=dict)
+    dry_run: bool = False
+
+
+def select(spark: SparkSession, dsn: str, selection: Selection, source: Path | None) -> DataFrame:
+    """id, endpoint, payload and priority of every selected message."""
+    from pyspark.sql import functions as F
+
+    tests = [predicates.parse(text) for text in selection.where]
+    if source is None:
+        reader = spark.read.format("courier").option("dsn", dsn).option("table", "archive").option(
+            "columns", "id,endpoint_id,payload,priority,status,correlation_id,created_at")
+        if selection.since:
+            reader = reader.option("since", selection.since.isoformat())
+        if selection.until:
+            reader = reader.option("until", selection.until.isoformat())
+        df = reader.load()
+        names = (spark.read.format("courier").option("dsn", dsn).option("table", "endpoints")
+                 .option("columns", "id,name").load().withColumnsRenamed({"id": "_endpoint_id", "name": "endpoint"}))
+        if selection.endpoints:
+            with connect(dsn) as conn:
+                known = {name: id_ for id_, name in store.endpoint_names(conn).items()}
+            missing = [e for e in selection.endpoints if e not in known]
+            if missing:
+                raise PipelineError(f"no endpoint named {', '.join(missing)}",
+                                    hint="List endpoints with `courier endpoint list`")
+            df = df.where(F.col("endpoint_id").isin([known[e] for e in selection.endpoints]))
+        df = df.join(F.broadcast(names), df.endpoint_id == names._endpoint_id, "left")
+    else:
+        if not source.exists():
+            raise PipelineError(f"{source} does not exist", hint="Give the folder `courier pipeline export` wrote")
+        df = spark.read.option("basePath", str(source)).parquet(str(source))
+        if selection.endpoints:
+            df = df.where(F.col("endpoint").isin(list(selection.endpoints)))
+        if selection.since:
+            df = df.where(F.col("created_at") >= F.lit(selection.since))
+        if selection.until:
+            df = df.where(F.col("created_at") < F.lit(selection.until))
+    if selection.statuses:
+        df = df.where(F.col("status").isin(list(selection.statuses)))
+    if selection.correlation_ids:
+        df = df.where(F.col("correlation_id").isin(list(selection.correlation_ids)))
+    for test in tests:
+        df = df.where(test.column())
+    return df.select("id", "endpoint", "payload", "priority")
+
+
+def run(spark: SparkSession, dsn: str, selection: Selection, source: Path | None = None, *,
+        dry_run: bool = False, batch_size: int = 1000) -> ReplayResult:
+    from pyspark.sql import functions as F
+
+    chosen = select(spark, dsn, selection, source).cache()
+    try:
+        counts = {row["endpoint"]: row["count"] for row in chosen.groupBy("endpoint").count().collect()}
+        with connect(dsn) as conn:
+            already = int(store.value(conn, "ledger_count", {"scope": selection.scope}))
+            enabled = {row["name"]: row["enabled"] for row in store.rows(conn, "endpoint_names")}
+        result = ReplayResult(selection.scope, sum(counts.values()), already, by_endpoint=counts, dry_run=dry_run)
+        if dry_run or not counts:
+            return result
+        unusable = sorted(str(e) for e in counts if not enabled.get(e))
+        if unusable:
+            raise PipelineError(f"cannot replay into {', '.join(unusable)}: no such endpoint, or it is disabled",
+                                hint="Create or enable it, or narrow the selection with --endpoint")
+        with tempfile.TemporaryDirectory(prefix="courier-replay-") as folder:
+            report = Path(folder) / "report.json"
+            (chosen.select("endpoint", "payload", "priority", F.col("id").cast("string").alias("key"))
+             .write.format("courier").mode("append").option("dsn", dsn).option("scope", selection.scope)
+             .option("batch_size", batch_size).option("report", str(report)).save())
+            totals: dict[str, Any] = json.loads(report.read_text())
+        return ReplayResult(selection.scope, result.matched, already, totals["sent"], counts)
+    finally:
+        chosen.unpersist()

@@ -1,0 +1,72 @@
+"""courier pipeline ingest in Spark local mode: bad rows reported with their line numbers,
+good rows enqueued exactly once however often the file is ingested."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tests.test_pipeline import spark  # noqa: F401 - the shared session
+
+pytest.importorskip("pyspark")
+
+
+@pytest.fixture
+def billing(conn) -> str:
+    conn.execute("SELECT courier.create_endpoint('billing', 'noop', '{}')")
+    conn.execute("SELECT courier.set_setting('max_payload_size', '2048')")
+    return "billing"
+
+
+def _ingest(dsn: str, *args: str):
+    from console.cli.pipeline import pipeline_group
+
+    return CliRunner().invoke(pipeline_group, ["ingest", "--dsn", dsn, "--master", "local[2]", *args])
+
+
+def test_jsonl_with_bad_rows_reports_them_and_enqueues_the_good_ones_once(spark, dsn, conn, billing, tmp_path):  # noqa: F811
+    lines = [json.dumps({"n": n}) for n in range(1, 41)]
+    lines[4] = '{"n": 5,'                                   # line 5: cut short
+    lines[9] = '{"n": NaN}'                                 # line 10: not JSON for PostgreSQL
+    lines[14] = '{"n": "\\u0000"}'                          # line 15: jsonb cannot hold it
+    lines[19] = json.dumps({"blob": "x" * 4000})            # line 20: over max_payload_size
+    lines[24] = ""                                          # line 25: blank, skipped quietly
+    path = tmp_path / "backfill.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+
+    first = _ingest(dsn, str(path), "--endpoint", "billing", "--priority", "3")
+    assert first.exit_code == 1, first.output
+    for line, reason in ((5, "invalid JSON"), (10, "invalid JSON"), (15, "\\u0000"), (20, "max_payload_size")):
+        assert f"backfill.jsonl:{line}: " in first.stderr and reason in first.stderr
+    assert "enqueued 35 of 35 good row(s)" in first.stdout and "4 bad row(s)" in first.stdout
+
+    second = _ingest(dsn, str(path), "--endpoint", "billing", "--priority", "3", "--json")
+    result = json.loads(second.stdout)
+    assert (result["good"], result["enqueued"], result["already_ingested"], result["bad"]) == (35, 0, 35, 4)
+    assert [e["line"] for e in result["errors"]] == [5, 10, 15, 20]
+    rows = conn.execute("SELECT (payload->>'n')::int, priority FROM courier.queue ORDER BY 1").fetchall()
+    assert rows == [(n, 3) for n in range(1, 41) if n not in (5, 10, 15, 20, 25)]
+
+
+def test_csv_rows_become_objects_and_short_rows_are_reported(spark, dsn, conn, billing, tmp_path):  # noqa: F811
+    path = tmp_path / "orders.csv"
+    path.write_text('order,total,note\nA1,10,"first, with a comma"\nA2,20\nA3,30,third\n')
+    result = _ingest(dsn, str(path), "--endpoint", "billing")
+    assert result.exit_code == 1
+    assert "orders.csv:3: expected 3 fields, got 2" in result.stderr
+    assert conn.execute("SELECT payload FROM courier.queue ORDER BY payload->>'order'").fetchall() == [
+        ({"order": "A1", "total": "10", "note": "first, with a comma"},),
+        ({"order": "A3", "total": "30", "note": "third"},)]
+
+
+def test_parquet_rows_and_an_unknown_endpoint(spark, dsn, conn, billing, tmp_path):  # noqa: F811
+    folder = tmp_path / "rows.parquet"
+    spark.createDataFrame([(i, f"o{i}") for i in range(25)], "n int, ref string").write.parquet(str(folder))
+    ok = _ingest(dsn, str(folder), "--endpoint", "billing", "--json")
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["enqueued"] == 25
+    assert conn.execute("SELECT count(DISTINCT payload->>'ref') FROM courier.queue").fetchone()[0] == 25
+    missing = _ingest(dsn, str(folder), "--endpoint", "nope")
+    assert missing.exit_code == 1 and 'endpoint "nope" does not exist' in str(missing.exception or missing.output)
