@@ -29,9 +29,9 @@ def _utc(moment: datetime | None) -> datetime | None:
 
 
 def _session(master: str, verbose: bool) -> Any:
-    from console.pipeline.session import get_session
+    from console.pipeline.session import get_session, java_executable
 
-    if not verbose and not wants_json():
+    if not verbose and not wants_json() and java_executable():
         error_console.print(f"[dim]starting Spark ({master}); --verbose shows its log[/]", highlight=False)
     return get_session(master, verbose=verbose)
 
