@@ -8,7 +8,6 @@ the queue through send_batch, one transaction per Spark partition.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import time
@@ -49,6 +48,7 @@ from pyspark.sql.types import (
 TABLES = {"archive": "created_at", "queue": "created_at", "dlq": "failed_at", "endpoints": "created_at"}
 DEFAULT_SLICE_IDS = 250_000
 DEFAULT_BATCH = 1000
+BLOCK_BYTES = 8 << 20
 DEFAULT_BACKPRESSURE_WAIT = 300.0
 BACKPRESSURE = "53400"
 
@@ -238,44 +238,32 @@ class CourierReader(DataSourceReader):
         if partition.relation is None:
             return
         names = [c.name for c in self.columns]
-        read_options = pacsv.ReadOptions(column_names=names, block_size=4 << 20)
+        read_options = pacsv.ReadOptions(column_names=names, block_size=BLOCK_BYTES)
         convert = pacsv.ConvertOptions(
             column_types={c.name: c.arrow_type for c in self.columns},
             strings_can_be_null=True, quoted_strings_can_be_null=False,
             true_values=["t"], false_values=["f"])
         schema = pa.schema([(c.name, c.arrow_type) for c in self.columns])
         with _connect(self.options["dsn"]) as conn, conn.cursor() as cur, cur.copy(self._select(partition)) as copy:
-            stream = _CopyStream(copy)
-            try:
-                batches = pacsv.open_csv(stream, read_options=read_options, convert_options=convert)
-            except pa.ArrowInvalid as error:  # no rows at all
-                if "Empty CSV file" in str(error):
-                    return
-                raise
-            for batch in batches:
-                yield batch.cast(schema) if batch.schema != schema else batch
+            for block in _blocks(copy):
+                table = pacsv.read_csv(pa.py_buffer(block), read_options=read_options, convert_options=convert)
+                for batch in table.to_batches():
+                    yield batch.cast(schema) if batch.schema != schema else batch
 
 
-class _CopyStream(io.RawIOBase):
-    """COPY TO STDOUT as a readable file, so Arrow parses it while it streams in."""
-
-    def __init__(self, copy: Any) -> None:
-        self._copy = copy
-        self._pending = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._pending:
-            chunk = self._copy.read()
-            if not chunk:
-                return 0
-            self._pending = memoryview(chunk)
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
+def _blocks(copy: Any, size: int = BLOCK_BYTES) -> Iterator[bytes]:
+    """COPY's output in blocks of whole rows: PostgreSQL sends each row as one message."""
+    pending: list[bytes] = []
+    held = 0
+    read = copy.read
+    while chunk := read():
+        pending.append(chunk)
+        held += len(chunk)
+        if held >= size:
+            yield b"".join(pending)
+            pending, held = [], 0
+    if pending:
+        yield b"".join(pending)
 
 
 def _first_of_each(chunk: list[tuple[str | None, str]], fresh: set[str]) -> list[tuple[str | None, str]]:
