@@ -42,20 +42,6 @@ INSERT INTO courier.analytics_runs (range_from, range_to, master, rows_read, end
 VALUES (%(from)s, %(to)s, %(master)s, %(rows_read)s, %(endpoints)s, %(started_at)s)
 RETURNING id;
 
--- name: insert_analytics_hourly
-INSERT INTO courier.analytics_hourly (endpoint_id, hour, delivered, failed, expired, dead_lettered,
-                                      p50_ms, p95_ms, p99_ms, run_id)
-VALUES (%(endpoint_id)s, %(hour)s, %(delivered)s, %(failed)s, %(expired)s, %(dead_lettered)s,
-        %(p50_ms)s, %(p95_ms)s, %(p99_ms)s, %(run_id)s);
-
--- name: insert_analytics_attempts
-INSERT INTO courier.analytics_attempts (endpoint_id, hour, attempts, messages)
-VALUES (%(endpoint_id)s, %(hour)s, %(attempts)s, %(messages)s);
-
--- name: insert_analytics_errors
-INSERT INTO courier.analytics_errors (endpoint_id, hour, error_class, occurrences)
-VALUES (%(endpoint_id)s, %(hour)s, %(error_class)s, %(occurrences)s);
-
 -- name: analytics_hourly
 SELECT h.endpoint_id, coalesce(e.name, '#' || h.endpoint_id) AS endpoint, h.hour, h.delivered, h.failed,
        h.expired, h.dead_lettered, h.p50_ms, h.p95_ms, h.p99_ms

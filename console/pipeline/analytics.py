@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 TOP_ERRORS = 5
 ERROR_ENTRY = "array<struct<outcome:string,error:string>>"
+HOURLY = ("endpoint_id", "hour", "delivered", "failed", "expired", "dead_lettered", "p50_ms", "p95_ms", "p99_ms",
+          "run_id")
 COLUMNS = "endpoint_id,status,retry_count,error_history,completed_at,created_at"
 
 
@@ -94,11 +96,22 @@ def compute(spark: SparkSession, dsn: str, since: datetime | None, until: dateti
         errors = (classes.withColumn("rank", F.row_number().over(ranked)).where(F.col("rank") <= TOP_ERRORS)
                   .drop("rank"))
         return {"rows_read": rows_read,
-                **{name: [row.asDict() for row in frame.collect()]
+                **{name: frame.toArrow().to_pylist()
                    for name, frame in (("hourly", hourly), ("summary", summary), ("attempts", attempts),
                                        ("errors", errors))}}
     finally:
         archived.unpersist()
+
+
+def _copy_in(conn: Any, table: str, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
+    """Many result rows in one COPY, where row-by-row INSERTs would cost a round trip each."""
+    from psycopg import sql
+
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        sql.Identifier("courier", table), sql.SQL(", ").join(map(sql.Identifier, columns)))
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        for row in rows:
+            copy.write_row([row[c] for c in columns])
 
 
 def run(spark: SparkSession, dsn: str, since: datetime | None, until: datetime | None = None,
@@ -117,9 +130,7 @@ def run(spark: SparkSession, dsn: str, since: datetime | None, until: datetime |
         run_id = store.value(conn, "insert_analytics_run", {
             **bounds, "master": master, "rows_read": found["rows_read"], "started_at": started,
             "endpoints": json.dumps([asdict(e) for e in endpoints])})
-        with conn.cursor() as cur:
-            cur.executemany(store.query("insert_analytics_hourly"),
-                            [{**row, "run_id": run_id} for row in found["hourly"]])
-            cur.executemany(store.query("insert_analytics_attempts"), found["attempts"])
-            cur.executemany(store.query("insert_analytics_errors"), found["errors"])
+        _copy_in(conn, "analytics_hourly", [{**row, "run_id": run_id} for row in found["hourly"]], HOURLY)
+        _copy_in(conn, "analytics_attempts", found["attempts"], ("endpoint_id", "hour", "attempts", "messages"))
+        _copy_in(conn, "analytics_errors", found["errors"], ("endpoint_id", "hour", "error_class", "occurrences"))
     return AnalyticsResult(run_id, range_from, range_to, found["rows_read"], len(found["hourly"]), endpoints)
