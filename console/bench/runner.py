@@ -12,6 +12,7 @@ from .drain import drain_noop
 from .enqueue import enqueue_batch, enqueue_single
 from .result import ScenarioResult
 from .scratch import scratch_database
+from .spark import spark
 
 Scenario = Callable[..., ScenarioResult | list[ScenarioResult]]
 
@@ -25,6 +26,7 @@ SCENARIOS: dict[str, Scenario] = {
     "depth": depth,
     "console": console_panes,
     "churn": churn,
+    "spark": spark,
 }
 
 

@@ -44,6 +44,16 @@ def _notes(results: list[ScenarioResult]) -> str:
     return "\n".join(f"- {r.scenario} / {r.variant}: {r.notes} ({r.unit})" for r in results if r.notes)
 
 
+def _sizes(text: str, option: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted({int(n.replace("_", "")) for n in text.split(",")}))
+    except ValueError:
+        raise click.BadParameter("must be whole numbers separated by commas", param_hint=option) from None
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter("must be positive", param_hint=option)
+    return sizes
+
+
 @click.command("bench")
 @click.argument("scenarios", nargs=-1, type=click.Choice(sorted(runner.SCENARIOS)))
 @click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -55,21 +65,19 @@ def _notes(results: list[ScenarioResult]) -> str:
               help="Alternating courier/ceiling rounds; medians are reported.")
 @click.option("--depth-rows", default="10000,1000000,10000000", show_default=True,
               help="Queue sizes the depth and console scenarios grow through, comma-separated.")
+@click.option("--spark-rows", default="100000,1000000", show_default=True,
+              help="Archive sizes the spark scenario grows through, comma-separated.")
 @dsn_option
 def bench(scenarios: tuple[str, ...], json_file: Path | None, clients: int, seconds: float,
-          rounds: int, depth_rows: str) -> None:
+          rounds: int, depth_rows: str, spark_rows: str) -> None:
     """Run SCENARIOS (default: all) in a scratch database on the configured server."""
     names = list(scenarios) or sorted(runner.SCENARIOS)
-    try:
-        sizes = tuple(sorted({int(n.replace("_", "")) for n in depth_rows.split(",")}))
-    except ValueError:
-        raise click.BadParameter("must be whole numbers separated by commas", param_hint="--depth-rows") from None
-    if not sizes or min(sizes) < 1:
-        raise click.BadParameter("must be positive", param_hint="--depth-rows")
+    sizes = _sizes(depth_rows, "--depth-rows")
     quiet = json_file is not None and str(json_file) == "-"
     with console.status("benchmarking...") as status:
         results = runner.run(names, database_url(), clients=clients, seconds=seconds, rounds=rounds,
-                             options={"depth": {"sizes": sizes}, "console": {"sizes": sizes}},
+                             options={"depth": {"sizes": sizes}, "console": {"sizes": sizes},
+                                      "spark": {"sizes": _sizes(spark_rows, "--spark-rows")}},
                              progress=lambda name: status.update(f"running {name}..."))
     payload = [r.as_dict() for r in results]
     if quiet:

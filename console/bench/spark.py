@@ -1,0 +1,163 @@
+"""spark: the pipeline against the same work done in PostgreSQL. The data source's read rate
+per core against raw COPY of the same rows, and `pipeline analytics` against the same
+aggregations as SQL queries, at growing archive sizes, with where the lines would cross."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from sqlkit import analytics as store
+from sqlkit.connection import connect
+
+from .result import Measurement, ScenarioResult
+
+DEFAULT_SIZES = (100_000, 1_000_000)
+MASTER = "local[2]"
+CORES = 2
+READ_COLUMNS = "id,endpoint_id,status,retry_count,error_history,completed_at,created_at,payload"
+SQL_QUERIES = ("sql_analytics_hourly", "sql_analytics_summary", "sql_analytics_attempts", "sql_analytics_errors")
+
+# Archived messages over three months and ten endpoints: one in eleven dead-lettered, one in
+# seventeen expired, some retried with an error history.
+GROW = """
+INSERT INTO courier.archive (id, endpoint_id, payload, status, priority, retry_count, error_history,
+                             completed_at, created_at)
+SELECT i, (SELECT id FROM courier.endpoints ORDER BY id OFFSET i %% 10 LIMIT 1),
+       jsonb_build_object('i', i, 'order', jsonb_build_object('total', (i * 37) %% 250)),
+       CASE WHEN i %% 11 = 0 THEN 'failed' WHEN i %% 17 = 0 THEN 'expired' ELSE 'completed' END,
+       (i %% 4)::smallint, (i %% 5) / 3,
+       CASE WHEN (i %% 5) / 3 = 0 THEN '[]'::jsonb
+            ELSE jsonb_build_array(jsonb_build_object('attempt', 1, 'outcome', 'retryable',
+                 'error', CASE WHEN i %% 2 = 0 THEN 'HTTP 503: unavailable' ELSE 'timeout after 10s' END)) END,
+       t.created + make_interval(secs => ((i * 7919) %% 5000) / 1000.0), t.created
+FROM generate_series(%(start)s::bigint, %(end)s::bigint) i
+CROSS JOIN LATERAL (SELECT timestamptz '2026-08-01 00:00:00+00'
+                           + make_interval(mins => ((i * 131) %% (60 * 24 * 92))::integer) AS created) t
+"""
+
+
+def _grow(conn: psycopg.Connection, current: int, target: int) -> None:
+    if current == 0:
+        for n in range(10):
+            conn.execute("SELECT courier.create_endpoint(%s, 'noop', '{}')", (f"bench-{n}",))
+    for start in range(current + 1, target + 1, 500_000):
+        conn.execute(GROW, {"start": start, "end": min(start + 499_999, target)})
+    conn.execute("SELECT courier.maintain_archive_partitions(0)")
+    conn.execute("VACUUM ANALYZE courier.archive")
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """A local process's user + system CPU time, or None if it is not on this machine."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _copy_rate(dsn: str, rows: int) -> tuple[float, float]:
+    """Raw COPY of the same columns out of the archive, bytes read and dropped: rows/s, and
+    the cores it kept busy (this client plus its server backend, when that runs here)."""
+    columns = sql.SQL(", ").join(sql.Identifier(c) for c in READ_COLUMNS.split(","))
+    statement = sql.SQL("COPY (SELECT {} FROM courier.archive) TO STDOUT WITH (FORMAT csv)").format(columns)
+    with connect(dsn) as conn, conn.cursor() as cur:
+        backend = conn.info.backend_pid
+        server_before, client_before = _cpu_seconds(backend), time.process_time()
+        started = time.perf_counter()
+        with cur.copy(statement) as copy:
+            for _ in copy:
+                pass
+        elapsed = time.perf_counter() - started
+        server_after, client_used = _cpu_seconds(backend), time.process_time() - client_before
+    server_used = server_after - server_before if server_before is not None and server_after is not None else 0.0
+    return rows / elapsed, max(1.0, (client_used + server_used) / elapsed)
+
+
+def _read_rate(spark: object, dsn: str, rows: int) -> float:
+    df = spark.read.format("courier").option("dsn", dsn).option("table", "archive") \
+        .option("columns", READ_COLUMNS).load()  # type: ignore[attr-defined]
+    started = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()  # every row through the source, nothing else
+    return rows / (time.perf_counter() - started)
+
+
+def _sql_seconds(dsn: str) -> tuple[float, list[tuple]]:
+    until = datetime(2100, 1, 1, tzinfo=UTC)
+    with connect(dsn) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        started = time.perf_counter()
+        results = {name: store.rows(conn, name, {"from": None, "to": until, "top": 5}) for name in SQL_QUERIES}
+        elapsed = time.perf_counter() - started
+    hourly = sorted((r["endpoint_id"], r["hour"], r["delivered"], r["failed"], r["expired"], r["dead_lettered"],
+                     *(None if r[k] is None else float(r[k]) for k in ("p50_ms", "p95_ms", "p99_ms")))
+                    for r in results["sql_analytics_hourly"])
+    return elapsed, hourly
+
+
+def _spark_seconds(spark: object, dsn: str) -> tuple[float, list[tuple]]:
+    from console.pipeline import analytics
+
+    started = time.perf_counter()
+    analytics.run(spark, dsn, None, datetime(2100, 1, 1, tzinfo=UTC), MASTER)  # type: ignore[arg-type]
+    elapsed = time.perf_counter() - started
+    with connect(dsn) as conn:
+        hourly = sorted(conn.execute("SELECT endpoint_id, hour, delivered, failed, expired, dead_lettered, "
+                                     "p50_ms, p95_ms, p99_ms FROM courier.analytics_hourly").fetchall())
+    return elapsed, hourly
+
+
+def _crossing(points: list[tuple[int, float, float]]) -> str:
+    """Where Spark's time line meets SQL's, fitted through (rows, spark s, sql s) points."""
+    if len(points) < 2:
+        return "one size only: no extrapolation"
+    (n0, s0, q0), (n1, s1, q1) = points[0], points[-1]
+    spark_slope, sql_slope = (s1 - s0) / (n1 - n0), (q1 - q0) / (n1 - n0)
+    spark_fixed, sql_fixed = s0 - spark_slope * n0, q0 - sql_slope * n0
+    per_million = f"Spark {spark_slope * 1e6:.2f} s + {spark_fixed:.1f} s fixed per 1M rows, " \
+                  f"SQL {sql_slope * 1e6:.2f} s + {sql_fixed:.1f} s"
+    if sql_slope <= spark_slope:
+        return f"{per_million}: Spark's per-row cost is not lower here, so on this box the lines never cross"
+    crossing = (spark_fixed - sql_fixed) / (sql_slope - spark_slope)
+    return f"{per_million}: the lines cross near {crossing / 1e6:,.1f}M rows"
+
+
+def spark(dsn: str, *, clients: int, seconds: float, rounds: int,
+          sizes: Sequence[int] = DEFAULT_SIZES) -> list[ScenarioResult]:
+    from console.pipeline.session import get_session
+
+    session = get_session(MASTER)
+    results: list[ScenarioResult] = []
+    points: list[tuple[int, float, float]] = []
+    current = 0
+    with connect(dsn) as conn:
+        for size in sorted(sizes):
+            _grow(conn, current, size)
+            current = size
+            _read_rate(session, dsn, min(size, 1000))  # warm: Python workers started, plans cached
+            copy, copy_cores = max(_copy_rate(dsn, size) for _ in range(rounds))
+            read = max(_read_rate(session, dsn, size) for _ in range(rounds))
+            results.append(ScenarioResult(
+                "spark", f"read {size:,} archived rows, per core", "rows/s",
+                Measurement(read / CORES), Measurement(copy / copy_cores), target_ratio=0.5,
+                notes=f"the data source in {MASTER}: {read:,.0f} rows/s on {CORES} cores; raw COPY of the same "
+                      f"{len(READ_COLUMNS.split(','))} columns on one connection: {copy:,.0f} rows/s keeping "
+                      f"{copy_cores:.2f} cores busy (client + server backend)"))
+            sql_runs = [_sql_seconds(dsn) for _ in range(rounds)]
+            spark_runs = [_spark_seconds(session, dsn) for _ in range(rounds)]
+            sql_time, spark_time = min(t for t, _ in sql_runs), min(t for t, _ in spark_runs)
+            equal = sql_runs[0][1] == spark_runs[0][1]
+            points.append((size, spark_time, sql_time))
+            results.append(ScenarioResult(
+                "spark", f"analytics over {size:,} archived rows", "rows/s",
+                Measurement(size / spark_time), Measurement(size / sql_time),
+                notes=f"pipeline analytics {spark_time:.1f} s, the same four aggregations in SQL {sql_time:.1f} s; "
+                      f"hourly results {'equal' if equal else 'DIFFER'}"))
+    results[-1] = ScenarioResult(**{**results[-1].__dict__, "notes": results[-1].notes + "; " + _crossing(points)})
+    return results
