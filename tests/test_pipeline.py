@@ -179,3 +179,28 @@ def test_analytics_since_replaces_only_the_hours_it_analysed(spark, archive_dsn,
     assert _stored(conn, "analytics_hourly", "endpoint_id, hour, delivered") == before
     assert result.rows_read == conn.execute("SELECT count(*) FROM courier.archive WHERE completed_at >= %s",
                                             (since,)).fetchone()[0]
+
+    from sqlkit import analytics as store  # what the console's Analytics pane reads
+
+    charted = store.hourly(conn, since)
+    assert {h.endpoint for h in charted} == {"billing", "shipping", "audit"}
+    assert all(h.hour >= since for h in charted) and charted == sorted(charted, key=lambda h: (h.hour, h.endpoint))
+    latest = store.latest_run(conn)
+    assert latest is not None and latest.range_from == since and len(latest.endpoints) == 3
+
+
+def test_a_write_waits_out_backpressure(spark, dsn, conn):
+    import threading
+
+    conn.execute("SELECT courier.create_endpoint('billing', 'noop', '{}')")
+    conn.execute("SELECT courier.set_setting('max_queue_size', '150')")
+    conn.execute("SELECT courier.send_batch('billing', array_agg(jsonb_build_object('old', g))) "
+                 "FROM generate_series(1, 100) g")
+    drained = threading.Timer(3.0, lambda: psycopg.connect(dsn, autocommit=True).execute(
+        "DELETE FROM courier.queue WHERE payload ? 'old'"))
+    drained.start()
+    df = spark.createDataFrame([(json.dumps({"n": i}),) for i in range(100)], "payload string").coalesce(1)
+    df.write.format("courier").mode("append").option("dsn", dsn).option("endpoint", "billing") \
+        .option("backpressure_wait", 60).save()
+    drained.join()
+    assert conn.execute("SELECT count(*) FROM courier.queue").fetchone()[0] == 100
