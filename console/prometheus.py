@@ -23,6 +23,7 @@ HELP = {
     "messages_dead_lettered_total": "Messages moved to the dead-letter queue.",
     "messages_expired_total": "Messages that expired before delivery.",
     "messages_replayed_total": "Messages enqueued again from the archive.",
+    "stale_reports_total": "Reports and releases refused because their claim's lease had been recovered.",
     "workers_alive": "Worker processes with a recent heartbeat.",
     "maintenance_leader_present": "1 if a live worker leads maintenance.",
     "archive_partitions": "Partitions of the archive table, the default one included.",

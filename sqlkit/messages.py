@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -92,17 +92,12 @@ class ClaimedMessage:
     scheduled_at: datetime | None
     expires_at: datetime | None
     created_at: datetime
+    lease: int = 0
+    """This claim's lease: reports and releases name it, and are no-ops once it is stale."""
 
     @property
     def payload(self) -> Any:
         return json.loads(self.payload_json)
-
-
-@dataclass(frozen=True)
-class FailedAttempt:
-    message_id: int
-    error: str
-    next_attempt_at: datetime | None = field(default=None)
 
 
 def send(conn: psycopg.Connection, endpoint: str, payload: Any,
@@ -171,21 +166,34 @@ def search(conn: psycopg.Connection, *, endpoint: str | None = None, status: str
     return [MessageSummary(**row) for row in queries.fetch_all(conn, name, params)]
 
 
-def claim_batch(conn: psycopg.Connection, worker_id: str, batch_size: int,
-                endpoint_id: int | None = None) -> list[ClaimedMessage]:
-    rows = queries.fetch_all(conn, "claim_batch", {
-        "worker_id": worker_id, "batch_size": batch_size, "endpoint_id": endpoint_id,
-    })
-    return [ClaimedMessage(**row) for row in rows]
+def claim_batch(conn: psycopg.Connection, worker_id: str, batch_size: int, endpoint_id: int) -> list[ClaimedMessage]:
+    """Claim up to batch_size due messages of one endpoint, as a worker does (circuit breaker
+    and rate limit included); each comes with the lease its report must name."""
+    rows = queries.fetch_all(conn, "claim_for_endpoint", {
+        "worker_id": worker_id, "batch_size": batch_size, "endpoint_id": endpoint_id})
+    return [claimed_from_row(row) for row in rows]
 
 
-def complete_batch(conn: psycopg.Connection, message_ids: Sequence[int]) -> int:
-    return queries.fetch_value(conn, "complete_batch", {"ids": list(message_ids)})
+def claimed_from_row(row: dict[str, Any]) -> ClaimedMessage:
+    """A row of the claim_for_endpoint query, its headers and metadata decoded from JSON text;
+    raises (ValueError, RecursionError, ...) for a message that cannot be decoded."""
+    return ClaimedMessage(**{**row, "headers": json.loads(row["headers"]), "metadata": json.loads(row["metadata"])})
 
 
-def fail_batch(conn: psycopg.Connection, attempts: Sequence[FailedAttempt]) -> int:
-    return queries.fetch_value(conn, "fail_batch", {
-        "ids": [a.message_id for a in attempts],
-        "errors": [a.error for a in attempts],
-        "next_attempt_at": [a.next_attempt_at for a in attempts],
-    })
+@dataclass(frozen=True)
+class ReportCounts:
+    delivered: int
+    retried: int
+    dead_lettered: int
+    stale: int
+    """Reports refused because the claim's lease had been recovered: no-ops."""
+
+
+def report_outcomes(conn: psycopg.Connection, claimed: Sequence[ClaimedMessage], outcomes: Sequence[str],
+                    errors: Sequence[str | None], retry_after: Sequence[int | None] | None = None) -> ReportCounts:
+    """Record one outcome ('success', 'retryable', 'permanent' or 'disable') per claimed message."""
+    row = queries.fetch_all(conn, "report_outcomes", {
+        "ids": [m.id for m in claimed], "leases": [m.lease for m in claimed], "outcomes": list(outcomes),
+        "errors": list(errors), "retry_after": None if retry_after is None else list(retry_after),
+        "responses": None})[0]
+    return ReportCounts(**row)

@@ -65,7 +65,7 @@ LIMIT 1;
 -- name: search_messages
 -- Active messages in the order the queue works through them: in flight first (oldest claim
 -- first, on queue_processing_started_idx), then pending in claim order, priority DESC then
--- FIFO by id (one probe of queue_claim_idx per endpoint, as claim_batch_v1 does), then
+-- FIFO by id (one probe of queue_claim_idx per endpoint, as the claim does), then
 -- finished rows not archived yet, newest first (queue_finished_idx). The status gates are
 -- one-time filters, so a branch the status rules out is never run.
 WITH wanted AS (
@@ -172,18 +172,6 @@ WHERE (%(status)s::text IS NULL OR m.status = %(status)s::text)
 ORDER BY m.id
 LIMIT %(limit)s;
 
--- name: claim_batch
--- Payloads come as JSON text: dispatchers send them as they are, with no parse and re-dump.
-SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, headers, metadata, priority,
-       retry_count, max_retries, correlation_id, ordering_key, idempotency_key, scheduled_at, expires_at, created_at
-FROM courier.claim_batch_v1(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
-
--- name: complete_batch
-SELECT courier.complete_batch_v1(%(ids)s::bigint[]);
-
--- name: fail_batch
-SELECT courier.fail_batch_v1(%(ids)s::bigint[], %(errors)s::text[], %(next_attempt_at)s::timestamptz[]);
-
 -- name: list_settings
 SELECT name, value, default_value, value_type, min_value, max_value, unit, description, updated_at
 FROM courier.settings ORDER BY name;
@@ -219,16 +207,24 @@ SELECT id, name, protocol, config, retry_policy, circuit_state
 FROM courier.endpoints WHERE enabled ORDER BY id;
 
 -- name: claim_for_endpoint
-SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, headers, metadata, priority,
-       retry_count, max_retries, correlation_id, ordering_key, idempotency_key, scheduled_at, expires_at, created_at
-FROM courier.claim_batch_v2(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
+-- Payloads come as JSON text: dispatchers send them as they are, with no parse and re-dump.
+-- Headers and metadata come as text too, decoded one message at a time (claimed_from_row),
+-- so that one message a client cannot decode fails alone instead of the whole claim.
+SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, headers::text AS headers,
+       metadata::text AS metadata, priority,
+       retry_count, max_retries, correlation_id, ordering_key, idempotency_key, scheduled_at, expires_at, created_at,
+       lease
+FROM courier.claim_batch_v3(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
 
 -- name: report_outcomes
-SELECT * FROM courier.report_outcomes_v1(%(ids)s::bigint[], %(outcomes)s::text[], %(errors)s::text[],
-                                         %(retry_after)s::integer[], %(responses)s::jsonb[]);
+SELECT * FROM courier.report_outcomes_v2(%(ids)s::bigint[], %(leases)s::integer[], %(outcomes)s::text[],
+                                         %(errors)s::text[], %(retry_after)s::integer[], %(responses)s::jsonb[]);
 
 -- name: release_batch
-SELECT courier.release_batch_v1(%(ids)s::bigint[], %(delay)s);
+SELECT courier.release_batch_v2(%(ids)s::bigint[], %(leases)s::integer[], %(delay)s);
+
+-- name: renew_leases
+SELECT courier.renew_leases_v1(%(ids)s::bigint[], %(leases)s::integer[]);
 
 -- name: recover_stale_messages
 SELECT courier.recover_stale_messages();

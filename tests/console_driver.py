@@ -12,6 +12,7 @@ from textual.pilot import Pilot
 
 from console.app import CourierApp, make_app
 from console.app.showcase import open_pane
+from tests.helpers import report
 
 __all__ = ["dead_letter", "open_pane", "run_console", "wait_for"]
 
@@ -46,10 +47,9 @@ def dead_letter(conn: psycopg.Connection, endpoint: str, count: int) -> list[int
     endpoint_id = conn.execute("SELECT id FROM courier.endpoints WHERE name = %s", (endpoint,)).fetchone()[0]
     conn.execute("SELECT courier.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', g) "
                  "FROM generate_series(1, %s) g))", (endpoint, count))
-    ids = [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch_v2('t', %s, %s)",
+    ids = [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch_v3('t', %s, %s)",
                                           (count, endpoint_id))]
-    conn.execute("SELECT * FROM courier.report_outcomes_v1(%s, %s, %s, %s)",
-                 (ids, ["permanent"] * len(ids), ["[PERMANENT] HTTP 422"] * len(ids), [None] * len(ids)))
+    report(conn, ids, ["permanent"] * len(ids), ["[PERMANENT] HTTP 422"] * len(ids))
     return [row[0] for row in conn.execute(
         "SELECT id FROM courier.dlq WHERE endpoint_name = %s AND original_message_id = ANY(%s) ORDER BY id",
         (endpoint, ids))]

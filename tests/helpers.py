@@ -17,8 +17,26 @@ def queue_rows(conn: psycopg.Connection) -> int:
 
 
 def claim(conn: psycopg.Connection, batch: int = 10, worker: str = "test") -> list[tuple]:
-    return conn.execute("SELECT id, payload, priority, ordering_key FROM courier.claim_batch_v1(%s, %s)",
+    """Claim across every endpoint with no circuit or rate limit (claim_batch_v3's inside)."""
+    return conn.execute("SELECT id, payload, priority, ordering_key FROM courier._claim_due(%s, %s)",
                         (worker, batch)).fetchall()
+
+
+def leases(conn: psycopg.Connection, ids: list[int]) -> list[int]:
+    """The current lease of each message, as its claim returned it (-1 for one not queued)."""
+    rows = dict(conn.execute("SELECT id, lease FROM courier.queue WHERE id = ANY (%s)", (list(ids),)).fetchall())
+    return [rows.get(i, -1) for i in ids]
+
+
+def report(conn: psycopg.Connection, ids: list[int], outcomes: list[str], errors: list[str | None],
+           retry_after: list[int | None] | None = None) -> tuple:
+    """report_outcomes_v2 as the claim's holder: with the leases the messages hold now."""
+    return conn.execute("SELECT * FROM courier.report_outcomes_v2(%s, %s, %s, %s, %s)",
+                        (list(ids), leases(conn, ids), outcomes, errors, retry_after)).fetchone()
+
+
+def complete(conn: psycopg.Connection, ids: list[int]) -> tuple:
+    return report(conn, ids, ["success"] * len(ids), [None] * len(ids))
 
 
 def message_status(conn: psycopg.Connection, message_id: int) -> str | None:

@@ -44,7 +44,7 @@ def busy_queue(conn, webhook):
 
 
 def claim_body(conn, worker: str, batch: int, endpoint: str) -> str:
-    body = scalar(conn, "SELECT prosrc FROM pg_proc WHERE proname = 'claim_batch_v1'")
+    body = scalar(conn, "SELECT prosrc FROM pg_proc WHERE proname = '_claim_due'")
     return (body.replace("p_worker_id", f"'{worker}'").replace("p_batch_size", str(batch))
             .replace("p_endpoint_id", endpoint))
 
@@ -59,7 +59,7 @@ def test_claim_never_scans_the_queue(busy_queue, endpoint):
 
 
 def test_ordering_key_checks_use_indexes(busy_queue):
-    busy_queue.execute("SELECT count(*) FROM courier.claim_batch_v1('w', 200, 1)")  # some keys in flight
+    busy_queue.execute("SELECT count(*) FROM courier._claim_due('w', 200, 1)")  # some keys in flight
     busy_queue.execute("ANALYZE courier.queue")
     nodes = explain(busy_queue, claim_body(busy_queue, "w", 100, "1"))
     on_queue = [n for n in nodes if n.get("Relation Name") == "queue" and "Scan" in n["Node Type"]]
@@ -69,7 +69,7 @@ def test_ordering_key_checks_use_indexes(busy_queue):
 
 def test_claim_cost_stays_flat_after_many_finished_rows(busy_queue):
     """Finished rows are outside every partial index the claim uses."""
-    before = busy_queue.execute("SELECT count(*) FROM courier.claim_batch_v1('w', 50, 1)").fetchone()[0]
+    before = busy_queue.execute("SELECT count(*) FROM courier._claim_due('w', 50, 1)").fetchone()[0]
     busy_queue.execute("UPDATE courier.queue SET status = 'completed' WHERE status = 'processing'")
     nodes = explain(busy_queue, claim_body(busy_queue, "w", 50, "1"))
     assert before == 50
@@ -101,7 +101,7 @@ def deep_queue(conn, webhook):
 def test_the_claims_update_uses_the_primary_key_even_with_a_generic_plan(deep_queue):
     """The planner cannot see how few rows LIMIT p_batch_size leaves; the UPDATE must not
     join the candidates to the queue by a scan of it (it did: 24 ms at 100k pending)."""
-    body = scalar(deep_queue, "SELECT prosrc FROM pg_proc WHERE proname = 'claim_batch_v1'")
+    body = scalar(deep_queue, "SELECT prosrc FROM pg_proc WHERE proname = '_claim_due'")
     nodes = generic_claim_plan(deep_queue, body)
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "queue"]
     assert "queue_pkey" in {n.get("Index Name") for n in nodes}
@@ -110,6 +110,6 @@ def test_the_claims_update_uses_the_primary_key_even_with_a_generic_plan(deep_qu
 def test_worker_functions_never_jit(conn):
     """JIT-compiling a 3 ms claim cost 30 ms on a server with JIT on (the default with LLVM)."""
     configs = dict(conn.execute("SELECT proname, proconfig FROM pg_proc WHERE proname IN "
-                                "('claim_batch_v1', 'claim_batch_v2', 'report_outcomes_v1', "
+                                "('_claim_due', 'claim_batch_v3', 'report_outcomes_v2', "
                                 "'archive_completed_messages')").fetchall())
     assert len(configs) == 4 and all("jit=off" in (config or []) for config in configs.values()), configs

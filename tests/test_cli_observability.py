@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import scalar
+from tests.helpers import report, scalar
 from tests.test_cli import COURIER, ENV, assert_ok, assert_one_line_error, assert_usage_error, run
 
 
@@ -25,9 +25,8 @@ def busy(conn):
         conn.execute("SELECT courier.create_endpoint(%s, 'noop', '{}')", (name,))
     ids = scalar(conn, "SELECT courier.send_batch('billing', ARRAY(SELECT jsonb_build_object('n', g) "
                        "FROM generate_series(1, 6) g))")
-    conn.execute("SELECT courier.claim_batch_v2('w', 6, 1)")
-    conn.execute("SELECT courier.report_outcomes_v1(%s, %s, %s)",
-                 (ids, ["success"] * 4 + ["permanent"] * 2, [None] * 4 + ["[PERMANENT] HTTP 400"] * 2))
+    conn.execute("SELECT courier.claim_batch_v3('w', 6, 1)")
+    report(conn, ids, ["success"] * 4 + ["permanent"] * 2, [None] * 4 + ["[PERMANENT] HTTP 400"] * 2)
     conn.execute("SELECT courier.send_batch('shipping', ARRAY['{}'::jsonb, '{}', '{}'])")
     conn.execute("UPDATE courier.endpoints SET circuit_state = 'open' WHERE name = 'shipping'")
     return conn

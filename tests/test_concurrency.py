@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
-from tests.helpers import scalar
+from tests.helpers import complete, scalar
 
 WORKERS = 8
 
@@ -39,7 +39,7 @@ def test_concurrent_claimers_never_share_a_message(dsn, conn, webhook):
         got: list[int] = []
         with psycopg.connect(dsn, autocommit=True) as own:
             barrier.wait()
-            while batch := own.execute("SELECT id FROM courier.claim_batch_v1(%s, 25)",
+            while batch := own.execute("SELECT id FROM courier._claim_due(%s, 25)",
                                        (f"w{worker}",)).fetchall():
                 got.extend(row[0] for row in batch)
         return got
@@ -80,7 +80,7 @@ def test_ordering_keys_hold_under_concurrent_workers(dsn, conn, webhook):
         idle = 0
         with psycopg.connect(dsn, autocommit=True) as own:
             while idle < 20:
-                batch = own.execute("SELECT id, payload, ordering_key FROM courier.claim_batch_v1(%s, 5)",
+                batch = own.execute("SELECT id, payload, ordering_key FROM courier._claim_due(%s, 5)",
                                     (f"w{worker}",)).fetchall()
                 if not batch:
                     idle += 1
@@ -97,7 +97,7 @@ def test_ordering_keys_hold_under_concurrent_workers(dsn, conn, webhook):
                 with lock:
                     for _, _, key in batch:
                         in_flight.discard(key)
-                own.execute("SELECT courier.complete_batch_v1(%s::bigint[])", ([row[0] for row in batch],))
+                complete(own, [row[0] for row in batch])
 
     watcher = threading.Thread(target=watch_database)
     watcher.start()
@@ -120,7 +120,7 @@ def test_priority_order_holds_for_a_single_claimer(conn, webhook):
             conn.execute("SELECT courier.send_with_options('webhook', %s::jsonb, p_priority := %s)",
                          (f'{{"n": {n}}}', priority))
     order = []
-    while batch := conn.execute("SELECT priority, id FROM courier.claim_batch_v1('w', 7)").fetchall():
+    while batch := conn.execute("SELECT priority, id FROM courier._claim_due('w', 7)").fetchall():
         order.extend(batch)
     assert order == sorted(order, key=lambda row: (-row[0], row[1]))
     assert len(order) == len(priorities)
@@ -136,7 +136,7 @@ def test_priority_order_holds_per_claim_with_concurrent_claimers(dsn, conn, webh
 
     def drain(worker: int) -> None:
         with psycopg.connect(dsn, autocommit=True) as own:
-            while batch := own.execute("SELECT priority, id FROM courier.claim_batch_v1(%s, 20)",
+            while batch := own.execute("SELECT priority, id FROM courier._claim_due(%s, 20)",
                                        (f"w{worker}",)).fetchall():
                 with lock:
                     claims.append(batch)

@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from tests.helpers import message_status, scalar
+from tests.helpers import leases, message_status, scalar
+from tests.helpers import report as report_with_leases
 
 
 def endpoint_id(conn, name: str = "hook") -> int:
@@ -27,13 +28,13 @@ def send(conn, n: int = 1, name: str = "hook") -> list[int]:
 
 
 def claim(conn, endpoint: int, batch: int = 10, worker: str = "w") -> list[int]:
-    return [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch_v2(%s, %s, %s)",
+    return [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch_v3(%s, %s, %s)",
                                            (worker, batch, endpoint))]
 
 
 def report(conn, ids: list[int], outcome: str, error: str | None = "boom", retry_after: int | None = None):
-    return conn.execute("SELECT * FROM courier.report_outcomes_v1(%s, %s, %s, %s)",
-                        (ids, [outcome] * len(ids), [error] * len(ids), [retry_after] * len(ids))).fetchone()
+    """(delivered, retried, dead_lettered), reported by the claims' holder."""
+    return report_with_leases(conn, ids, [outcome] * len(ids), [error] * len(ids), [retry_after] * len(ids))[:3]
 
 
 def status_of(conn, message_id: int) -> str | None:
@@ -404,7 +405,7 @@ def test_rate_limit_defers_instead_of_failing(conn):
 def test_release_returns_claims_without_counting_an_attempt(conn, hook):
     ids = send(conn, 3)
     claim(conn, hook)
-    assert scalar(conn, "SELECT courier.release_batch_v1(%s)", (ids,)) == 3
+    assert scalar(conn, "SELECT courier.release_batch_v2(%s, %s)", (ids, leases(conn, ids))) == 3
     assert scalar(conn, "SELECT sum(retry_count) FROM courier.queue WHERE status = 'pending'") == 0
 
 

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from tests.helpers import archived, scalar
+from tests.helpers import archived, report, scalar
 from tests.workers import start_worker_process, wait_for
 
 
@@ -100,12 +100,12 @@ def test_the_event_log_records_each_kind_of_event(conn):
     conn.execute("SELECT courier.enable_endpoint('hook')")
     conn.execute("SELECT courier.set_setting('circuit_breaker_threshold', '1')")
     ids = scalar(conn, "SELECT courier.send_batch('hook', ARRAY['{}'::jsonb, '{}'])")
-    conn.execute("SELECT courier.claim_batch_v2('w', 1, 1)")
-    conn.execute("SELECT courier.report_outcomes_v1(%s, '{retryable}', '{boom}')", (ids[:1],))  # opens
+    conn.execute("SELECT courier.claim_batch_v3('w', 1, 1)")
+    report(conn, ids[:1], ["retryable"], ["boom"])  # opens
     conn.execute("UPDATE courier.endpoints SET circuit_half_open_at = now() - interval '1 second'")
     conn.execute("UPDATE courier.queue SET next_retry_at = NULL")
-    probe = [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch_v2('w', 5, 1)")]  # half_open
-    conn.execute("SELECT courier.report_outcomes_v1(%s, %s, %s)", (probe, ["permanent"], ["[PERMANENT] 400"]))
+    probe = [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch_v3('w', 5, 1)")]  # half_open
+    report(conn, probe, ["permanent"], ["[PERMANENT] 400"])
     conn.execute("SELECT courier.reset_circuit_breaker('hook')")
     dlq_id = scalar(conn, "SELECT id FROM courier.dlq")
     conn.execute("SELECT courier.redrive_message(%s)", (dlq_id,))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from tests.helpers import claim, queue_rows, scalar
+from tests.helpers import claim, complete, queue_rows, report, scalar
 
 
 def send(conn: psycopg.Connection, payload: str, **options: object) -> int:
@@ -36,7 +36,7 @@ def test_ordering_key_is_fifo_and_one_at_a_time(conn, webhook):
     assert sorted(row[0] for row in claim(conn, 10)) == [first, free]
     # While step 1 is processing, step 2 stays put.
     assert claim(conn, 10) == []
-    conn.execute("SELECT courier.complete_batch_v1(ARRAY[%s]::bigint[])", (first,))
+    complete(conn, [first])
     assert [row[0] for row in claim(conn, 10)] == [second]
 
 
@@ -44,8 +44,7 @@ def test_ordering_key_waits_for_a_retrying_predecessor(conn, webhook):
     first = send(conn, '{"step": 1}', p_ordering_key="k")
     send(conn, '{"step": 2}', p_ordering_key="k")
     assert [row[0] for row in claim(conn)] == [first]
-    conn.execute("SELECT courier.fail_batch_v1(ARRAY[%s]::bigint[], ARRAY['boom'], "
-                 "ARRAY[now() + interval '1 hour'])", (first,))
+    report(conn, [first], ["retryable"], ["boom"], [3600])
     # Step 1 is pending again but not due; step 2 must still wait behind it.
     assert claim(conn) == []
 
@@ -75,10 +74,9 @@ def test_idempotency_key_freed_when_message_leaves_active_states(conn, webhook, 
     first = send(conn, '{"order_id": 1}', p_idempotency_key="k")
     claim(conn)
     if finish == "complete":
-        conn.execute("SELECT courier.complete_batch_v1(ARRAY[%s]::bigint[])", (first,))
+        complete(conn, [first])
     else:
-        conn.execute("SELECT courier.fail_batch_v1(ARRAY[%s]::bigint[], ARRAY['gone'], ARRAY[NULL]::timestamptz[])",
-                     (first,))
+        report(conn, [first], ["permanent"], ["gone"])
     # Processing still holds the key; a finished message does not, even with another payload.
     second = send(conn, '{"order_id": 2}', p_idempotency_key="k")
     assert second != first
@@ -113,7 +111,7 @@ def test_expires_before_scheduled_is_rejected(conn, webhook):
 def test_correlation_id_is_stored_and_handed_to_the_worker(conn, webhook):
     correlation = "550e8400-e29b-41d4-a716-446655440000"
     send(conn, '{"data": 1}', p_correlation_id=correlation)
-    row = conn.execute("SELECT correlation_id::text FROM courier.claim_batch_v1('w', 1)").fetchone()
+    row = conn.execute("SELECT correlation_id::text FROM courier._claim_due('w', 1)").fetchone()
     assert row == (correlation,)
 
 
@@ -203,7 +201,7 @@ def test_backpressure_counts_only_active_messages(conn, webhook):
     conn.execute("SELECT courier.set_setting('max_queue_size', '1')")
     first = send(conn, '{"n": 1}')
     claim(conn)
-    conn.execute("SELECT courier.complete_batch_v1(ARRAY[%s]::bigint[])", (first,))
+    complete(conn, [first])
     send(conn, '{"n": 2}')  # the completed message no longer counts
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from tests.helpers import claim, scalar
+from tests.helpers import claim, complete, report, scalar
 
 
 def metric(conn: psycopg.Connection, name: str, **labels: str) -> float:
@@ -37,9 +37,8 @@ def test_depths_are_exact_through_the_lifecycle(dsn, conn, webhook):
         other.execute("SELECT courier.send('webhook', '{}')")
         other.commit()
     ids = [row[0] for row in claim(conn, 15)]
-    conn.execute("SELECT courier.complete_batch_v1(%s::bigint[])", (ids[:10],))
-    conn.execute("SELECT courier.fail_batch_v1(%s::bigint[], %s::text[], %s::timestamptz[])",
-                 (ids[10:], ["boom"] * 5, [None] * 5))
+    complete(conn, ids[:10])
+    report(conn, ids[10:], ["permanent"] * 5, ["boom"] * 5)
     conn.execute("DELETE FROM courier.queue WHERE id = (SELECT max(id) FROM courier.queue WHERE status = 'pending')")
 
     for status in ("pending", "processing", "completed", "failed", "expired"):

@@ -25,7 +25,7 @@ from sqlkit.errors import (
     PermissionDenied,
     WrongState,
 )
-from sqlkit.messages import FailedAttempt, SendOptions
+from sqlkit.messages import SendOptions
 
 
 def test_dsn_resolution_order():
@@ -56,20 +56,23 @@ def test_typed_api_round_trip(dsn):
         stored = messages.get(conn, message_id)
         assert (stored.priority, stored.correlation_id, stored.headers) == (8, correlation, {"X-Tenant": "acme"})
 
-        claimed = messages.claim_batch(conn, "worker-1", 10)
+        claimed = messages.claim_batch(conn, "worker-1", 10, endpoint_id)
         assert [m.id for m in claimed] == [message_id, *batch_ids]
         assert claimed[0].max_retries == 3 and claimed[0].endpoint_name == "billing"
-        assert messages.complete_batch(conn, [message_id]) == 1
-        retry_at = datetime.now(UTC) + timedelta(minutes=5)
-        assert messages.fail_batch(conn, [FailedAttempt(batch_ids[0], "[RETRYABLE] 503", retry_at),
-                                          FailedAttempt(batch_ids[1], "[PERMANENT] 400")]) == 2
+        assert all(m.lease == 1 for m in claimed)
+        counts = messages.report_outcomes(conn, claimed, ["success", "retryable", "permanent"],
+                                          [None, "[RETRYABLE] 503", "[PERMANENT] 400"])
+        assert (counts.delivered, counts.retried, counts.dead_lettered, counts.stale) == (1, 1, 1, 0)
         assert messages.get(conn, batch_ids[0]).status == "pending"
         failed = messages.get(conn, batch_ids[1])
         assert failed.status == "failed" and failed.error_history[0]["error"] == "[PERMANENT] 400"
+        # The same report again holds stale leases: nothing changes, and it is counted.
+        assert messages.report_outcomes(conn, claimed[1:2], ["success"], [None]).stale == 1
+        assert messages.get(conn, batch_ids[0]).status == "pending"
 
         depth = {(m.labels.get("status")): m.metric_value
                  for m in observability.metrics(conn) if m.metric_name == "queue_depth"}
-        assert depth == {"pending": 1, "processing": 0, "completed": 1, "failed": 1, "expired": 0}
+        assert depth == {"pending": 1, "processing": 0, "completed": 0, "failed": 0, "expired": 0}
         (health,) = observability.endpoint_health(conn, "billing")
         assert health.pending_messages == 1
 

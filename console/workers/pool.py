@@ -20,14 +20,18 @@ from dataclasses import dataclass, field
 
 from sqlkit import queries
 from sqlkit.connection import AsyncDatabase
-from sqlkit.errors import CourierError
-from sqlkit.messages import ClaimedMessage
+from sqlkit.errors import CourierError, DatabaseUnavailable
+from sqlkit.messages import ClaimedMessage, claimed_from_row
 
 from .dispatchers import Dispatcher, Target, dispatcher_for
 from .maintenance import MaintenanceLeader, MaintenanceSchedule
 from .outcome import Outcome, OutcomeKind
 
 log = logging.getLogger("courier.worker")
+
+DRAIN_GRACE = 5.0
+"""Seconds a stop may take beyond the drain timeout, to release and report; with the last
+heartbeat and closing the connections, a stop takes at most drain_timeout + 8 s."""
 
 MAX_CONCURRENCY = 10_000
 """The most messages one pool may have in flight (as `courier worker --concurrency` allows)."""
@@ -48,6 +52,13 @@ class PoolSettings:
     refresh_interval: float = 2.0
     """Seconds between re-reads of the endpoint list."""
     heartbeat_interval: float = 5.0
+    """Seconds between heartbeats, and between checks for leases to renew."""
+    renew_after: float | None = None
+    """Seconds a lease is held before the pool renews it (default: a third of the database's
+    stale_recovery_timeout), so stale recovery never takes a slow delivery from a live worker."""
+    max_unreported: int = 5_000
+    """Most outcomes waiting to be reported; past it the pool claims nothing new until the
+    reporter catches up, so a database that refuses reports cannot grow memory without end."""
     maintenance: MaintenanceSchedule | None = field(default_factory=MaintenanceSchedule)
     """The schedule this pool runs if it is elected maintenance leader; None never stands."""
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}")
@@ -58,6 +69,7 @@ class PoolStats:
     delivered: int = 0
     failed: int = 0
     dead_lettered: int = 0
+    stale_reports: int = 0
 
 
 class WorkerPool:
@@ -74,7 +86,9 @@ class WorkerPool:
         self._in_flight_by_endpoint: dict[int, int] = defaultdict(int)
         self._dispatch_tasks: set[asyncio.Task[None]] = set()
         self._capacity = asyncio.Condition()
-        self._reports: list[tuple[int, Outcome]] = []
+        self._reports: list[tuple[ClaimedMessage, Outcome]] = []
+        # When each held lease was taken or last renewed (monotonic), by message id.
+        self._leased_at: dict[int, float] = {}
         self._report_wake = asyncio.Event()
         # Failures not yet reported, by endpoint: until SQL has seen them it cannot open the
         # circuit, so the endpoint gets no more room until they are (see _room).
@@ -142,6 +156,8 @@ class WorkerPool:
                 asyncio.create_task(self._every(self.settings.refresh_interval, self._refresh_targets), name="refresh"),
                 asyncio.create_task(self._every(self.settings.heartbeat_interval, self._heartbeat, self._heartbeat_due),
                                     name="heartbeat"),
+                asyncio.create_task(self._every(self.settings.heartbeat_interval, self._renew_leases),
+                                    name="lease-renewal"),
             ]
             if self.maintenance is not None:
                 # Stale recovery at start-up is the leader's first job, as for ulak's worker 0.
@@ -149,22 +165,36 @@ class WorkerPool:
             log.info("worker started", extra={"worker_id": self.worker_id, "concurrency": self.settings.concurrency})
             await self._stopping.wait()
             log.info("draining", extra={"worker_id": self.worker_id, "in_flight": len(self._in_flight)})
-            await self._heartbeat("draining")
-            await self._wake_all_loops()
-            await asyncio.gather(*self._loops.values(), return_exceptions=True)
-            await self._drain()
-            self._report_wake.set()
-            await reporter
+            deadline = time.monotonic() + self.settings.drain_timeout
+            try:
+                # Bounded by the drain timeout plus DRAIN_GRACE for the release and the last
+                # reports, whatever the database does: a heartbeat, release or report that
+                # fails or hangs is logged, and the stop goes on.
+                async with asyncio.timeout(self.settings.drain_timeout + DRAIN_GRACE):
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(self._heartbeat("draining"), 1.0)
+                    await self._wake_all_loops()
+                    await asyncio.gather(*self._loops.values(), return_exceptions=True)
+                    await self._drain(deadline)
+                    self._report_wake.set()
+                    await reporter
+            except TimeoutError:
+                log.error("drain timed out; unreported outcomes are left to stale recovery",
+                          extra={"worker_id": self.worker_id, "unreported": len(self._reports)})
+                reporter.cancel()
+                await asyncio.gather(reporter, return_exceptions=True)
         finally:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             with contextlib.suppress(Exception):
-                await self._heartbeat("stopped")
+                await asyncio.wait_for(self._heartbeat("stopped"), 1.0)
             for dispatcher in self._dispatchers.values():
                 if dispatcher is not None:
-                    await dispatcher.close()
-            await self._db.close()
+                    with contextlib.suppress(Exception):
+                        await dispatcher.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._db.close(), 2.0)
             log.info("worker stopped", extra={"worker_id": self.worker_id, "delivered": self.stats.delivered,
                                               "failed": self.stats.failed})
 
@@ -210,9 +240,11 @@ class WorkerPool:
             try:
                 claimed = await self._claim(target.id, room)
                 failures = 0
-            except CourierError as error:
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # never let one endpoint's claim loop die
                 failures += 1
-                log.warning("claim failed", extra={"endpoint": target.name, "error": error.one_line()})
+                log.warning("claim failed", extra={"endpoint": target.name, "error": _one_line(error)})
                 await asyncio.sleep(min(0.2 * 2**failures, 5.0))
                 continue
             if not claimed:
@@ -243,7 +275,8 @@ class WorkerPool:
                 room = min(self.settings.batch_size,
                            self.settings.concurrency - len(self._in_flight),
                            limit - self._in_flight_by_endpoint[target.id])
-                if room > 0 and self._unreported_failures[target.id] == 0:
+                if (room > 0 and self._unreported_failures[target.id] == 0
+                        and len(self._reports) < self.settings.max_unreported):
                     return room
                 await self._capacity.wait()
             return 0
@@ -252,7 +285,20 @@ class WorkerPool:
         async with self._db.connection() as conn:
             rows = await queries.fetch_all_async(conn, "claim_for_endpoint", {
                 "worker_id": self.worker_id, "batch_size": room, "endpoint_id": endpoint_id})
-        return [ClaimedMessage(**row) for row in rows]
+        now = time.monotonic()
+        claimed = []
+        for row in rows:
+            self._leased_at[row["id"]] = now
+            try:
+                claimed.append(claimed_from_row(row))
+            except Exception as error:  # RecursionError, bad JSON: this message fails alone
+                log.error("claimed message cannot be decoded",
+                          extra={"message_id": row["id"], "error": _one_line(error)})
+                undecodable = ClaimedMessage(**{**row, "headers": {}, "metadata": {}})
+                self._reports.append((undecodable, Outcome.permanent(
+                    f"the worker cannot decode this message's headers or metadata: {_one_line(error)[:200]}")))
+                self._report_wake.set()
+        return claimed
 
     # Dispatch and outcomes -------------------------------------------------------------
 
@@ -270,13 +316,17 @@ class WorkerPool:
             outcome = await dispatcher.deliver(target, message)
         except asyncio.CancelledError:
             raise
-        except Exception as error:  # a dispatcher bug must not lose the message
+        except Exception as error:
+            # A local failure (a bug, or data the dispatcher cannot send, such as a header with
+            # a line break) says nothing about the endpoint: it must never count towards its
+            # circuit. The message goes to the DLQ with the error, for a redrive once fixed.
             log.exception("dispatcher raised", extra={"endpoint": target.name, "message_id": message.id})
-            outcome = Outcome.retryable(f"dispatcher error: {type(error).__name__}: {error}")
+            outcome = Outcome.permanent(f"local dispatcher error, not the endpoint's: "
+                                        f"{type(error).__name__}: {str(error)[:300]}")
         if outcome.kind != OutcomeKind.SUCCESS:
             self._unreported_failures[target.id] += 1
             self._failed_endpoint[message.id] = target.id
-        self._reports.append((message.id, outcome))
+        self._reports.append((message, outcome))
         self._report_wake.set()
         self._in_flight.pop(message.id, None)
         self._in_flight_by_endpoint[target.id] -= 1
@@ -293,22 +343,61 @@ class WorkerPool:
             while self._reports:
                 batch = self._reports[:500]
                 try:
-                    await self._report(batch)
+                    await self._report_isolating(batch)
                     failures = 0
-                except CourierError as error:
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:  # the database is away: keep the batch, try again
                     failures += 1
                     log.warning("reporting outcomes failed; will retry",
-                                extra={"pending_reports": len(self._reports), "error": error.one_line()})
+                                extra={"pending_reports": len(self._reports), "error": _one_line(error)})
                     await asyncio.sleep(min(0.2 * 2**failures, 5.0))
                     continue
                 del self._reports[: len(batch)]
             if self._stopping.is_set() and not self._in_flight and not self._dispatch_tasks:
                 return
 
-    async def _report(self, batch: list[tuple[int, Outcome]]) -> None:
+    async def _report_isolating(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
+        """Report a batch; if the database refuses it for what it holds (not for being away),
+        split it until the one bad outcome is found, and record that one as an error of its
+        message alone, so one bad response never holds back the others."""
+        try:
+            await self._report(batch)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            if _transient(error):
+                raise
+            if len(batch) > 1:
+                middle = len(batch) // 2
+                await self._report_isolating(batch[:middle])
+                await self._report_isolating(batch[middle:])
+                return
+            message, outcome = batch[0]
+            reason = _one_line(error)
+            log.error("outcome could not be recorded; recording an error for this message instead",
+                      extra={"message_id": message.id, "endpoint": message.endpoint_name, "error": reason})
+        # Even a delivered message: recording it as failed costs a redelivery, while leaving
+        # the batch refused would hold back every outcome behind it.
+        replacement = Outcome.retryable(f"the worker could not record this delivery's outcome ({outcome.kind}): "
+                                        f"{reason[:300]}")
+        try:
+            await self._report([(message, replacement)])
+        except asyncio.CancelledError:
+            raise
+        except Exception as second:
+            if _transient(second):
+                raise
+            log.error("outcome dropped; stale recovery will redeliver the message",
+                      extra={"message_id": message.id, "error": _one_line(second)})
+            await self._forget(batch)
+
+    async def _report(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
         async with self._db.connection() as conn:
             rows = await queries.fetch_all_async(conn, "report_outcomes", {
-                "ids": [message_id for message_id, _ in batch],
+                "ids": [message.id for message, _ in batch],
+                "leases": [message.lease for message, _ in batch],
                 "outcomes": [str(outcome.kind) for _, outcome in batch],
                 "errors": [outcome.error for _, outcome in batch],
                 "retry_after": [outcome.retry_after for _, outcome in batch],
@@ -318,8 +407,15 @@ class WorkerPool:
         self.stats.delivered += delivered
         self.stats.failed += retried + dead
         self.stats.dead_lettered += dead
-        for message_id, _ in batch:
-            endpoint_id = self._failed_endpoint.pop(message_id, None)
+        if rows[0]["stale"]:
+            self.stats.stale_reports += rows[0]["stale"]
+            log.warning("outcomes of recovered claims ignored", extra={"count": rows[0]["stale"]})
+        await self._forget(batch)
+
+    async def _forget(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
+        for message, _ in batch:
+            self._leased_at.pop(message.id, None)
+            endpoint_id = self._failed_endpoint.pop(message.id, None)
             if endpoint_id is not None:
                 self._unreported_failures[endpoint_id] -= 1
         async with self._capacity:
@@ -328,23 +424,45 @@ class WorkerPool:
         for event in self._wake.values():
             event.set()
 
-    async def _drain(self) -> None:
+    async def _drain(self, deadline: float) -> None:
         """Wait for in-flight deliveries; release any still running at the deadline."""
-        deadline = time.monotonic() + self.settings.drain_timeout
         while self._dispatch_tasks and time.monotonic() < deadline:
             await asyncio.wait(set(self._dispatch_tasks), timeout=deadline - time.monotonic())
         if self._dispatch_tasks:
-            stuck = list(self._in_flight)
+            stuck = list(self._in_flight.values())
             for task in list(self._dispatch_tasks):
                 task.cancel()
             await asyncio.gather(*self._dispatch_tasks, return_exceptions=True)
             self._in_flight.clear()
             log.warning("drain timeout: releasing unfinished messages", extra={"count": len(stuck)})
-            await self._call_with_retry(lambda: self._release(stuck))
+            try:
+                await self._call_with_retry(lambda: self._release(stuck), attempts=3)
+            except Exception as error:  # their leases run out and stale recovery takes them back
+                log.error("releasing unfinished messages failed", extra={"error": _one_line(error)})
 
-    async def _release(self, message_ids: list[int]) -> None:
+    async def _release(self, messages: list[ClaimedMessage]) -> None:
         async with self._db.connection() as conn:
-            await queries.fetch_value_async(conn, "release_batch", {"ids": message_ids, "delay": 0})
+            await queries.fetch_value_async(conn, "release_batch", {
+                "ids": [m.id for m in messages], "leases": [m.lease for m in messages], "delay": 0})
+
+    async def _renew_leases(self) -> None:
+        """Renew the leases of deliveries (and unreported outcomes) held for a third of the
+        stale-recovery timeout, so recovery never takes a slow delivery from a live worker."""
+        renew_after = self.settings.renew_after
+        if renew_after is None:
+            renew_after = float(self._db_settings.get("stale_recovery_timeout", "60")) / 3
+        due = time.monotonic() - renew_after
+        held = list(self._in_flight.values()) + [message for message, _ in self._reports]
+        renew = [m for m in held if self._leased_at.get(m.id, due) < due]
+        if not renew:
+            return
+        async with self._db.connection() as conn:
+            await queries.fetch_value_async(conn, "renew_leases", {
+                "ids": [m.id for m in renew], "leases": [m.lease for m in renew]})
+        now = time.monotonic()
+        for message in renew:
+            if message.id in self._leased_at:
+                self._leased_at[message.id] = now
 
     # Housekeeping ----------------------------------------------------------------------
 
@@ -385,8 +503,10 @@ class WorkerPool:
                 due.clear()
             try:
                 await action()
-            except CourierError as error:
-                log.warning("periodic task failed", extra={"task": action.__name__, "error": error.one_line()})
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.warning("periodic task failed", extra={"task": action.__name__, "error": _one_line(error)})
 
     async def _call_with_retry(self, action, attempts: int = 5) -> None:
         for attempt in range(attempts):
@@ -403,4 +523,31 @@ class WorkerPool:
 def _jsonb(value: object):
     from psycopg.types.json import Jsonb
 
-    return None if value is None else Jsonb(value)
+    return None if value is None else Jsonb(_without_nul(value))
+
+
+def _without_nul(value: object) -> object:
+    """jsonb cannot hold U+0000; a captured body or header with one is recorded without it."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_nul(v) for v in value]
+    return value
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, CourierError):
+        return error.one_line()
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
+def _transient(error: BaseException) -> bool:
+    """Whether a failed call may succeed as it is later (the database is away, busy or
+    restarting), as opposed to being refused for what it carried."""
+    if isinstance(error, DatabaseUnavailable | TimeoutError | ConnectionError | OSError):
+        return True
+    if isinstance(error, CourierError):
+        return error.sqlstate is None or error.sqlstate[:2] in ("08", "40", "53", "55", "57", "58")
+    return False

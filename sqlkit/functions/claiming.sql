@@ -1,131 +1,123 @@
 -- Claiming: the worker's claim and release primitives, stale recovery, heartbeats and the
 -- maintenance leader's election.
 
--- Marks delivered messages completed. Only rows still in processing count, so a late
--- completion after stale recovery cannot resurrect a message.
-CREATE OR REPLACE FUNCTION courier.complete_batch_v1(p_ids bigint[]) RETURNS integer
-LANGUAGE plpgsql
-SET search_path = pg_catalog, courier, pg_temp
-AS $$
-DECLARE
-    v_done integer;
-BEGIN
-    WITH done AS (
-        UPDATE courier.queue
-        SET status = 'completed', completed_at = now(), updated_at = now()
-        WHERE id = ANY (p_ids) AND status = 'processing'
-        RETURNING endpoint_id
-    ),
-    per_endpoint AS (
-        SELECT endpoint_id, count(*) AS n FROM done GROUP BY endpoint_id
-    ),
-    touched AS (
-        UPDATE courier.endpoints e SET last_success_at = now()
-        FROM per_endpoint p WHERE e.id = p.endpoint_id
-        RETURNING p.endpoint_id, p.n
-    )
-    SELECT coalesce(sum(n), 0) INTO v_done
-    FROM touched, LATERAL courier._add_delivery_totals(touched.endpoint_id, 'delivered', touched.n);
-    RETURN v_done;
-END
-$$;
-
--- Records a failed attempt for each message. A message with a next-attempt time goes back to
--- pending until then; one without (a permanent failure) or out of retries becomes failed.
--- Each attempt's error is appended to error_history.
-CREATE OR REPLACE FUNCTION courier.fail_batch_v1(p_ids bigint[], p_errors text[], p_next_attempt_at timestamptz[])
-RETURNS integer
-LANGUAGE plpgsql
-SET search_path = pg_catalog, courier, pg_temp
-AS $$
-DECLARE
-    v_failed integer;
-BEGIN
-    IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_errors)
-       OR cardinality(p_ids) IS DISTINCT FROM cardinality(p_next_attempt_at) THEN
-        RAISE EXCEPTION '[courier] fail_batch_v1 needs one error and one next-attempt time per id'
-            USING ERRCODE = '22023';
-    END IF;
-
-    WITH outcome AS (
-        SELECT u.id, u.error, u.next_attempt_at
-        FROM unnest(p_ids, p_errors, p_next_attempt_at) AS u(id, error, next_attempt_at)
-    ),
-    failed AS (
-        UPDATE courier.queue q
-        SET retry_count = q.retry_count + 1,
-            last_error = o.error,
-            error_history = q.error_history || jsonb_build_object(
-                'attempt', q.retry_count + 1, 'at', now(), 'error', o.error, 'worker_id', q.worker_id),
-            status = CASE
-                WHEN o.next_attempt_at IS NULL
-                  OR q.retry_count + 1 > coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
-                                                  (SELECT value::integer FROM courier.settings
-                                                   WHERE name = 'default_max_retries'))
-                THEN 'failed' ELSE 'pending' END,
-            next_retry_at = o.next_attempt_at,
-            completed_at = CASE WHEN o.next_attempt_at IS NULL THEN now() END,
-            processing_started_at = NULL,
-            updated_at = now()
-        FROM outcome o, courier.endpoints e
-        WHERE q.id = o.id AND q.status = 'processing' AND e.id = q.endpoint_id
-        RETURNING q.endpoint_id, o.error
-    ),
-    per_endpoint AS (
-        SELECT endpoint_id, count(*) AS n, (array_agg(error))[1] AS last_error FROM failed GROUP BY endpoint_id
-    ),
-    touched AS (
-        UPDATE courier.endpoints e SET last_failure_at = now(), last_error = p.last_error
-        FROM per_endpoint p WHERE e.id = p.endpoint_id
-        RETURNING p.endpoint_id, p.n
-    )
-    SELECT coalesce(sum(n), 0) INTO v_failed
-    FROM touched, LATERAL courier._add_delivery_totals(touched.endpoint_id, 'failed_attempt', touched.n);
-    RETURN v_failed;
-END
-$$;
-
 -- Puts claimed messages back to pending after p_delay_seconds without counting an attempt:
 -- for messages a worker claimed but did not dispatch (shutdown, a circuit that opened
--- mid-batch).
-CREATE OR REPLACE FUNCTION courier.release_batch_v1(p_ids bigint[], p_delay_seconds integer DEFAULT 0) RETURNS integer
+-- mid-batch). p_leases, parallel to p_ids, fence the release like a report: a message whose
+-- claim was recovered and handed to another worker is left alone. Returns how many it released.
+CREATE OR REPLACE FUNCTION courier.release_batch_v2(p_ids bigint[], p_leases integer[], p_delay_seconds integer DEFAULT 0)
+RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
     v_released integer;
 BEGIN
-    UPDATE courier.queue
+    PERFORM courier._require_leases(p_ids, p_leases);
+    UPDATE courier.queue q
     SET status = 'pending', processing_started_at = NULL, worker_id = NULL,
         next_retry_at = now() + make_interval(secs => greatest(p_delay_seconds, 0)), updated_at = now()
-    WHERE id = ANY (p_ids) AND status = 'processing';
+    FROM unnest(p_ids, p_leases) AS u(id, lease)
+    WHERE q.id = u.id AND q.lease = u.lease AND q.status = 'processing';
     GET DIAGNOSTICS v_released = ROW_COUNT;
+    PERFORM courier._count_stale_reports('release', cardinality(p_ids) - v_released, p_ids);
     RETURN v_released;
 END
 $$;
 
+-- Renews the leases of messages still being delivered, so that stale recovery never takes a
+-- slow but healthy delivery from a live worker: recovery looks at processing_started_at,
+-- which a renewal moves to now. Only the lease's holder renews; returns how many it renewed.
+CREATE OR REPLACE FUNCTION courier.renew_leases_v1(p_ids bigint[], p_leases integer[]) RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_renewed integer;
+BEGIN
+    PERFORM courier._require_leases(p_ids, p_leases);
+    UPDATE courier.queue q SET processing_started_at = now()
+    FROM unnest(p_ids, p_leases) AS u(id, lease)
+    WHERE q.id = u.id AND q.lease = u.lease AND q.status = 'processing';
+    GET DIAGNOSTICS v_renewed = ROW_COUNT;
+    RETURN v_renewed;
+END
+$$;
+
+-- The checks every fenced call makes on its arguments.
+CREATE OR REPLACE FUNCTION courier._require_leases(p_ids bigint[], p_leases integer[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF coalesce(cardinality(p_ids), 0) <> coalesce(cardinality(p_leases), 0)
+       OR array_position(p_leases, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION '[courier] every message id needs the lease its claim returned'
+            USING ERRCODE = '22023', HINT = 'Pass the lease column of claim_batch_v3 for each id';
+    END IF;
+END
+$$;
+
+-- Counts and logs reports (or releases) that arrived with a lease that is no longer the
+-- message's: the worker's claim went stale and the message was recovered, and perhaps
+-- claimed again by someone else. Such a report is a no-op; this makes it visible.
+CREATE OR REPLACE FUNCTION courier._count_stale_reports(p_kind text, p_count integer, p_ids bigint[]) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_count > 0 THEN
+        PERFORM courier._add_delivery_totals(0, 'stale_report', p_count);
+        PERFORM courier._log_event('report.stale_lease', NULL, jsonb_build_object(
+            'kind', p_kind, 'count', p_count, 'message_ids', to_jsonb(p_ids[1:20])));
+    END IF;
+END
+$$;
+
 -- Stale recovery (ulak): messages in processing longer than stale_recovery_timeout (or
--- p_timeout_seconds) go back to pending for immediate redelivery, with an attempt counted.
+-- p_timeout_seconds) since their claim or its last lease renewal go back to pending for
+-- immediate redelivery. The lost attempt counts: a message whose delivery keeps killing its
+-- worker is dead-lettered once past max_retries, with an error that says so. Returns how
+-- many it recovered (dead-lettered ones included).
 CREATE OR REPLACE FUNCTION courier.recover_stale_messages(p_timeout_seconds integer DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
     v_recovered integer;
+    v_dead bigint[];
+    v_default_max_retries integer := courier._setting_int('default_max_retries');
 BEGIN
-    UPDATE courier.queue
-    SET status = 'pending', retry_count = retry_count + 1,
-        last_error = 'Recovered from stale processing state',
-        error_history = error_history || jsonb_build_object(
-            'attempt', retry_count + 1, 'at', now(), 'outcome', 'stale', 'worker_id', worker_id,
-            'error', 'Recovered from stale processing state'),
-        next_retry_at = now(), processing_started_at = NULL, updated_at = now()
-    WHERE status = 'processing'
-      AND processing_started_at < now() - make_interval(
-            secs => coalesce(p_timeout_seconds, courier._setting_int('stale_recovery_timeout')));
-    GET DIAGNOSTICS v_recovered = ROW_COUNT;
+    WITH stale AS (
+        SELECT q.id, coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
+                              v_default_max_retries) AS max_retries
+        FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
+        WHERE q.status = 'processing'
+          AND q.processing_started_at < now() - make_interval(
+                secs => coalesce(p_timeout_seconds, courier._setting_int('stale_recovery_timeout')))
+        ORDER BY q.id
+        FOR UPDATE OF q SKIP LOCKED
+    ),
+    recovered AS (
+        UPDATE courier.queue q
+        SET status = 'pending', retry_count = q.retry_count + 1,
+            last_error = CASE WHEN q.retry_count + 1 > m.max_retries
+                              THEN format('[PERMANENT] recovered from stale processing %s times; max_retries (%s) exceeded',
+                                          q.retry_count + 1, m.max_retries)
+                              ELSE 'Recovered from stale processing state' END,
+            error_history = q.error_history || jsonb_build_object(
+                'attempt', q.retry_count + 1, 'at', now(), 'outcome', 'stale', 'worker_id', q.worker_id,
+                'error', 'Recovered from stale processing state'),
+            next_retry_at = now(), processing_started_at = NULL, worker_id = NULL, updated_at = now()
+        FROM stale m
+        WHERE q.id = m.id
+        RETURNING q.id, q.retry_count > m.max_retries AS exhausted
+    )
+    SELECT count(*), array_agg(id) FILTER (WHERE exhausted) INTO v_recovered, v_dead FROM recovered;
+    IF v_dead IS NOT NULL THEN
+        PERFORM courier._dead_letter(v_dead);
+    END IF;
     IF v_recovered > 0 THEN
-        PERFORM courier._log_event('messages.stale_recovered', NULL, jsonb_build_object('count', v_recovered));
+        PERFORM courier._log_event('messages.stale_recovered', NULL, jsonb_build_object(
+            'count', v_recovered, 'dead_lettered', coalesce(cardinality(v_dead), 0)));
     END IF;
     RETURN v_recovered;
 END
@@ -183,7 +175,17 @@ BEGIN
 END
 $$;
 
--- Plan notes for both claims, seen with auto_explain on PostgreSQL 15. The claim's UPDATE joined its candidates to the queue, and the planner, which cannot see
+-- Claims up to p_batch_size deliverable messages, priority DESC then FIFO by id, for one
+-- endpoint or (p_endpoint_id NULL) across every enabled endpoint, with no circuit breaker or
+-- rate limit: the inside of claim_batch_v3, never called by workers directly. A deliverable
+-- message is pending, due (scheduled_at and next_retry_at reached), unexpired, on an enabled
+-- endpoint, and first in line for its ordering key on its endpoint: nothing with its key is
+-- processing there, and nothing earlier with its key is still pending there (ulak's two NOT
+-- EXISTS rules; keys are scoped per endpoint, as ulak's are). Each claimed row takes a new
+-- lease, which every report and release of it must name.
+--
+-- Plan notes, seen with auto_explain on PostgreSQL 15. The claim's UPDATE joined its
+-- candidates to the queue, and the planner, which cannot see
 -- how few candidates a LIMIT of p_batch_size leaves, chose a hash join over a sequential
 -- scan of the whole queue (24 ms of a claim of 100 at 100k pending). Matching the
 -- candidates' ids with = ANY keeps the UPDATE on the primary key.
@@ -191,7 +193,7 @@ $$;
 -- The same generic estimates put the claim over jit_above_cost, and JIT-compiling it cost
 -- about 30 ms per claim on a server with JIT (PostgreSQL's default where LLVM is present),
 -- for queries that run in 3 ms. The worker functions run small, known queries: no JIT.
-CREATE OR REPLACE FUNCTION courier.claim_batch_v1(p_worker_id text, p_batch_size integer, p_endpoint_id integer DEFAULT NULL)
+CREATE OR REPLACE FUNCTION courier._claim_due(p_worker_id text, p_batch_size integer, p_endpoint_id integer DEFAULT NULL)
 RETURNS SETOF courier.claimed_message
 LANGUAGE sql
 SET search_path = pg_catalog, courier, pg_temp
@@ -210,10 +212,11 @@ AS $$
               AND (q.expires_at IS NULL OR q.expires_at > now())
               AND (q.ordering_key IS NULL OR (
                     NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing')
+                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                  AND q2.endpoint_id = q.endpoint_id)
                 AND NOT EXISTS (SELECT 1 FROM courier.queue q2
                                 WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
-                                  AND q2.id < q.id)))
+                                  AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
             ORDER BY q.priority DESC, q.id
             LIMIT p_batch_size
             FOR UPDATE OF q SKIP LOCKED
@@ -224,14 +227,16 @@ AS $$
     ),
     claimed AS (
         UPDATE courier.queue q
-        SET status = 'processing', processing_started_at = now(), worker_id = p_worker_id, updated_at = now()
+        SET status = 'processing', processing_started_at = now(), worker_id = p_worker_id, updated_at = now(),
+            lease = q.lease + 1
         WHERE q.id = ANY (ARRAY(SELECT id FROM candidates))
         RETURNING q.*
     )
     SELECT c.id, c.endpoint_id, e.name, e.protocol, c.payload, c.headers, c.metadata, c.priority,
            c.retry_count, coalesce(c.max_retries, (e.retry_policy ->> 'max_retries')::integer,
                                    (SELECT value::integer FROM courier.settings WHERE name = 'default_max_retries')),
-           c.correlation_id, c.ordering_key, c.idempotency_key, c.scheduled_at, c.expires_at, c.created_at
+           c.correlation_id, c.ordering_key, c.idempotency_key, c.scheduled_at, c.expires_at, c.created_at,
+           c.lease
     FROM claimed c JOIN courier.endpoints e ON e.id = c.endpoint_id
     ORDER BY c.priority DESC, c.id
 $$;
@@ -242,7 +247,7 @@ $$;
 -- only then logs circuit.half_open). While half_open nothing else is claimed, unless the
 -- probe has gone unanswered for a whole cooldown (its worker died), when the next worker
 -- may probe again.
-CREATE OR REPLACE FUNCTION courier.claim_batch_v2(p_worker_id text, p_batch_size integer, p_endpoint_id integer)
+CREATE OR REPLACE FUNCTION courier.claim_batch_v3(p_worker_id text, p_batch_size integer, p_endpoint_id integer)
 RETURNS SETOF courier.claimed_message
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
@@ -295,7 +300,7 @@ BEGIN
         END IF;
     END IF;
 
-    RETURN QUERY SELECT * FROM courier.claim_batch_v1(p_worker_id, v_limit, p_endpoint_id);
+    RETURN QUERY SELECT * FROM courier._claim_due(p_worker_id, v_limit, p_endpoint_id);
     GET DIAGNOSTICS v_claimed = ROW_COUNT;
 
     IF v_rate IS NOT NULL THEN

@@ -142,10 +142,10 @@ $$;
 
 -- DLQ operations ---------------------------------------------------------------------
 
--- Re-queues DLQ rows as new pending messages in their original creation order, with
+-- Re-queues DLQ rows as new pending messages in their original order (the original
+-- message ids, which is FIFO per ordering key, whatever order they failed in), with
 -- retry_count reset and expires_at and idempotency_key cleared, marking each row
--- 'redriven'. Works through at most p_limit rows, so large redrives run as many short
--- transactions; returns how many it redrove.
+-- 'redriven'. Works through at most p_limit rows (NULL: all); returns how many it redrove.
 CREATE OR REPLACE FUNCTION courier._redrive(p_dlq_ids bigint[], p_endpoint_id integer, p_limit integer) RETURNS integer
 LANGUAGE plpgsql
 AS $$
@@ -158,7 +158,7 @@ BEGIN
           AND (p_dlq_ids IS NULL OR d.id = ANY (p_dlq_ids))
           AND (p_endpoint_id IS NULL OR d.endpoint_id = p_endpoint_id)
           AND EXISTS (SELECT 1 FROM courier.endpoints e WHERE e.id = d.endpoint_id)
-        ORDER BY d.original_created_at, d.id
+        ORDER BY d.original_message_id, d.id
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED
     ),
@@ -168,13 +168,13 @@ BEGIN
         SELECT d.endpoint_id, d.payload, d.headers, d.metadata, d.priority, d.ordering_key,
                d.correlation_id, NULL
         FROM courier.dlq d JOIN picked USING (id)
-        ORDER BY d.original_created_at, d.id
+        ORDER BY d.original_message_id, d.id
         RETURNING id, correlation_id
     ),
     paired AS (
         -- New ids were handed out in the same order as the picked rows.
         SELECT p.id AS dlq_id, r.id AS message_id
-        FROM (SELECT id, row_number() OVER (ORDER BY original_created_at, id) AS n
+        FROM (SELECT id, row_number() OVER (ORDER BY original_message_id, id) AS n
               FROM courier.dlq WHERE id IN (SELECT id FROM picked)) p
         JOIN (SELECT id, row_number() OVER (ORDER BY id) AS n FROM requeued) r USING (n)
     )
@@ -213,9 +213,10 @@ BEGIN
 END
 $$;
 
--- Redrives up to p_batch_size failed entries of one endpoint per call; call again until it
--- returns 0 (the CLI does, with a progress bar), so the queue is never locked for long.
-CREATE OR REPLACE FUNCTION courier.redrive_endpoint(p_endpoint_name text, p_batch_size integer DEFAULT 1000) RETURNS integer
+-- Redrives every failed entry of one endpoint (as ulak's does) and returns the count. With
+-- p_batch_size, at most that many per call instead: call again until it returns 0 (the CLI
+-- and the console do, with a progress bar), so each batch commits on its own.
+CREATE OR REPLACE FUNCTION courier.redrive_endpoint(p_endpoint_name text, p_batch_size integer DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
@@ -223,7 +224,7 @@ DECLARE
     v_endpoint courier.endpoints := courier._endpoint_by_name(p_endpoint_name);
     v_count integer;
 BEGIN
-    v_count := courier._redrive(NULL, v_endpoint.id, greatest(p_batch_size, 1));
+    v_count := courier._redrive(NULL, v_endpoint.id, CASE WHEN p_batch_size IS NOT NULL THEN greatest(p_batch_size, 1) END);
     IF v_count > 0 THEN
         PERFORM courier._log_event('dlq.redrive_endpoint', v_endpoint.id,
             jsonb_build_object('name', p_endpoint_name, 'count', v_count));
@@ -233,12 +234,13 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION courier.redrive_all(p_batch_size integer DEFAULT 1000) RETURNS integer
+-- Every failed entry of every endpoint; p_batch_size as for redrive_endpoint.
+CREATE OR REPLACE FUNCTION courier.redrive_all(p_batch_size integer DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
-    v_count integer := courier._redrive(NULL, NULL, greatest(p_batch_size, 1));
+    v_count integer := courier._redrive(NULL, NULL, CASE WHEN p_batch_size IS NOT NULL THEN greatest(p_batch_size, 1) END);
 BEGIN
     IF v_count > 0 THEN
         PERFORM courier._log_event('dlq.redrive_all', NULL, jsonb_build_object('count', v_count));
@@ -300,11 +302,14 @@ $$;
 --   retryable  -> pending again after the backoff delay, or the DLQ once out of retries
 --   permanent  -> the DLQ at once
 --   disable    -> the DLQ, and the endpoint is disabled if its config says auto_disable_on_gone
--- Only rows still in processing are touched, so a late report after stale recovery is void.
-CREATE OR REPLACE FUNCTION courier.report_outcomes_v1(p_ids bigint[], p_outcomes text[], p_errors text[],
-                                                      p_retry_after integer[] DEFAULT NULL,
+-- p_leases, parallel to p_ids, are the leases the claim returned: only a message still in
+-- processing under that lease is touched. A report whose claim went stale and was recovered
+-- (and perhaps claimed again by another worker) is a no-op for that message, counted in
+-- `stale` and in metrics() and logged as report.stale_lease.
+CREATE OR REPLACE FUNCTION courier.report_outcomes_v2(p_ids bigint[], p_leases integer[], p_outcomes text[],
+                                                      p_errors text[], p_retry_after integer[] DEFAULT NULL,
                                                       p_responses jsonb[] DEFAULT NULL)
-RETURNS TABLE (delivered integer, retried integer, dead_lettered integer)
+RETURNS TABLE (delivered integer, retried integer, dead_lettered integer, stale integer)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
 SET plan_cache_mode = force_custom_plan
@@ -324,13 +329,15 @@ DECLARE
     v_endpoints jsonb;
     v_endpoint jsonb;
     v_default_max_retries integer := courier._setting_int('default_max_retries');
+    v_held integer;
 BEGIN
     IF v_n IS DISTINCT FROM coalesce(cardinality(p_outcomes), 0) OR v_n IS DISTINCT FROM coalesce(cardinality(p_errors), 0)
        OR v_n IS DISTINCT FROM coalesce(cardinality(p_retry_after), v_n)
        OR v_n IS DISTINCT FROM coalesce(cardinality(p_responses), v_n) THEN
-        RAISE EXCEPTION '[courier] report_outcomes_v1 needs one outcome, error, retry-after and response per id'
+        RAISE EXCEPTION '[courier] report_outcomes_v2 needs one outcome, error, retry-after and response per id'
             USING ERRCODE = '22023';
     END IF;
+    PERFORM courier._require_leases(p_ids, p_leases);
     SELECT string_agg(DISTINCT coalesce(o, 'NULL'), ', ') INTO v_bad FROM unnest(p_outcomes) AS o
     WHERE o IS NULL OR o NOT IN ('success', 'retryable', 'permanent', 'disable');
     IF v_bad IS NOT NULL THEN
@@ -338,8 +345,16 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'Outcomes are success, retryable, permanent and disable';
     END IF;
 
-    -- Decide everything up front from one read of the claimed rows.
-    WITH reported AS (
+    -- Decide everything up front from one read of the claimed rows, locked in id order (as
+    -- stale recovery locks them) so that nothing changes them between this read and the writes.
+    WITH held AS (
+        SELECT q.id, q.endpoint_id, q.retry_count, q.max_retries
+        FROM unnest(p_ids, p_leases) AS u(id, lease)
+        JOIN courier.queue q ON q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
+        ORDER BY q.id
+        FOR UPDATE OF q
+    ),
+    reported AS (
         SELECT u.id, u.outcome, u.error, u.response, q.endpoint_id,
                CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400) END AS retry_after,
                q.retry_count + 1 > coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
@@ -352,7 +367,7 @@ BEGIN
                     coalesce(p_retry_after, array_fill(NULL::integer, ARRAY[v_n])),
                     coalesce(p_responses, array_fill(NULL::jsonb, ARRAY[v_n])))
              AS u(id, outcome, error, retry_after, response)
-        JOIN courier.queue q ON q.id = u.id AND q.status = 'processing'
+        JOIN held q ON q.id = u.id
         JOIN courier.endpoints e ON e.id = q.endpoint_id
     ),
     per_endpoint AS (
@@ -374,14 +389,16 @@ BEGIN
            array_agg(retry_after ORDER BY id) FILTER (WHERE outcome <> 'success'),
            array_agg(id ORDER BY id) FILTER (WHERE outcome IN ('permanent', 'disable')
                                                   OR (outcome = 'retryable' AND exhausted)),
-           (SELECT jsonb_agg(to_jsonb(p)) FROM per_endpoint p)
+           (SELECT jsonb_agg(to_jsonb(p)) FROM per_endpoint p),
+           count(*)
     INTO v_success_ids, v_success_responses, v_failed_ids, v_failed_outcomes, v_failed_errors,
-         v_failed_delays, v_failed_retry_after, v_dead_ids, v_endpoints
+         v_failed_delays, v_failed_retry_after, v_dead_ids, v_endpoints, v_held
     FROM reported;
+    stale := v_n - v_held;
+    PERFORM courier._count_stale_reports('report', stale, p_ids);
 
     IF v_success_ids IS NOT NULL THEN
-        -- Delivered messages go straight to the archive with their captured responses. Only
-        -- rows still in processing count, so a late report after stale recovery is void.
+        -- Delivered messages go straight to the archive with their captured responses.
         delivered := courier._archive_messages(v_success_ids, '{processing}', 'completed', v_success_responses);
     ELSE
         delivered := 0;

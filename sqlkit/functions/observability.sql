@@ -140,6 +140,10 @@ AS $$
     LEFT JOIN courier.delivery_totals t ON t.endpoint_id = e.id AND t.outcome = o.outcome
     GROUP BY e.name, o.metric
     UNION ALL
+    -- Reports and releases that arrived with a lease recovery had already taken back: no-ops.
+    SELECT 'stale_reports_total', coalesce(sum(t.total), 0)::double precision, '{}'::jsonb, 'counter'
+    FROM courier.delivery_totals t WHERE t.endpoint_id = 0 AND t.outcome = 'stale_report'
+    UNION ALL
     SELECT 'workers_alive', count(*) FILTER (WHERE w.alive)::double precision, '{}'::jsonb, 'gauge'
     FROM workers w
     UNION ALL

@@ -70,6 +70,41 @@ BEGIN
 END
 $$;
 
+-- Per-message headers are sent as HTTP headers: a flat object of string values. Framing and
+-- hop-by-hop headers, Host, User-Agent and Courier's own X-Courier-* are Courier's to set (a
+-- producer's Content-Length once truncated a payload that was then recorded as delivered),
+-- and a value with CR or LF could never be sent: both are refused here, at send.
+CREATE OR REPLACE FUNCTION courier._check_headers(p_headers jsonb) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_name text;
+    v_value jsonb;
+BEGIN
+    FOR v_name, v_value IN SELECT key, value FROM jsonb_each(p_headers) LOOP
+        IF v_name !~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]+$' OR length(v_name) > 256 THEN
+            RAISE EXCEPTION '[courier] header name % is not a valid HTTP header name', to_jsonb(v_name)
+                USING ERRCODE = '22023';
+        END IF;
+        IF lower(v_name) IN ('content-length', 'transfer-encoding', 'host', 'user-agent', 'connection',
+                             'keep-alive', 'te', 'trailer', 'upgrade', 'expect', 'proxy-connection',
+                             'proxy-authorization', 'proxy-authenticate')
+           OR lower(v_name) LIKE 'x-courier-%' THEN
+            RAISE EXCEPTION '[courier] header % is set by Courier and cannot be sent per message', v_name
+                USING ERRCODE = '22023', HINT = 'Leave out framing, hop-by-hop, Host, User-Agent and X-Courier-* headers';
+        END IF;
+        IF jsonb_typeof(v_value) <> 'string' THEN
+            RAISE EXCEPTION '[courier] header % must have a string value, not %', v_name, jsonb_typeof(v_value)
+                USING ERRCODE = '22023';
+        END IF;
+        IF v_value #>> '{}' ~ '[\r\n\x00]' THEN
+            RAISE EXCEPTION '[courier] header % has a line break or NUL in its value', v_name
+                USING ERRCODE = '22023', HINT = 'HTTP header values cannot contain CR, LF or NUL';
+        END IF;
+    END LOOP;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION courier._send_one(
     p_endpoint_name text, p_payload jsonb, p_priority integer, p_scheduled_at timestamptz,
     p_idempotency_key text, p_correlation_id uuid, p_expires_at timestamptz, p_ordering_key text,
@@ -78,7 +113,8 @@ CREATE OR REPLACE FUNCTION courier._send_one(
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_size bigint := pg_column_size(p_payload);
+    -- The size as delivered (JSON text), not as stored: jsonb may be compressed many times over.
+    v_size bigint := octet_length(p_payload::text);
     v_hash text;
     v_id bigint;
     v_endpoint_id integer;
@@ -97,6 +133,13 @@ BEGIN
     END IF;
     IF jsonb_typeof(p_headers) <> 'object' OR jsonb_typeof(p_metadata) <> 'object' THEN
         RAISE EXCEPTION '[courier] headers and metadata must be JSON objects' USING ERRCODE = '22023';
+    END IF;
+    IF p_headers <> '{}' THEN
+        PERFORM courier._check_headers(p_headers);
+    END IF;
+    IF p_metadata <> '{}' AND jsonb_path_exists(p_metadata, 'strict $.**{32}') THEN
+        RAISE EXCEPTION '[courier] metadata is nested more than 32 levels deep' USING ERRCODE = '22023',
+            HINT = 'Flatten the metadata; deeper documents cannot be decoded safely by every client';
     END IF;
     IF length(p_idempotency_key) NOT BETWEEN 1 AND 255 OR length(p_ordering_key) NOT BETWEEN 1 AND 255 THEN
         RAISE EXCEPTION '[courier] idempotency and ordering keys must be 1 to 255 characters' USING ERRCODE = '22023';
@@ -204,7 +247,7 @@ DECLARE
     v_ids bigint[];
 BEGIN
     PERFORM courier._check_priority(p_priority);
-    SELECT max(pg_column_size(payload)), min(ord) FILTER (WHERE payload IS NULL)
+    SELECT max(octet_length(payload::text)), min(ord) FILTER (WHERE payload IS NULL)
     INTO v_largest, v_null_at
     FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord);
     IF v_null_at IS NOT NULL THEN
@@ -212,7 +255,7 @@ BEGIN
     END IF;
     IF v_largest > courier._max_payload_size() THEN
         SELECT ord INTO v_null_at FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord)
-        WHERE pg_column_size(payload) > courier._max_payload_size() ORDER BY ord LIMIT 1;
+        WHERE octet_length(payload::text) > courier._max_payload_size() ORDER BY ord LIMIT 1;
         RAISE EXCEPTION '[courier] batch element % exceeds max_payload_size (% bytes)',
                 v_null_at, courier._max_payload_size()
             USING ERRCODE = '54000', HINT = 'Send a reference to the data instead, or raise max_payload_size';

@@ -1,0 +1,182 @@
+"""Fenced claims and the delivery-correctness fixes of issue 10, at the SQL level: leases on
+every claim, stale recovery that counts attempts, ordering keys per endpoint, full redrive."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import message_status, scalar
+
+
+@pytest.fixture
+def hook(conn) -> int:
+    return scalar(conn, "SELECT courier.create_endpoint('hook', 'noop', '{}')")
+
+
+def send(conn, payload: str = "{}", endpoint: str = "hook", key: str | None = None) -> int:
+    return scalar(conn, "SELECT courier.send_with_options(%s, %s::jsonb, p_ordering_key := %s)",
+                  (endpoint, payload, key))
+
+
+def claim(conn, endpoint: int, worker: str, batch: int = 10) -> list[tuple[int, int]]:
+    """(id, lease) of each message claimed."""
+    return [tuple(row) for row in conn.execute("SELECT id, lease FROM courier.claim_batch_v3(%s, %s, %s)",
+                                               (worker, batch, endpoint))]
+
+
+def report(conn, held: list[tuple[int, int]], outcome: str = "success") -> tuple:
+    return conn.execute("SELECT * FROM courier.report_outcomes_v2(%s, %s, %s, %s)",
+                        ([i for i, _ in held], [lease for _, lease in held], [outcome] * len(held),
+                         [None if outcome == "success" else "[RETRYABLE] HTTP 503"] * len(held))).fetchone()
+
+
+def go_stale(conn) -> None:
+    conn.execute("UPDATE courier.queue SET processing_started_at = now() - interval '1 hour' "
+                 "WHERE status = 'processing'")
+
+
+def stale_reports_total(conn) -> float:
+    return scalar(conn, "SELECT metric_value FROM courier.metrics() WHERE metric_name = 'stale_reports_total'")
+
+
+# 1. Fenced claims ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("late", ["success", "retryable", "permanent"])
+def test_a_late_report_never_touches_the_claim_of_the_next_worker(conn, hook, late):
+    message = send(conn)
+    (first,) = claim(conn, hook, "slow-worker")
+    go_stale(conn)
+    assert scalar(conn, "SELECT courier.recover_stale_messages()") == 1
+    (second,) = claim(conn, hook, "next-worker")
+    assert second[1] == first[1] + 1
+
+    assert report(conn, [first], late) == (0, 0, 0, 1)  # the slow worker's report: a no-op
+    row = conn.execute("SELECT status, worker_id, lease FROM courier.queue WHERE id = %s", (message,)).fetchone()
+    assert row == ("processing", "next-worker", second[1])
+    assert stale_reports_total(conn) == 1
+    event = conn.execute("SELECT details FROM courier.event_log WHERE event_type = 'report.stale_lease'").fetchone()
+    assert event[0]["count"] == 1 and event[0]["message_ids"] == [message]
+
+    assert report(conn, [second]) == (1, 0, 0, 0)  # the holder's report applies
+    assert message_status(conn, message) == "completed"
+
+
+def test_a_late_release_never_touches_the_claim_of_the_next_worker(conn, hook):
+    message = send(conn)
+    (first,) = claim(conn, hook, "slow-worker")
+    go_stale(conn)
+    conn.execute("SELECT courier.recover_stale_messages()")
+    claim(conn, hook, "next-worker")
+    assert scalar(conn, "SELECT courier.release_batch_v2(%s, %s)", ([first[0]], [first[1]])) == 0
+    assert message_status(conn, message) == "processing"
+    assert stale_reports_total(conn) == 1
+
+
+def test_one_stale_report_in_a_batch_leaves_the_others_applied(conn, hook):
+    stale_one, fresh_one = send(conn), send(conn)
+    held = dict(claim(conn, hook, "w"))
+    conn.execute("UPDATE courier.queue SET lease = lease + 1 WHERE id = %s", (stale_one,))  # taken back
+    assert report(conn, [(stale_one, held[stale_one]), (fresh_one, held[fresh_one])]) == (1, 0, 0, 1)
+    assert message_status(conn, fresh_one) == "completed"
+    assert message_status(conn, stale_one) == "processing"
+
+
+@pytest.mark.parametrize("call", [
+    "SELECT * FROM courier.report_outcomes_v2(ARRAY[1], NULL, ARRAY['success'], ARRAY[NULL])",
+    "SELECT * FROM courier.report_outcomes_v2(ARRAY[1], ARRAY[NULL]::integer[], ARRAY['success'], ARRAY[NULL])",
+    "SELECT courier.release_batch_v2(ARRAY[1, 2], ARRAY[1])",
+    "SELECT courier.renew_leases_v1(ARRAY[1], ARRAY[]::integer[])",
+], ids=["report-without-leases", "report-null-lease", "release-short", "renew-short"])
+def test_every_report_release_and_renewal_needs_a_lease_per_id(conn, hook, call):
+    send(conn)
+    claim(conn, hook, "w")
+    with pytest.raises(Exception, match="needs the lease its claim returned") as caught:
+        conn.execute(call)
+    assert caught.value.sqlstate == "22023"
+    assert scalar(conn, "SELECT status FROM courier.queue") == "processing"
+
+
+def test_a_renewed_lease_keeps_a_slow_delivery_from_recovery(conn, hook):
+    message = send(conn)
+    (held,) = claim(conn, hook, "slow-but-alive")
+    go_stale(conn)
+    assert scalar(conn, "SELECT courier.renew_leases_v1(%s, %s)", ([held[0]], [held[1]])) == 1
+    assert scalar(conn, "SELECT courier.recover_stale_messages()") == 0
+    assert report(conn, [held]) == (1, 0, 0, 0)
+    assert message_status(conn, message) == "completed"
+
+
+def test_a_stale_lease_cannot_be_renewed(conn, hook):
+    send(conn)
+    (first,) = claim(conn, hook, "w1")
+    go_stale(conn)
+    conn.execute("SELECT courier.recover_stale_messages()")
+    claim(conn, hook, "w2")
+    assert scalar(conn, "SELECT courier.renew_leases_v1(%s, %s)", ([first[0]], [first[1]])) == 0
+
+
+# 2. Stale recovery counts the attempt ---------------------------------------------------
+
+
+def test_a_message_that_keeps_killing_its_worker_is_dead_lettered_past_max_retries(conn, hook):
+    conn.execute("SELECT courier.alter_endpoint('hook', p_retry_policy := '{\"max_retries\": 2}')")
+    message = send(conn)
+    for attempt in (1, 2):
+        assert claim(conn, hook, f"doomed-{attempt}")
+        go_stale(conn)
+        assert scalar(conn, "SELECT courier.recover_stale_messages()") == 1
+        assert scalar(conn, "SELECT retry_count FROM courier.queue WHERE id = %s", (message,)) == attempt
+    assert claim(conn, hook, "doomed-3")
+    go_stale(conn)
+    assert scalar(conn, "SELECT courier.recover_stale_messages()") == 1
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0
+    dead = conn.execute("SELECT status, retry_count, last_error FROM courier.dlq "
+                        "WHERE original_message_id = %s", (message,)).fetchone()
+    assert dead[:2] == ("failed", 3)
+    assert "recovered from stale processing 3 times; max_retries (2) exceeded" in dead[2]
+    assert message_status(conn, message) == "failed"
+
+
+# 3. Ordering keys per endpoint ------------------------------------------------------------
+
+
+def test_an_ordering_key_in_use_on_one_endpoint_does_not_block_another(conn, hook):
+    other = scalar(conn, "SELECT courier.create_endpoint('other', 'noop', '{}')")
+    mine = send(conn, key="customer-1")
+    theirs = send(conn, endpoint="other", key="customer-1")
+    assert [i for i, _ in claim(conn, hook, "w")] == [mine]
+    assert [i for i, _ in claim(conn, other, "w")] == [theirs]  # was [] while hook held the key
+
+
+def test_the_same_key_still_orders_messages_within_an_endpoint(conn, hook):
+    first, second = send(conn, '{"n": 1}', key="k"), send(conn, '{"n": 2}', key="k")
+    held = claim(conn, hook, "w")
+    assert [i for i, _ in held] == [first]
+    assert claim(conn, hook, "w") == []
+    report(conn, held)
+    assert [i for i, _ in claim(conn, hook, "w")] == [second]
+
+
+def test_redrive_keeps_per_key_order_whatever_order_the_messages_failed_in(conn, hook):
+    first, second, third = (send(conn, f'{{"n": {n}}}', key="k") for n in (1, 2, 3))
+    conn.execute("SELECT courier._dead_letter(%s)", ([third, first, second],))  # failed out of order
+    assert scalar(conn, "SELECT courier.redrive_endpoint('hook')") == 3
+    order = []
+    while held := claim(conn, hook, "w"):
+        order.extend(scalar(conn, "SELECT payload->>'n' FROM courier.queue WHERE id = %s", (i,)) for i, _ in held)
+        report(conn, held)
+    assert order == ["1", "2", "3"]
+
+
+# 4. Redrive everything ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("call", ["SELECT courier.redrive_endpoint('hook')", "SELECT courier.redrive_all()"])
+def test_redrive_endpoint_and_redrive_all_redrive_everything(conn, hook, call):
+    ids = scalar(conn, "SELECT courier.send_batch('hook', ARRAY(SELECT '{}'::jsonb FROM generate_series(1, 2500)))")
+    conn.execute("SELECT courier._dead_letter(%s)", (ids,))
+    assert scalar(conn, call) == 2500  # stopped at 1,000 before
+    assert scalar(conn, "SELECT count(*) FROM courier.dlq WHERE status = 'failed'") == 0
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'pending'") == 2500
+    assert scalar(conn, "SELECT courier.redrive_endpoint('hook', 100)") == 0  # batches still work
