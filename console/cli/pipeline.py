@@ -67,8 +67,9 @@ def analytics_command(since: datetime | None, until: datetime | None, master: st
         table = Table(title=f"{result.rows_read:,} archived message(s) from {since_text} to "
                             f"{result.range_to:%Y-%m-%d %H:%M} UTC, {result.hours:,} endpoint-hour(s) stored "
                             f"(run {result.run_id})")
-        for name in ("endpoint", "delivered", "failed", "expired", "dead_lettered", "p50_ms", "p95_ms", "p99_ms"):
-            table.add_column(name.replace("_", " "), justify="left" if name == "endpoint" else "right")
+        table.add_column("endpoint", no_wrap=True)
+        for header in ("delivered", "failed", "expired", "DLQ", "p50 ms", "p95 ms", "p99 ms"):
+            table.add_column(header, justify="right", no_wrap=True)
         for row in rows:
             counts = (f"{row[k]:,}" for k in ("delivered", "failed", "expired", "dead_lettered"))
             table.add_row(row["endpoint"], *counts,
