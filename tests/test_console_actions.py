@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from textual.widgets import Input, Select, TextArea
 
-from console.app.screens.dlq import DlqScreen
+from console.app.panes.dlq import DlqPane
 from console.app.widgets.confirm import ConfirmModal
 from console.app.widgets.detail import DetailModal
 from console.app.widgets.endpoint_forms import CreateEndpointForm, RetryPolicyForm
@@ -48,7 +48,7 @@ def test_redrive_one_dlq_entry(dsn, conn, noop_endpoints):
 
     async def scenario(pilot, app):
         await open_pane(pilot, "dlq")
-        move_cursor_to(app.screen.query_one(LiveTable), str(dlq_ids[1]))
+        move_cursor_to(app.pane.query_one(LiveTable), str(dlq_ids[1]))
         await pilot.press("R")
         await confirm(pilot, "1 message")
         await wait_for(pilot, lambda: failed_in_dlq(conn) == 2, what="one redrive")
@@ -62,11 +62,11 @@ def test_redrive_a_selection(dsn, conn, noop_endpoints):
 
     async def scenario(pilot, app):
         await open_pane(pilot, "dlq")
-        table = app.screen.query_one(LiveTable)
+        table = app.pane.query_one(LiveTable)
         for chosen in (dlq_ids[0], dlq_ids[2]):
             move_cursor_to(table, str(chosen))
             await pilot.press("space")
-        assert app.screen.selected == {dlq_ids[0], dlq_ids[2]}
+        assert app.pane.selected == {dlq_ids[0], dlq_ids[2]}
         await pilot.press("S")
         await confirm(pilot, "2 selected")
         await wait_for(pilot, lambda: failed_in_dlq(conn) == 2, what="the selection's redrive")
@@ -81,7 +81,7 @@ def test_redrive_an_endpoint_states_the_count_and_spares_the_others(dsn, conn, n
 
     async def scenario(pilot, app):
         await open_pane(pilot, "dlq")
-        move_cursor_to(app.screen.query_one(LiveTable), str(alpha[0]))
+        move_cursor_to(app.pane.query_one(LiveTable), str(alpha[0]))
         await pilot.press("E")
         await confirm(pilot, "all 3 failed DLQ entries of endpoint alpha")
         await wait_for(pilot, lambda: failed_in_dlq(conn, "alpha") == 0, what="alpha's redrive")
@@ -133,7 +133,7 @@ def test_disable_enable_and_reset_circuit(dsn, conn, noop_endpoints):
 
     async def scenario(pilot, app):
         await open_pane(pilot, "endpoints")
-        move_cursor_to(app.screen.query_one(LiveTable), "beta")
+        move_cursor_to(app.pane.query_one(LiveTable), "beta")
         await pilot.press("d")
         await wait_for(pilot, lambda: endpoint("enabled") is False, what="disable")
         await pilot.press("e")
@@ -172,7 +172,7 @@ def test_create_endpoint_with_a_bad_config_shows_the_error_and_stores_nothing(ds
 def test_edit_retry_policy_validates_in_place(dsn, conn, noop_endpoints):
     async def scenario(pilot, app):
         await open_pane(pilot, "endpoints")
-        move_cursor_to(app.screen.query_one(LiveTable), "alpha")
+        move_cursor_to(app.pane.query_one(LiveTable), "alpha")
         await pilot.press("p")
         await wait_for(pilot, lambda: isinstance(app.screen, RetryPolicyForm), what="the policy form")
         form = app.screen
@@ -198,7 +198,7 @@ def test_message_search_and_detail(dsn, conn, noop_endpoints):
                           "p_correlation_id := %s, p_headers := '{\"Authorization\": \"Bearer nope\"}')", (wanted,))
 
     def shown_ids(app) -> set[str]:
-        return {row.value for row in app.screen.query_one(LiveTable).rows}
+        return {row.value for row in app.pane.query_one(LiveTable).rows}
 
     async def scenario(pilot, app):
         await open_pane(pilot, "messages")
@@ -206,22 +206,22 @@ def test_message_search_and_detail(dsn, conn, noop_endpoints):
         await pilot.press("slash")
         await pilot.press(*"beta", "enter")
         await wait_for(pilot, lambda: len(shown_ids(app)) == 2, what="the endpoint filter")
-        app.screen.query_one("#search-endpoint", Input).value = ""
-        app.screen.query_one("#search-ordering-key", Input).value = "cust-1"
-        app.screen.poll_now()
+        app.pane.query_one("#search-endpoint", Input).value = ""
+        app.pane.query_one("#search-ordering-key", Input).value = "cust-1"
+        app.pane.poll_now()
         await wait_for(pilot, lambda: len(shown_ids(app)) == 1, what="the ordering-key filter")
-        app.screen.query_one("#search-ordering-key", Input).value = ""
-        app.screen.query_one("#search-correlation-id", Input).value = str(wanted)
-        app.screen.poll_now()
+        app.pane.query_one("#search-ordering-key", Input).value = ""
+        app.pane.query_one("#search-correlation-id", Input).value = str(wanted)
+        app.pane.poll_now()
         await wait_for(pilot, lambda: shown_ids(app) == {str(target)}, what="the correlation filter")
-        app.screen.query_one("#search-correlation-id", Input).value = ""
-        app.screen.query_one("#search-status", Select).value = "processing"
+        app.pane.query_one("#search-correlation-id", Input).value = ""
+        app.pane.query_one("#search-status", Select).value = "processing"
         await wait_for(pilot, lambda: shown_ids(app) == set(), what="the status filter")
-        app.screen.query_one("#search-status", Select).clear()
-        app.screen.query_one("#search-correlation-id", Input).value = str(wanted)
-        app.screen.poll_now()
+        app.pane.query_one("#search-status", Select).clear()
+        app.pane.query_one("#search-correlation-id", Input).value = str(wanted)
+        app.pane.poll_now()
         await wait_for(pilot, lambda: shown_ids(app) == {str(target)}, what="the correlation filter again")
-        app.screen.query_one(LiveTable).focus()
+        app.pane.query_one(LiveTable).focus()
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, DetailModal), what="the message detail")
         detail = app.screen
@@ -294,10 +294,10 @@ def test_every_pane_is_reachable_by_number_colon_and_palette(dsn, noop_endpoints
                                           "workers", "analytics"), strict=True):
             await pilot.press(key)
             await pilot.pause()
-            assert app.current_mode == pane
+            assert app.current_pane == pane
         await pilot.press("colon", *"dlq", "enter")
         await pilot.pause()
-        assert isinstance(app.screen, DlqScreen)
+        assert isinstance(app.pane, DlqPane)
         await pilot.press("question_mark")
         await pilot.pause()
         assert type(app.screen).__name__ == "HelpScreen"

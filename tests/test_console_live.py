@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from textual.widgets import Input
 
-from console.app.screens.overview import OverviewScreen
+from console.app.panes.overview import OverviewPane
 from console.app.widgets.banner import ConnectionBanner
 from console.workers.supervisor import EmbeddedPool
 from tests.console_driver import open_pane, run_console, wait_for
@@ -36,7 +36,7 @@ def test_workers_pane_starts_scales_and_stops_the_embedded_pool(dsn, conn):
         await wait_for(pilot, lambda: heartbeat(conn, worker_id)[0] == 5, timeout=15, what="scale to 5")
         await pilot.press("equals_sign")
         await pilot.pause(0.2)
-        app.screen.query_one(Input).value = "12"
+        app.screen.query_one(Input).value = "12"  # the prompt is a modal screen
         await pilot.press("enter")
         await wait_for(pilot, lambda: heartbeat(conn, worker_id)[0] == 12, timeout=15, what="scale to 12")
         assert heartbeat(conn, worker_id)[2] == first[2], "scaling must not restart the child"
@@ -57,7 +57,7 @@ def test_console_survives_the_database_going_away_and_coming_back(dsn, conn):
 
     async def scenario(pilot, app):
         await open_pane(pilot, "overview")
-        banner = app.screen.query_one(ConnectionBanner)
+        banner = app.main.query_one(ConnectionBanner)
         assert not banner.has_class("-lost")
         proxy.cut()
         await wait_for(pilot, lambda: app.connection_error, timeout=20, what="the connection to be noticed lost")
@@ -67,9 +67,9 @@ def test_console_survives_the_database_going_away_and_coming_back(dsn, conn):
         await pilot.press("1")
         proxy.restore()
         await wait_for(pilot, lambda: not app.connection_error, timeout=30, what="the reconnection")
-        assert not app.screen.query_one(ConnectionBanner).has_class("-lost")
+        assert not app.main.query_one(ConnectionBanner).has_class("-lost")
         conn.execute("SELECT courier.send('sink', '{}')")
-        await wait_for(pilot, lambda: app.screen.samples and app.screen.samples[-1].pending == 1, timeout=15,
+        await wait_for(pilot, lambda: app.pane.samples and app.pane.samples[-1].pending == 1, timeout=15,
                        what="fresh data after the reconnection")
     try:
         run_console(proxy.proxied_dsn, scenario, refresh_scale=0.25)
@@ -79,12 +79,12 @@ def test_console_survives_the_database_going_away_and_coming_back(dsn, conn):
 
 def test_polls_pause_behind_a_modal_and_on_hidden_panes(dsn, monkeypatch):
     polls: list[str] = []
-    original = OverviewScreen.fetch
+    original = OverviewPane.fetch
 
     def counting(self, conn: psycopg.Connection):
         polls.append("overview")
         return original(self, conn)
-    monkeypatch.setattr(OverviewScreen, "fetch", counting)
+    monkeypatch.setattr(OverviewPane, "fetch", counting)
 
     async def scenario(pilot, app):
         await open_pane(pilot, "overview")
@@ -111,5 +111,5 @@ def test_polls_pause_behind_a_modal_and_on_hidden_panes(dsn, monkeypatch):
 def test_each_pane_loads_against_an_empty_database(dsn, pane):
     async def scenario(pilot, app):
         await open_pane(pilot, pane)
-        assert app.screen.loaded
+        assert app.pane.loaded
     run_console(dsn, scenario, size=(80, 24))

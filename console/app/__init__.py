@@ -1,4 +1,4 @@
-"""The Textual console: one screen per pane in screens/, widgets in widgets/."""
+"""The Textual console: one pane per file in panes/, shown in one screen (main_screen.py); widgets in widgets/."""
 
 from .app import CourierApp, make_app
 

@@ -21,9 +21,12 @@ from textual.screen import Screen
 from sqlkit.errors import CourierError
 
 from .database import ConsoleDatabase
-from .screens import SCREENS
-from .screens.help import HelpScreen
+from .live import LivePane
+from .main_screen import MainScreen
+from .panes import SCREENS
+from .panes.help import HelpScreen
 from .widgets.jump import JumpPrompt
+from .widgets.topbar import TopBar
 
 if TYPE_CHECKING:
     from console.workers.supervisor import EmbeddedPool
@@ -36,14 +39,12 @@ def _local_now() -> datetime:
 class CourierApp(App[None]):
     TITLE = "Courier"
     CSS_PATH = "courier.tcss"
-    MODES: ClassVar = {name: spec.screen for name, spec in SCREENS.items()}
-    DEFAULT_MODE = "overview"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("q", "quit", "Quit", id="quit"),
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True, id="quit.ctrl_c"),
         Binding("question_mark", "help", "Help", id="help"),
+        Binding("q", "quit", "Quit", id="quit"),
         Binding("colon", "jump", "Jump", show=False, id="jump"),
-        *[Binding(spec.key, f"switch_mode('{name}')", spec.title, show=False, id=f"goto.{name}")
+        *[Binding(spec.key, f"show_pane('{name}')", spec.title, show=False, id=f"goto.{name}")
           for name, spec in SCREENS.items()],
     ]
 
@@ -70,6 +71,7 @@ class CourierApp(App[None]):
         return bool(self.connection_error)
 
     def on_mount(self) -> None:
+        self.push_screen(MainScreen("overview"))
         self.database.open()
         self._show_pool_state()
         self.set_interval(1.0, self._show_pool_state)
@@ -101,6 +103,28 @@ class CourierApp(App[None]):
         self.pool_summary = (f"pool: {state.concurrency} in flight, running" if state.running
                              else "pool: stopped")
 
+    # Panes -----------------------------------------------------------------------------
+
+    @property
+    def main(self) -> MainScreen:
+        return next(s for s in self.screen_stack if isinstance(s, MainScreen))
+
+    @property
+    def pane(self) -> LivePane:
+        """The pane on display."""
+        return self.main.pane
+
+    @property
+    def current_pane(self) -> str:
+        return self.pane.id or ""
+
+    def action_show_pane(self, name: str) -> None:
+        self.main.show_pane(name)
+
+    def polled(self, pane: LivePane) -> None:
+        """A visible pane finished a poll: the top bar says when."""
+        self.main.query_one(TopBar).touch(self.clock())
+
     # Actions ---------------------------------------------------------------------------
 
     def action_help(self) -> None:
@@ -112,13 +136,13 @@ class CourierApp(App[None]):
     def action_jump(self) -> None:
         def go(name: str | None) -> None:
             if name:
-                self.switch_mode(name)
+                self.action_show_pane(name)
         self.push_screen(JumpPrompt(), go)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         for name, spec in SCREENS.items():
             yield SystemCommand(f"Go to {spec.title}", spec.summary,
-                                lambda name=name: self.switch_mode(name))
+                                lambda name=name: self.action_show_pane(name))
         if self.pool is not None:
             yield SystemCommand("Start the embedded worker pool", "deliver from this console",
                                 lambda: self.pool.start())  # type: ignore[union-attr]

@@ -11,51 +11,37 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import psycopg
 from textual import work
-from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.screen import Screen
+from textual.containers import Vertical
 from textual.timer import Timer
 
 from sqlkit.errors import CourierError
-
-from .widgets.banner import ConnectionBanner
-from .widgets.keybar import KeyBar
-from .widgets.topbar import TopBar
 
 if TYPE_CHECKING:
     from .app import CourierApp
 
 
-class LiveScreen(Screen):
-    """Subclasses implement fetch (worker thread, through sqlkit) and show (UI thread)."""
+class LivePane(Vertical):
+    """Subclasses implement compose, fetch (worker thread, through sqlkit) and show (UI thread)."""
 
     TITLE_TEXT: ClassVar[str] = ""
-    AUTO_FOCUS = "LiveTable"  # the table, never a search box: digits must still switch panes
     REFRESH_SECONDS: ClassVar[float] = 2.0
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("r", "refresh_now", "Refresh", show=False, id="refresh"),
     ]
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, id: str) -> None:
+        super().__init__(id=id)
         self._poll_timer: Timer | None = None
         self._polling = False
         self._poll_again = False
+        self.active = False
         self.loaded = False
         """True once the first poll has been rendered (tests and screenshots wait for it)."""
 
     @property
     def courier(self) -> CourierApp:
         return self.app  # type: ignore[return-value]
-
-    def compose(self) -> ComposeResult:
-        yield TopBar(self.TITLE_TEXT)
-        yield ConnectionBanner()
-        yield from self.compose_body()
-        yield KeyBar()
-
-    def compose_body(self) -> ComposeResult:
-        yield from ()
 
     # Subclass hooks ---------------------------------------------------------------------
 
@@ -68,11 +54,13 @@ class LiveScreen(Screen):
 
     # Scheduling -------------------------------------------------------------------------
 
-    def on_screen_resume(self) -> None:
-        # After the repaint: the pane the key asked for shows before its data is fetched.
+    def resume(self) -> None:
+        """The pane is on screen again: poll now (after the repaint, so the pane shows first)."""
+        self.active = True
         self.call_after_refresh(self.poll_now)
 
-    def on_screen_suspend(self) -> None:
+    def suspend(self) -> None:
+        self.active = False
         self._stop_timer()
 
     def action_refresh_now(self) -> None:
@@ -90,10 +78,6 @@ class LiveScreen(Screen):
         if self._poll_timer is not None:
             self._poll_timer.stop()
             self._poll_timer = None
-
-    def _visible(self) -> bool:
-        # Covered by a modal (or another mode) counts as hidden: no polling behind a dialog.
-        return self.is_mounted and self.app.screen is self
 
     @work(thread=True, exit_on_error=False)
     def _load(self) -> None:
@@ -117,12 +101,13 @@ class LiveScreen(Screen):
                 self.notify(f"could not show {self.TITLE_TEXT}: {exc}", severity="error", timeout=6)
         elif not self.courier.connection_lost:
             self.notify(error.one_line(), title=f"{self.TITLE_TEXT} refresh failed", severity="error", timeout=6)
-        self.query_one(TopBar).touch(self.courier.clock())
+        if self.active:
+            self.courier.polled(self)
         if self._poll_again:
             self._poll_again = False
             self.poll_now()
             return
-        if self._visible():
+        if self.active:
             delay = self.REFRESH_SECONDS * self.courier.refresh_scale
             if self.courier.connection_lost:
                 delay = max(delay, 2.0)

@@ -60,11 +60,21 @@ async def open_pane(pilot, name: str, timeout: float = 15.0) -> None:
     import asyncio
 
     app = pilot.app
-    await app.switch_mode(name)
+    await pilot.pause()
+    app.action_show_pane(name)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while not getattr(app.screen, "loaded", True):
+    while not app.pane.loaded:
         if loop.time() > deadline:
             raise TimeoutError(f"pane {name} did not load within {timeout} s")
         await pilot.pause(0.05)
-    await pilot.pause()
+    # Tables size their columns on the refresh after rows arrive: let those run too.
+    from textual.widgets import DataTable
+
+    # (DataTable measures new rows when it next goes idle; the flag is its own.)
+    def settled() -> bool:
+        return not any(t._require_update_dimensions or t._updated_cells for t in app.pane.query(DataTable))
+    while not settled() and loop.time() < deadline:
+        await pilot.pause(0.05)
+    await pilot.pause(0.05)
+    await pilot.wait_for_scheduled_animations()

@@ -26,6 +26,9 @@ WHERE name = 'search-index';
 UPDATE courier.endpoints SET enabled = false WHERE name = 'crm-legacy';
 UPDATE courier.endpoints SET last_success_at = '2026-11-02 11:59:58+00' WHERE name IN ('billing', 'audit-noop');
 
+-- Forget what creating the endpoints logged (today's date): the log gets fixed events below.
+TRUNCATE courier.event_log RESTART IDENTITY;
+
 -- Active messages: pending in priority order, some retried, some in flight.
 INSERT INTO courier.queue (endpoint_id, payload, headers, priority, ordering_key, correlation_id, created_at,
                            updated_at, retry_count, last_error, error_history, next_retry_at)

@@ -29,9 +29,15 @@ from .pool import MAX_CONCURRENCY, PoolSettings, WorkerPool
 log = logging.getLogger("courier.worker.child")
 
 
+EMBEDDED_NICENESS = 5
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     log_json_lines()
+    # The console's pool runs beside an operator's UI: when both want the CPU, the UI wins.
+    with contextlib.suppress(OSError):
+        os.nice(EMBEDDED_NICENESS)
     choice = resolve_dsn(args.dsn)
     dsn = embedded.url() if choice.is_embedded else choice.dsn
     if dsn is None:

@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Center, Middle
 from textual.widgets import Static
 
-from ..live import LiveScreen
+from ..live import LivePane
 
 EMPTY_STATE = """[b]No analytics yet[/b]
 
@@ -21,13 +21,13 @@ PostgreSQL and are charted here.
 [dim]The pipeline is not part of this release yet.[/dim]"""
 
 
-class AnalyticsScreen(LiveScreen):
+class AnalyticsPane(LivePane):
     TITLE_TEXT = "Analytics"
     REFRESH_SECONDS = 30.0
     DEFAULT_CSS = """
-    AnalyticsScreen #analytics-empty { width: auto; max-width: 78; border: round $primary-muted; padding: 1 2; }
+    AnalyticsPane #analytics-empty { width: auto; max-width: 78; border: round $primary-muted; padding: 1 2; }
     """
 
-    def compose_body(self) -> ComposeResult:
+    def compose(self) -> ComposeResult:
         with Middle(), Center():
             yield Static(EMPTY_STATE, id="analytics-empty")

@@ -14,19 +14,19 @@ from sqlkit.archive import ArchivePartition
 from sqlkit.errors import CourierError
 
 from ..formatting import count, size
-from ..live import LiveScreen
+from ..live import LivePane
 from ..widgets.live_table import LiveTable
 from ..widgets.replay_wizard import ReplayWizard
 
 
-class ArchiveScreen(LiveScreen):
+class ArchivePane(LivePane):
     TITLE_TEXT = "Archive"
     REFRESH_SECONDS = 10.0
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("p", "replay", "Replay…", id="archive.replay"),
     ]
 
-    def compose_body(self) -> ComposeResult:
+    def compose(self) -> ComposeResult:
         yield LiveTable([("partition", "partition"), ("from", "from"), ("to", "to"), ("rows", "rows (est.)"),
                          ("size", "size")], id="archive-table")
 

@@ -18,7 +18,7 @@ from sqlkit.dlq import DlqDetail, DlqEntry
 from sqlkit.errors import CourierError
 
 from ..formatting import clock_time, count, one_line, state_text, when
-from ..live import LiveScreen
+from ..live import LivePane
 from ..widgets.confirm import ConfirmModal
 from ..widgets.detail import DetailModal
 from ..widgets.live_table import LiveTable
@@ -36,40 +36,38 @@ def dlq_detail(entry: DlqDetail, tz) -> DetailModal:
     return DetailModal(f"Dead letter {entry.id}", fields, entry.payload, entry.headers, entry.error_history)
 
 
-class DlqScreen(LiveScreen):
+class DlqPane(LivePane):
     TITLE_TEXT = "DLQ"
     DEFAULT_CSS = """
-    DlqScreen #dlq-filter { display: none; height: 3; }
-    DlqScreen #dlq-filter.-shown { display: block; }
+    DlqPane #dlq-filter { display: none; height: 3; }
+    DlqPane #dlq-filter.-shown { display: block; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("space", "toggle_select", "Mark", id="dlq.select"),
         Binding("o", "open", "Open", tooltip="Open the entry (enter)", show=False, id="dlq.open"),
         Binding("R", "redrive_one", "Redrive", tooltip="Redrive this entry", id="dlq.redrive_one"),
-        Binding("S", "redrive_selection", "…marked", tooltip="Redrive the marked entries",
+        Binding("S", "redrive_selection", "Marked", tooltip="Redrive the marked entries",
                 id="dlq.redrive_selection"),
-        Binding("E", "redrive_endpoint", "…endpoint", tooltip="Redrive every failed entry of this endpoint",
+        Binding("E", "redrive_endpoint", "Endpoint", tooltip="Redrive every failed entry of this endpoint",
                 id="dlq.redrive_endpoint"),
-        Binding("A", "redrive_all", "…all", tooltip="Redrive every failed entry", id="dlq.redrive_all"),
+        Binding("A", "redrive_all", "All", tooltip="Redrive every failed entry", id="dlq.redrive_all"),
         Binding("t", "toggle_redriven", "Redriven", tooltip="Show or hide redriven entries", show=False,
                 id="dlq.toggle_redriven"),
         Binding("slash", "filter", "Filter", id="dlq.filter"),
     ]
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
         self.selected: set[int] = set()
         self.entries: dict[int, DlqEntry] = {}
         self.include_redriven = False
 
-    def compose_body(self) -> ComposeResult:
+    def compose(self) -> ComposeResult:
         yield Input(placeholder="filter rows (endpoint, error, id…); enter keeps it, escape clears", id="dlq-filter")
         yield LiveTable([("mark", " "), ("id", "id"), ("endpoint", "endpoint"), ("status", "status"),
                          ("attempts", "tries"), ("failed_at", "failed"), ("last_error", "last error")],
                         id="dlq-table")
 
-    def on_mount(self) -> None:
-        self.query_one(LiveTable).focus()
 
     def fetch(self, conn: psycopg.Connection) -> list[DlqEntry]:
         return dlq.list_entries(conn, status=None if self.include_redriven else "failed", limit=LIMIT)

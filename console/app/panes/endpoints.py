@@ -16,7 +16,7 @@ from sqlkit.endpoints import Endpoint
 from sqlkit.observability import DeliveryTotals, EndpointHealth
 
 from ..formatting import count, one_line, rate, since, state_text
-from ..live import LiveScreen
+from ..live import LivePane
 from ..widgets.endpoint_forms import CreateEndpointForm, RetryPolicyForm
 from ..widgets.live_table import LiveTable
 from .overview import endpoint_rates
@@ -29,7 +29,7 @@ class EndpointsData:
     totals: dict[str, DeliveryTotals]
 
 
-class EndpointsScreen(LiveScreen):
+class EndpointsPane(LivePane):
     TITLE_TEXT = "Endpoints"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("e", "enable", "Enable", id="endpoints.enable"),
@@ -39,14 +39,14 @@ class EndpointsScreen(LiveScreen):
         Binding("n", "create", "New", id="endpoints.create"),
     ]
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
         self.by_name: dict[str, Endpoint] = {}
         self._last_totals: dict[str, int] | None = None
         self._last_at: datetime | None = None
         self.rates: dict[str, float] = {}
 
-    def compose_body(self) -> ComposeResult:
+    def compose(self) -> ComposeResult:
         yield LiveTable([("name", "endpoint"), ("protocol", "proto"), ("circuit", "circuit"),
                          ("failures", "fails"), ("pending", "pending"), ("processing", "in flight"),
                          ("rate", "delivered"), ("oldest", "oldest"), ("last_error", "last error")],

@@ -15,30 +15,30 @@ from sqlkit import observability
 from sqlkit.observability import Event
 
 from ..formatting import one_line, when
-from ..live import LiveScreen
+from ..live import LivePane
 from ..widgets.live_table import LiveTable
 
 KEEP = 500
 
 
-class EventsScreen(LiveScreen):
+class EventsPane(LivePane):
     TITLE_TEXT = "Events"
     REFRESH_SECONDS = 1.0
     DEFAULT_CSS = """
-    EventsScreen #events-filter { display: none; height: 3; }
-    EventsScreen #events-filter.-shown { display: block; }
+    EventsPane #events-filter { display: none; height: 3; }
+    EventsPane #events-filter.-shown { display: block; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter", id="events.filter"),
         Binding("f", "follow", "Follow", id="events.follow"),
     ]
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
         self.events: list[Event] = []
         self.follow = True
 
-    def compose_body(self) -> ComposeResult:
+    def compose(self) -> ComposeResult:
         yield Input(placeholder="filter (type, endpoint, details…); escape clears", id="events-filter")
         yield LiveTable([("at", "at"), ("type", "event"), ("endpoint", "endpoint"), ("actor", "actor"),
                          ("details", "details")], id="events-table")

@@ -52,7 +52,7 @@ class HelpScreen(ModalScreen[None]):
         for key, text in GLOBAL_KEYS:
             table.add_row(key, text)
         for spec in SCREENS.values():
-            keys = _keys_of(spec.screen)
+            keys = _keys_of(spec.pane)
             if keys:
                 table.add_row("", "")
                 table.add_row(f"[reverse] {spec.title} [/]", spec.summary)

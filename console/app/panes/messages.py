@@ -18,7 +18,7 @@ from sqlkit.errors import CourierError
 from sqlkit.messages import Message, MessageSummary
 
 from ..formatting import count, one_line, since, state_text, when
-from ..live import LiveScreen
+from ..live import LivePane
 from ..widgets.detail import DetailModal
 from ..widgets.live_table import LiveTable
 
@@ -37,12 +37,12 @@ def message_detail(message: Message, tz) -> DetailModal:
     return DetailModal(f"Message {message.id}", fields, message.payload, message.headers, message.error_history)
 
 
-class MessagesScreen(LiveScreen):
+class MessagesPane(LivePane):
     TITLE_TEXT = "Messages"
     DEFAULT_CSS = """
-    MessagesScreen #search { height: 3; }
-    MessagesScreen #search Input { width: 1fr; }
-    MessagesScreen #search Select { width: 18; }
+    MessagesPane #search { height: 3; }
+    MessagesPane #search Input { width: 1fr; }
+    MessagesPane #search Select { width: 18; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "focus_search", "Search", id="messages.search"),
@@ -50,7 +50,7 @@ class MessagesScreen(LiveScreen):
         Binding("o", "open", "Open", tooltip="Open the message (enter)", id="messages.open"),
     ]
 
-    def compose_body(self) -> ComposeResult:
+    def compose(self) -> ComposeResult:
         with Horizontal(id="search"):
             yield Input(placeholder="endpoint", id="search-endpoint")
             yield Select([(s, s) for s in STATUSES], prompt="any status", id="search-status")
@@ -60,8 +60,6 @@ class MessagesScreen(LiveScreen):
                          ("attempts", "tries"), ("ordering_key", "ordering key"), ("age", "age"),
                          ("last_error", "last error")], id="messages-table")
 
-    def on_mount(self) -> None:
-        self.query_one(LiveTable).focus()
 
     def criteria(self) -> dict[str, object]:
         status_select = self.query_one("#search-status", Select)

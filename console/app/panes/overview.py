@@ -18,7 +18,7 @@ from sqlkit import observability
 from sqlkit.observability import DeliveryTotals, EndpointHealth, QueueStatus
 
 from ..formatting import age, count, rate, state_text
-from ..live import LiveScreen
+from ..live import LivePane
 from ..widgets.chart import Chart
 from ..widgets.live_table import LiveTable
 
@@ -47,27 +47,27 @@ def endpoint_rates(previous: dict[str, int] | None, current: dict[str, int], sec
     return {name: max(0, total - previous.get(name, total)) / seconds for name, total in current.items()}
 
 
-class OverviewScreen(LiveScreen):
+class OverviewPane(LivePane):
     TITLE_TEXT = "Overview"
     DEFAULT_CSS = """
-    OverviewScreen #tiles { height: 3; }
-    OverviewScreen .tile {
+    OverviewPane #tiles { height: 3; }
+    OverviewPane .tile {
         width: 1fr; height: 3; border: round $primary-muted; padding: 0 1; content-align: center middle;
         border-title-color: $text-muted; border-title-align: left;
     }
-    OverviewScreen #charts { height: 9; }
-    OverviewScreen Chart { width: 1fr; height: 9; }
-    OverviewScreen #overview-endpoints { height: 1fr; }
+    OverviewPane #charts { height: 9; }
+    OverviewPane Chart { width: 1fr; height: 9; }
+    OverviewPane #overview-endpoints { height: 1fr; }
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
         self.samples: deque[Sample] = deque(maxlen=HISTORY)
         self._last_totals: dict[str, int] | None = None
         self._last_at: datetime | None = None
         self.rates: dict[str, float] = {}
 
-    def compose_body(self) -> ComposeResult:
+    def compose(self) -> ComposeResult:
         with Horizontal(id="tiles"):
             yield Static(id="tile-pending", classes="tile")
             yield Static(id="tile-processing", classes="tile")

@@ -17,7 +17,7 @@ from sqlkit import observability
 from sqlkit.observability import WorkerStatus
 
 from ..formatting import count, since, state_text
-from ..live import LiveScreen
+from ..live import LivePane
 from ..widgets.live_table import LiveTable
 
 STALE_SECONDS = 30
@@ -53,10 +53,10 @@ class ConcurrencyPrompt(ModalScreen[int | None]):
         self.dismiss(None)
 
 
-class WorkersScreen(LiveScreen):
+class WorkersPane(LivePane):
     TITLE_TEXT = "Workers"
     DEFAULT_CSS = """
-    WorkersScreen #pool-state { height: auto; padding: 0 1; border: round $primary-muted; }
+    WorkersPane #pool-state { height: auto; padding: 0 1; border: round $primary-muted; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("s", "start_pool", "Start pool", id="workers.start"),
@@ -66,7 +66,7 @@ class WorkersScreen(LiveScreen):
         Binding("equals_sign", "set_scale", "Set size", id="workers.set_scale"),
     ]
 
-    def compose_body(self) -> ComposeResult:
+    def compose(self) -> ComposeResult:
         yield Static(id="pool-state")
         yield LiveTable([("worker", "worker"), ("state", "state"), ("leader", "lead"), ("concurrency", "slots"),
                          ("in_flight", "in flight"), ("delivered", "delivered"), ("failed", "failed"),

@@ -12,7 +12,7 @@ from textual.widgets import Input
 
 
 def resolve_pane(text: str) -> str | None:
-    from ..screens import SCREENS
+    from ..panes import SCREENS
 
     word = text.strip().lstrip(":").lower()
     if not word:
@@ -32,7 +32,7 @@ class JumpPrompt(ModalScreen[str | None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="jump.cancel")]
 
     def compose(self) -> ComposeResult:
-        from ..screens import SCREENS
+        from ..panes import SCREENS
 
         names = [*SCREENS, *[a for spec in SCREENS.values() for a in spec.aliases]]
         yield Input(placeholder=":" + " ".join(SCREENS), suggester=SuggestFromList(names, case_sensitive=False),

@@ -1,7 +1,7 @@
 """The key hints on the last line of every pane: drawn once, as one line of text.
 
 Textual's Footer rebuilds a widget per key on every screen switch, which measured as a
-third of the time a pane switch takes; a pane's keys never change, so one Static will do.
+third of the time a pane switch takes; a pane's keys never change, so one Static redrawn per pane switch will do.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ class KeyBar(Static):
     KeyBar { dock: bottom; height: 1; background: $panel; color: $foreground; padding: 0 1; }
     """
 
-    def on_mount(self) -> None:
+    def show_for(self, pane: object) -> None:
         key_style = f"bold {self.app.get_css_variables().get('accent', '')}"
         line = Text(no_wrap=True, overflow="ellipsis")
-        for binding in shown_bindings(type(self.screen), type(self.app)):
+        for binding in shown_bindings(type(pane), type(self.app)):
             key = binding.key_display or KEY_NAMES.get(binding.key.split(",")[0], binding.key.split(",")[0])
             line.append(key, style=key_style)
             line.append(f" {binding.description}  ")

@@ -23,13 +23,29 @@ class LiveTable(DataTable):
         self._labels = dict(columns)
         self.filter_text = ""
         self._all_rows: list[tuple[str, list[Any]]] = []
+        self._widths: tuple[int, ...] = ()
 
     def on_mount(self) -> None:
-        for key in self._column_keys:
-            self.add_column(self._labels[key], key=key)
+        self._ensure_columns()
+
+    def on_idle(self) -> None:
+        # DataTable widens columns when idle but keeps the cursor row it drew before at the
+        # old widths; redraw everything once the widths have changed.
+        widths = tuple(column.get_render_width(self) for column in self.columns.values())
+        if widths != self._widths:
+            self._widths = widths
+            self._clear_caches()
+            self.refresh()
+
+    def _ensure_columns(self) -> None:
+        # A fast first poll can arrive before on_mount: rows need their columns first.
+        if not self.columns:
+            for key in self._column_keys:
+                self.add_column(self._labels[key], key=key)
 
     def sync(self, rows: Iterable[tuple[str, Sequence[Any]]]) -> None:
         """Make the table show exactly these rows, in this order, touching only what changed."""
+        self._ensure_columns()
         self._all_rows = [(key, list(cells)) for key, cells in rows]
         self._apply()
 
@@ -60,7 +76,7 @@ class LiveTable(DataTable):
             for column, value in zip(self._column_keys, cells, strict=True):
                 try:
                     if self.get_cell(key, column) != value:
-                        self.update_cell(key, column, value)
+                        self.update_cell(key, column, value, update_width=True)
                 except CellDoesNotExist:
                     pass
         if order_changed:

@@ -27,6 +27,10 @@ class TopBar(Static):
         self.watch(self.app, "pool_summary", lambda _: self._draw(), init=False)
         self._draw()
 
+    def set_title(self, title: str) -> None:
+        self.title_text = title
+        self._draw()
+
     def touch(self, now: datetime) -> None:
         self._updated_at = now
         self._draw()
