@@ -11,11 +11,11 @@ from ..live import LivePane
 
 EMPTY_STATE = """[b]No analytics yet[/b]
 
-Analytics are computed by Courier's Spark pipeline over the message history:
-per endpoint and hour, delivered, failed, expired and dead-lettered counts,
+Analytics are computed by Courier's Spark pipeline over the message history: \
+per endpoint and hour, delivered, failed, expired and dead-lettered counts, \
 latency percentiles, attempt histograms and the top error classes.
 
-Run [b]courier pipeline analytics[/b] to compute them; the results land in
+Run [b]courier pipeline analytics[/b] to compute them; the results land in \
 PostgreSQL and are charted here.
 
 [dim]The pipeline is not part of this release yet.[/dim]"""
