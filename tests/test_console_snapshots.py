@@ -54,3 +54,11 @@ def test_dialog(snap_compare, showcase_dsn, pane, keys):
             await pilot.press(key)
             await pilot.pause(0.5)
     assert snap_compare(showcase_app(showcase_dsn), terminal_size=(100, 30), run_before=before)
+
+
+@pytest.mark.parametrize("pane", ["overview", "dlq"])
+def test_light_theme(snap_compare, showcase_dsn, pane):
+    async def before(pilot) -> None:
+        pilot.app.theme = "textual-light"
+        await showcase.open_pane(pilot, pane)
+    assert snap_compare(showcase_app(showcase_dsn), terminal_size=(100, 30), run_before=before)

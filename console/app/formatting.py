@@ -8,13 +8,14 @@ from typing import Any
 
 from rich.text import Text
 
-# Theme variables, not colours: the same table reads on dark and light themes.
+# Theme variables, not colours, and the text-* ones that themes make readable on their own
+# background: the same table reads on dark and light themes.
 STATE_STYLES = {
-    "closed": "$success", "open": "$error", "half_open": "$warning",
-    "pending": "$foreground", "processing": "$accent", "failed": "$error", "redriven": "$success",
-    "completed": "$success", "expired": "$warning", "ok": "$success", "warning": "$warning",
-    "critical": "$error", "running": "$success", "disabled": "dim", "draining": "$warning",
-    "stopped": "dim", "stale": "$error",
+    "closed": "$text-success", "open": "$text-error", "half_open": "$text-warning",
+    "pending": "$foreground", "processing": "$text-accent", "failed": "$text-error", "redriven": "$text-success",
+    "completed": "$text-success", "expired": "$text-warning", "ok": "$text-success", "warning": "$text-warning",
+    "critical": "$text-error", "running": "$text-success", "disabled": "dim", "draining": "$text-warning",
+    "stopped": "dim", "stale": "$text-error",
 }
 
 

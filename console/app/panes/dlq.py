@@ -77,7 +77,7 @@ class DlqPane(LivePane):
         self.selected &= {e.id for e in rows if e.status == "failed"}
         colors = self.app.get_css_variables()
         self.query_one(LiveTable).sync(
-            (str(e.id), [Text("●", style=colors["accent"]) if e.id in self.selected else "", str(e.id),
+            (str(e.id), [Text("●", style=colors["text-accent"]) if e.id in self.selected else "", str(e.id),
                          e.endpoint_name, state_text(e.status, colors), count(e.retry_count),
                          clock_time(e.failed_at, self.courier.tz), one_line(e.last_error, 44)])
             for e in rows)
@@ -99,7 +99,7 @@ class DlqPane(LivePane):
             return
         self.selected ^= {entry.id}
         table = self.query_one(LiveTable)
-        mark = Text("●", style=self.app.get_css_variables()["accent"]) if entry.id in self.selected else ""
+        mark = Text("●", style=self.app.get_css_variables()["text-accent"]) if entry.id in self.selected else ""
         table.update_cell(str(entry.id), "mark", mark)
         table.action_cursor_down()
 

@@ -100,7 +100,8 @@ class OverviewPane(LivePane):
         self._tile("#tile-pending", "pending", count(depth.get("pending", 0)))
         self._tile("#tile-processing", "in flight", count(depth.get("processing", 0)))
         self._tile("#tile-oldest", "oldest", age((now - oldest).total_seconds()) if oldest else "-")
-        dlq = Text(count(data.status.dlq_depth), style=f"bold {colors['error']}" if data.status.dlq_depth else "bold")
+        dlq_style = f"bold {colors['text-error']}" if data.status.dlq_depth else "bold"
+        dlq = Text(count(data.status.dlq_depth), style=dlq_style)
         self._tile("#tile-dlq", "DLQ", dlq)
         alive = [w for w in data.status.workers if (now - w.last_heartbeat).total_seconds() < 30]
         leader = any(w.maintenance_leader for w in alive)

@@ -89,8 +89,8 @@ class WorkersPane(LivePane):
             name = Text(w.worker_id)
             if w.worker_id == embedded:
                 name.append(" (this console)", style="dim")
-            seen = Text(since(w.last_heartbeat, now) + " ago", style=colors["error"] if stale and w.state != "stopped"
-                        else "")
+            late = stale and w.state != "stopped"
+            seen = Text(since(w.last_heartbeat, now) + " ago", style=colors["text-error"] if late else "")
             rows.append((w.worker_id, [name, state_text("stale" if stale and w.state == "running" else w.state, colors),
                                        "★" if w.maintenance_leader else "", count(w.concurrency),
                                        count(w.in_flight), count(w.delivered), count(w.failed), seen]))
@@ -112,7 +112,7 @@ class WorkersPane(LivePane):
         if state.pid:
             text.append(f"   pid {state.pid}", style="dim")
         if not state.running and state.exit_code not in (None, 0):
-            text.append(f"   exited with {state.exit_code}", style=colors["error"])
+            text.append(f"   exited with {state.exit_code}", style=colors["text-error"])
         text.append("\ns start · x stop (drains) · + / - scale by one · = set size", style="dim")
         widget.update(text)
 

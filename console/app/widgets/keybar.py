@@ -6,8 +6,8 @@ third of the time a pane switch takes; a pane's keys never change, so one Static
 
 from __future__ import annotations
 
-from rich.text import Text
 from textual.binding import Binding
+from textual.content import Content
 from textual.widgets import Static
 
 KEY_NAMES = {"question_mark": "?", "colon": ":", "slash": "/", "space": "space", "plus": "+", "minus": "-",
@@ -31,10 +31,9 @@ class KeyBar(Static):
     """
 
     def show_for(self, pane: object) -> None:
-        key_style = f"bold {self.app.get_css_variables().get('accent', '')}"
-        line = Text(no_wrap=True, overflow="ellipsis")
+        # Content with a theme variable, not a colour: it follows a theme change.
+        parts = []
         for binding in shown_bindings(type(pane), type(self.app)):
             key = binding.key_display or KEY_NAMES.get(binding.key.split(",")[0], binding.key.split(",")[0])
-            line.append(key, style=key_style)
-            line.append(f" {binding.description}  ")
-        self.update(line)
+            parts.append(Content.assemble((key, "bold $text-accent"), f" {binding.description}"))
+        self.update(Content("  ").join(parts))
