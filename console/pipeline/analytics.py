@@ -73,12 +73,17 @@ def compute(spark: SparkSession, dsn: str, since: datetime | None, until: dateti
               .option("columns", COLUMNS).option("time_column", "completed_at").option("until", until.isoformat()))
     if since is not None:
         reader = reader.option("since", since.isoformat())
-    archived = (reader.load()
-                .withColumn("hour", F.date_trunc("hour", "completed_at"))
-                .withColumn("latency_us", F.when(F.col("status") == "completed",
-                                                 F.unix_micros("completed_at") - F.unix_micros("created_at")))
-                .withColumn("failures", F.json_array_length("error_history"))
-                .persist(StorageLevel.MEMORY_AND_DISK))
+    # Only the derived columns are cached: the raw error histories are the bulk of each row.
+    def error_class(entry: Any) -> Any:
+        return F.coalesce(F.substring(F.substring_index(entry["error"], ":", 1), 1, 80), entry["outcome"],
+                          F.lit("unknown"))
+
+    archived = (reader.load().select(
+        "endpoint_id", "status", "retry_count", F.date_trunc("hour", "completed_at").alias("hour"),
+        F.when(F.col("status") == "completed",
+               F.unix_micros("completed_at") - F.unix_micros("created_at")).alias("latency_us"),
+        F.transform(F.from_json("error_history", ERROR_ENTRY), error_class).alias("error_classes"),
+    ).withColumn("failures", F.size("error_classes")).persist(StorageLevel.MEMORY_AND_DISK))
     try:
         rows_read = archived.count()
         hourly = _outcomes(archived, "endpoint_id", "hour")
@@ -86,12 +91,8 @@ def compute(spark: SparkSession, dsn: str, since: datetime | None, until: dateti
         attempts = (archived.where(F.col("status") != "expired")
                     .groupBy("endpoint_id", "hour", (F.col("retry_count") + 1).alias("attempts"))
                     .agg(F.count(F.lit(1)).alias("messages")))
-        entries = archived.select("endpoint_id", "hour",
-                                  F.explode(F.from_json("error_history", ERROR_ENTRY)).alias("e"))
-        classes = entries.select("endpoint_id", "hour", F.coalesce(
-            F.substring(F.substring_index("e.error", ":", 1), 1, 80), F.col("e.outcome"), F.lit("unknown"),
-        ).alias("error_class")).groupBy("endpoint_id", "hour", "error_class").agg(
-            F.count(F.lit(1)).alias("occurrences"))
+        classes = (archived.select("endpoint_id", "hour", F.explode("error_classes").alias("error_class"))
+                   .groupBy("endpoint_id", "hour", "error_class").agg(F.count(F.lit(1)).alias("occurrences")))
         ranked = Window.partitionBy("endpoint_id", "hour").orderBy(F.desc("occurrences"), F.asc("error_class"))
         errors = (classes.withColumn("rank", F.row_number().over(ranked)).where(F.col("rank") <= TOP_ERRORS)
                   .drop("rank"))
