@@ -9,11 +9,9 @@ import click
 import platformdirs
 
 from sqlkit import embedded, migrate
-from sqlkit.connection import connect
 from sqlkit.dsn import resolve_dsn
-from sqlkit.errors import SchemaMissing
 
-from .context import console, dsn_option
+from .context import console, dsn_option, require_current_schema
 
 
 def pool_log_path():
@@ -56,11 +54,7 @@ def open_console(workers: int) -> None:
             migrate.migrate(url)
     else:
         url = choice.dsn or ""
-        with connect(url, connect_timeout=10) as conn:  # one readable line for a bad DSN or an old schema
-            state = migrate.status(conn)
-        if not state.up_to_date:
-            raise SchemaMissing(f"schema courier is at version {state.installed_version}, the console needs "
-                                f"{state.latest_version}", hint="Run `courier migrate`")
+        require_current_schema(url, "the console")
     pool = EmbeddedPool(url, concurrency=workers or 16, log_path=pool_log_path())
     try:
         if workers:

@@ -18,7 +18,7 @@ from rich.console import Console
 from sqlkit import embedded
 from sqlkit.connection import connect
 from sqlkit.dsn import resolve_dsn
-from sqlkit.errors import DatabaseUnavailable
+from sqlkit.errors import DatabaseUnavailable, SchemaMissing
 
 console = Console()
 error_console = Console(stderr=True)
@@ -68,6 +68,22 @@ def database_url(ctx: click.Context | None = None) -> str:
             hint="Run `courier db start`, or pass --dsn / set COURIER_DSN",
         )
     return url
+
+
+def require_current_schema(url: str, who: str) -> None:
+    """One readable line, before anything starts, when the schema is missing or older than
+    this Courier (versioned migrations or function files not applied yet)."""
+    from sqlkit import migrate
+
+    with connect(url, connect_timeout=10) as conn:
+        state = migrate.status(conn)
+    if state.pending:
+        raise SchemaMissing(f"schema courier is at version {state.installed_version}, {who} needs "
+                            f"{state.latest_version}", hint="Run `courier migrate`")
+    if state.functions_pending:
+        areas = ", ".join(f.area for f in state.functions_pending)
+        raise SchemaMissing(f"schema courier's functions are older than {who}'s ({areas})",
+                            hint="Run `courier migrate`")
 
 
 def open_connection(ctx: click.Context | None = None) -> psycopg.Connection:

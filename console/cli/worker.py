@@ -9,11 +9,8 @@ import click
 
 from console.logs import log_json_lines
 from console.workers.pool import PoolSettings, WorkerPool
-from sqlkit import migrate
-from sqlkit.connection import connect
-from sqlkit.errors import SchemaMissing
 
-from .context import database_url, dsn_option
+from .context import database_url, dsn_option, require_current_schema
 
 
 @click.command("worker")
@@ -31,11 +28,7 @@ def worker(concurrency: int, batch_size: int, poll_interval: float, drain_timeou
            worker_id: str | None) -> None:
     """Run the worker pool until SIGTERM or SIGINT, then drain and exit."""
     url = database_url()
-    with connect(url, connect_timeout=10) as conn:  # fail fast, in one line, on a bad DSN or schema
-        state = migrate.status(conn)
-    if not state.up_to_date:
-        raise SchemaMissing(f"schema courier is at version {state.installed_version}, this worker needs "
-                            f"{state.latest_version}", hint="Run `courier migrate`")
+    require_current_schema(url, "this worker")  # fail fast, in one line, on a bad DSN or schema
     log_json_lines()
     settings = PoolSettings(concurrency=concurrency, batch_size=batch_size, poll_interval=poll_interval,
                             drain_timeout=drain_timeout)
