@@ -251,8 +251,12 @@ class WorkerPool:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), self.settings.poll_interval)
                 continue
-            for message in claimed:
-                self._start_dispatch(target, message)
+            dispatcher = self._dispatcher(target.protocol)
+            if dispatcher is not None and dispatcher.batched:
+                self._start_dispatch_batch(target, claimed)
+            else:
+                for message in claimed:
+                    self._start_dispatch(target, message)
 
     def _current(self, target: Target) -> bool:
         return not self._stopping.is_set() and self._targets.get(target.id) == target
@@ -309,6 +313,14 @@ class WorkerPool:
         self._dispatch_tasks.add(task)
         task.add_done_callback(self._dispatch_tasks.discard)
 
+    def _start_dispatch_batch(self, target: Target, messages: list[ClaimedMessage]) -> None:
+        for message in messages:
+            self._in_flight[message.id] = message
+        self._in_flight_by_endpoint[target.id] += len(messages)
+        task = asyncio.create_task(self._dispatch_batch(target, messages))
+        self._dispatch_tasks.add(task)
+        task.add_done_callback(self._dispatch_tasks.discard)
+
     async def _dispatch(self, target: Target, message: ClaimedMessage) -> None:
         dispatcher = self._dispatcher(target.protocol)
         assert dispatcher is not None
@@ -317,12 +329,32 @@ class WorkerPool:
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            # A local failure (a bug, or data the dispatcher cannot send, such as a header with
-            # a line break) says nothing about the endpoint: it must never count towards its
-            # circuit. The message goes to the DLQ with the error, for a redrive once fixed.
             log.exception("dispatcher raised", extra={"endpoint": target.name, "message_id": message.id})
-            outcome = Outcome.permanent(f"local dispatcher error, not the endpoint's: "
-                                        f"{type(error).__name__}: {str(error)[:300]}")
+            outcome = _local_error(error)
+        self._record(target, message, outcome)
+        async with self._capacity:
+            self._capacity.notify_all()
+
+    async def _dispatch_batch(self, target: Target, messages: list[ClaimedMessage]) -> None:
+        """One claimed batch through deliver_batch: the dispatcher publishes it in one go and
+        returns one outcome per message; each is then recorded exactly as _dispatch does."""
+        dispatcher = self._dispatcher(target.protocol)
+        assert dispatcher is not None
+        try:
+            outcomes = await dispatcher.deliver_batch(target, messages)
+            if len(outcomes) != len(messages):
+                raise RuntimeError(f"deliver_batch returned {len(outcomes)} outcomes for {len(messages)} messages")
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.exception("dispatcher raised", extra={"endpoint": target.name, "messages": len(messages)})
+            outcomes = [_local_error(error)] * len(messages)
+        for message, outcome in zip(messages, outcomes, strict=True):
+            self._record(target, message, outcome)
+        async with self._capacity:
+            self._capacity.notify_all()
+
+    def _record(self, target: Target, message: ClaimedMessage, outcome: Outcome) -> None:
         if outcome.kind != OutcomeKind.SUCCESS:
             self._unreported_failures[target.id] += 1
             self._failed_endpoint[message.id] = target.id
@@ -330,8 +362,6 @@ class WorkerPool:
         self._report_wake.set()
         self._in_flight.pop(message.id, None)
         self._in_flight_by_endpoint[target.id] -= 1
-        async with self._capacity:
-            self._capacity.notify_all()
 
     async def _report_loop(self) -> None:
         failures = 0
@@ -535,6 +565,15 @@ def _without_nul(value: object) -> object:
     if isinstance(value, list | tuple):
         return [_without_nul(v) for v in value]
     return value
+
+
+def _local_error(error: BaseException) -> Outcome:
+    """The outcome of a dispatcher that raised. A local failure (a bug, or data the dispatcher
+    cannot send, such as a header with a line break) says nothing about the endpoint, so it
+    is PERMANENT, which never counts towards its circuit (SQL counts RETRYABLE ones): the
+    message goes to the DLQ with the error, for a redrive once fixed."""
+    return Outcome.permanent(f"local dispatcher error, not the endpoint's: "
+                             f"{type(error).__name__}: {str(error)[:300]}")
 
 
 def _one_line(error: BaseException) -> str:

@@ -25,7 +25,7 @@ import aiohttp
 from sqlkit.messages import ClaimedMessage
 
 from ..outcome import Outcome
-from . import Target
+from . import BaseDispatcher, Target
 
 RETRY_AFTER_CAP = 86_400
 
@@ -85,7 +85,7 @@ async def internal_address(host: str) -> str | None:
     return None
 
 
-class HttpDispatcher:
+class HttpDispatcher(BaseDispatcher):
     def __init__(self, settings: dict[str, str]) -> None:
         self._default_timeout = float(settings.get("http_timeout", "10"))
         self._allow_internal = settings.get("http_allow_internal_urls", "false") == "true"

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlkit.messages import ClaimedMessage
 
 from ..outcome import Outcome
-from . import Target
+from . import BaseDispatcher, Target
+
+_SUCCESS = Outcome.success()
 
 
-class NoopDispatcher:
+class NoopDispatcher(BaseDispatcher):
+    batched = True
+
     async def deliver(self, target: Target, message: ClaimedMessage) -> Outcome:
-        return Outcome.success()
+        return _SUCCESS
 
-    async def close(self) -> None:
-        return None
+    async def deliver_batch(self, target: Target, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        return [_SUCCESS] * len(messages)
