@@ -139,27 +139,29 @@ BEGIN
             END IF;
         END IF;
     WHEN 'redis' THEN
-        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'stream', 'maxlen']);
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'stream', 'maxlen', 'timeout']);
         PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['redis', 'rediss']);
         PERFORM courier._require_string(v_what, p_config, 'stream', true);
         PERFORM courier._require_positive_number(v_what, p_config, 'maxlen', 1, 9223372036854775807);
     WHEN 'amqp' THEN
-        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'exchange', 'routing_key', 'persistent']);
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'exchange', 'routing_key', 'persistent', 'timeout']);
         PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['amqp', 'amqps']);
         PERFORM courier._require_string(v_what, p_config, 'routing_key', true);
     WHEN 'mqtt' THEN
-        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'topic', 'qos', 'retain']);
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'topic', 'qos', 'retain', 'timeout']);
         PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['mqtt', 'mqtts']);
         PERFORM courier._require_string(v_what, p_config, 'topic', true);
         PERFORM courier._require_positive_number(v_what, p_config, 'qos', 0, 2);
     WHEN 'nats' THEN
-        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'subject', 'jetstream']);
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'subject', 'jetstream', 'timeout']);
         PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['nats', 'tls']);
         PERFORM courier._require_string(v_what, p_config, 'subject', true);
     WHEN 'kafka' THEN
-        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['bootstrap_servers', 'topic', 'acks']);
-        PERFORM courier._require_string(v_what, p_config, 'bootstrap_servers', true);
-        PERFORM courier._require_string(v_what, p_config, 'topic', true);
+        -- No worker can deliver to Kafka yet: refuse the endpoint rather than accept
+        -- messages that would stay pending forever.
+        RAISE EXCEPTION '[courier] kafka endpoints are not supported yet: no dispatcher delivers to Kafka'
+            USING ERRCODE = '0A000',
+                  HINT = 'Use redis, amqp, mqtt, nats or http; Kafka delivery is planned';
     WHEN 'noop' THEN
         PERFORM courier._require_keys_within(v_what, p_config, v_common);
     WHEN 'pull' THEN
@@ -172,8 +174,12 @@ BEGIN
         PERFORM courier._require_positive_number(v_what, p_config, 'visibility_timeout', 1, 43200);
     ELSE
         PERFORM courier._raise_invalid(format('unknown protocol %L', p_protocol),
-                                       'Protocols: http, redis, amqp, mqtt, nats, kafka, noop, pull');
+                                       'Protocols: http, redis, amqp, mqtt, nats, noop, pull');
     END CASE;
+    IF p_protocol IN ('redis', 'amqp', 'mqtt', 'nats') THEN
+        -- Seconds a broker dispatcher waits to connect and for a batch's acknowledgements.
+        PERFORM courier._require_positive_number(v_what, p_config, 'timeout', 0.001, 300);
+    END IF;
 
     IF p_config ? 'rate_limit' THEN
         IF jsonb_typeof(p_config -> 'rate_limit') <> 'object' THEN
