@@ -65,4 +65,16 @@ def dispatcher_for(protocol: str, settings: dict[str, str]) -> Dispatcher | None
     if protocol == "http":
         from .http import HttpDispatcher
         return HttpDispatcher(settings)
+    if protocol == "redis":
+        from .redis import RedisDispatcher
+        return RedisDispatcher()
+    if protocol == "amqp":
+        from .amqp import AmqpDispatcher
+        return AmqpDispatcher()
+    if protocol == "mqtt":
+        from .mqtt import MqttDispatcher
+        return MqttDispatcher()
+    if protocol == "nats":
+        from .nats import NatsDispatcher
+        return NatsDispatcher()
     return None

@@ -1,0 +1,212 @@
+"""What the broker dispatchers (redis, amqp, mqtt, nats) share: one connection per endpoint,
+opened on first use, reopened with backoff after a failure and whenever the endpoint's
+config changes, closed when the pool drains; the headers every message carries; and the
+batch timeout.
+
+A connection is shared by every batch in flight for its endpoint. A failure that may have
+broken it (a connection error or a timeout) discards it: the next batch reconnects, but not
+before the backoff has passed; until then batches fail at once as RETRYABLE, without
+touching the broker, and count towards the endpoint's circuit like the failure itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+from urllib.parse import unquote, urlsplit
+
+from sqlkit.messages import ClaimedMessage
+
+from ..outcome import Outcome
+from . import BaseDispatcher, Target
+
+log = logging.getLogger("courier.worker")
+
+C = TypeVar("C")
+
+DEFAULT_TIMEOUT = 10.0
+"""Seconds to connect, and to wait for a batch's acknowledgements, unless config.timeout says."""
+BACKOFF_FIRST = 0.5
+BACKOFF_MAX = 30.0
+
+
+def timeout_of(target: Target) -> float:
+    return float(target.config.get("timeout", DEFAULT_TIMEOUT))
+
+
+def courier_headers(message: ClaimedMessage) -> dict[str, str]:
+    """The producer's headers, then Courier's own (which win a clash): the message id, the
+    attempt, and the correlation id and idempotency key where the message has them, so a
+    consumer can deduplicate."""
+    headers = {str(k): _text(v) for k, v in (message.headers or {}).items()}
+    headers["courier-message-id"] = str(message.id)
+    headers["courier-attempt"] = str(message.retry_count + 1)
+    if message.correlation_id:
+        headers["courier-correlation-id"] = str(message.correlation_id)
+    if message.idempotency_key:
+        headers["courier-idempotency-key"] = message.idempotency_key
+    return headers
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else str(value)
+
+
+@dataclass
+class Address:
+    host: str
+    port: int | None
+    username: str | None
+    password: str | None
+    path: str
+
+
+def address(url: str) -> Address:
+    parts = urlsplit(url)
+    return Address(parts.hostname or "127.0.0.1", parts.port, unquote(parts.username) if parts.username else None,
+                   unquote(parts.password) if parts.password else None, parts.path)
+
+
+def redacted(url: str) -> str:
+    """url without its password, for error messages (which end up in the event log and DLQ)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"{parts.username}:***@{netloc}").geturl()
+
+
+class Unavailable(Exception):
+    """No connection to the endpoint's broker right now (connecting failed recently)."""
+
+
+@dataclass
+class _Entry(Generic[C]):
+    config: dict[str, Any]
+    connection: C | None = None
+    failures: int = 0
+    retry_at: float = 0.0
+    last_error: str = ""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Connections(Generic[C]):
+    """One connection per endpoint, opened by `open(target)` and closed by `close(connection)`."""
+
+    def __init__(self, open: Callable[[Target], Awaitable[C]], close: Callable[[C], Awaitable[None]]) -> None:
+        self._open = open
+        self._close = close
+        self._entries: dict[int, _Entry[C]] = {}
+
+    async def get(self, target: Target) -> C:
+        entry = self._entries.get(target.id)
+        if entry is not None and entry.config != target.config:
+            # A config change takes effect at the next batch: the old connection goes.
+            await self._close_entry(self._entries.pop(target.id))
+            entry = None
+        if entry is None:
+            entry = self._entries[target.id] = _Entry(target.config)
+        if entry.connection is not None:
+            return entry.connection
+        async with entry.lock:
+            if entry.connection is not None:
+                return entry.connection
+            wait = entry.retry_at - time.monotonic()
+            if wait > 0:
+                raise Unavailable(f"reconnecting in {wait:.1f}s after: {entry.last_error}")
+            try:
+                entry.connection = await asyncio.wait_for(self._open(target), timeout_of(target))
+            except Exception as error:
+                self._failed(entry, error)
+                raise
+            entry.failures = 0
+            log.info("broker connected", extra={"endpoint": target.name, "protocol": target.protocol})
+            return entry.connection
+
+    async def discard(self, target: Target, connection: C, error: BaseException) -> None:
+        """Drop a connection that failed (if it is still the current one); back off."""
+        entry = self._entries.get(target.id)
+        if entry is None or entry.connection is not connection:
+            return
+        entry.connection = None
+        self._failed(entry, error)
+        log.warning("broker connection dropped", extra={"endpoint": target.name, "error": entry.last_error})
+        await self._close_quietly(connection)
+
+    def _failed(self, entry: _Entry[C], error: BaseException) -> None:
+        entry.failures += 1
+        entry.retry_at = time.monotonic() + min(BACKOFF_FIRST * 2 ** (entry.failures - 1), BACKOFF_MAX)
+        entry.last_error = f"{type(error).__name__}: {str(error)[:200]}"
+
+    async def close_all(self) -> None:
+        entries, self._entries = list(self._entries.values()), {}
+        for entry in entries:
+            await self._close_entry(entry)
+
+    async def _close_entry(self, entry: _Entry[C]) -> None:
+        if entry.connection is not None:
+            connection, entry.connection = entry.connection, None
+            await self._close_quietly(connection)
+
+    async def _close_quietly(self, connection: C) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._close(connection), 5.0)
+
+
+class BrokerDispatcher(BaseDispatcher, Generic[C]):
+    """A batched dispatcher over Connections: subclasses open, close, publish a batch and
+    classify errors; this class gets the connection, bounds the batch by the endpoint's
+    timeout, and turns a connection-level failure into one outcome per message."""
+
+    batched = True
+
+    def __init__(self) -> None:
+        self.connections: Connections[C] = Connections(self.open, self.close_connection)
+
+    async def open(self, target: Target) -> C:
+        raise NotImplementedError
+
+    async def close_connection(self, connection: C) -> None:
+        raise NotImplementedError
+
+    async def publish(self, target: Target, connection: C, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        """One outcome per message; raise for a failure of the whole batch."""
+        raise NotImplementedError
+
+    def classify(self, target: Target, error: BaseException) -> tuple[Outcome, bool]:
+        """The outcome of an error, and whether the connection should be dropped for it."""
+        raise NotImplementedError
+
+    def connect_outcome(self, target: Target, error: BaseException) -> Outcome:
+        """The outcome of failing to connect: by default as classify says."""
+        return self.classify(target, error)[0]
+
+    async def deliver_batch(self, target: Target, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        try:
+            connection = await self.connections.get(target)
+        except Unavailable as error:
+            return [Outcome.retryable(f"{target.protocol} broker unavailable: {error}")] * len(messages)
+        except TimeoutError:
+            return [Outcome.retryable(f"timeout connecting to {target.protocol} broker "
+                                      f"after {timeout_of(target)}s")] * len(messages)
+        except Exception as error:
+            return [self.connect_outcome(target, error)] * len(messages)
+        try:
+            return await asyncio.wait_for(self.publish(target, connection, messages), timeout_of(target))
+        except TimeoutError as error:
+            await self.connections.discard(target, connection, error)
+            return [Outcome.retryable(f"timeout: no acknowledgement from the {target.protocol} broker "
+                                      f"within {timeout_of(target)}s")] * len(messages)
+        except Exception as error:
+            outcome, drop = self.classify(target, error)
+            if drop:
+                await self.connections.discard(target, connection, error)
+            return [outcome] * len(messages)
+
+    async def close(self) -> None:
+        await self.connections.close_all()

@@ -1,0 +1,86 @@
+"""Redis Streams: each message is one XADD to config.stream, capped by config.maxlen
+(MAXLEN ~, so trimming stays cheap), a whole batch in one pipeline (one round trip).
+A message is delivered once its XADD returned an entry id.
+
+Fields of each entry: `payload` (the JSON text), the producer's headers by name, then
+Courier's courier-message-id, courier-attempt, courier-correlation-id and
+courier-idempotency-key (which win over a producer header of the same name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+import redis.exceptions as rex
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from sqlkit.messages import ClaimedMessage
+
+from ..outcome import Outcome
+from . import Target
+from .broker import BrokerDispatcher, courier_headers, redacted, timeout_of
+
+
+def entry_fields(message: ClaimedMessage) -> dict[str, str]:
+    return {"payload": message.payload_json, **{k: v for k, v in courier_headers(message).items() if k != "payload"}}
+
+
+class RedisDispatcher(BrokerDispatcher[aioredis.Redis]):
+    async def open(self, target: Target) -> aioredis.Redis:
+        timeout = timeout_of(target)
+        # No retries inside the client: a failure comes back as an outcome, and the pool's
+        # retry policy and circuit decide what follows.
+        client = aioredis.from_url(target.config["url"], socket_timeout=timeout, socket_connect_timeout=timeout,
+                                   retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
+                                   client_name="courier-worker")
+        try:
+            await client.ping()
+        except BaseException:
+            await client.aclose()
+            raise
+        return client
+
+    async def close_connection(self, connection: aioredis.Redis) -> None:
+        await connection.aclose()
+
+    async def publish(self, target: Target, connection: aioredis.Redis,
+                      messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        stream = target.config["stream"]
+        maxlen = target.config.get("maxlen")
+        async with connection.pipeline(transaction=False) as pipe:
+            for message in messages:
+                pipe.xadd(stream, entry_fields(message), maxlen=maxlen, approximate=True)
+            replies = await pipe.execute(raise_on_error=False)
+        outcomes = []
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                outcome, drop = self.classify(target, reply)
+                if drop:
+                    raise reply
+                outcomes.append(outcome)
+            else:
+                entry_id = reply.decode() if isinstance(reply, bytes) else str(reply)
+                outcomes.append(Outcome.success({"stream": stream, "entry_id": entry_id}))
+        return outcomes
+
+    def classify(self, target: Target, error: BaseException) -> tuple[Outcome, bool]:
+        where = redacted(target.config["url"])
+        text = f"{type(error).__name__}: {str(error)[:300]}"
+        if isinstance(error, rex.AuthenticationError | rex.AuthorizationError | rex.NoPermissionError):
+            return Outcome.disable(f"redis refused the credentials or ACL of {where}: {text}"), True
+        if isinstance(error, rex.BusyLoadingError | rex.OutOfMemoryError | rex.ReadOnlyError):
+            return Outcome.retryable(f"redis back-pressure: {text}"), False
+        if isinstance(error, rex.ConnectionError | rex.TimeoutError | OSError):
+            return Outcome.retryable(f"redis connection error ({where}): {text}"), True
+        if isinstance(error, rex.ResponseError):
+            reply = str(error)
+            if reply.startswith(("WRONGTYPE", "NOAUTH", "WRONGPASS", "NOPERM")):
+                return Outcome.disable(f"redis refused XADD to {target.config['stream']!r}: {text}"), False
+            if reply.startswith(("OOM", "BUSY", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY")):
+                return Outcome.retryable(f"redis back-pressure: {text}"), False
+            if "max" in reply.lower() and ("bulk" in reply.lower() or "size" in reply.lower()):
+                return Outcome.permanent(f"redis refused the entry as too large: {text}"), False
+            return Outcome.permanent(f"redis refused XADD: {text}"), False
+        return Outcome.retryable(f"redis error: {text}"), True
