@@ -35,3 +35,9 @@ def test_console_rejects_a_negative_pool_size():
     result = run("console", "--workers", "-1")
     assert result.exit_code == 2
     assert "--workers" in result.output
+
+
+def test_console_without_a_terminal_says_what_to_use_instead(dsn):
+    result = run("console", "--dsn", dsn)
+    assert result.exit_code == 2
+    assert "needs a terminal" in result.output

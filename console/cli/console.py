@@ -4,6 +4,7 @@ embedded worker pool running beside it in a child process."""
 from __future__ import annotations
 
 import logging
+import sys
 
 import click
 import platformdirs
@@ -46,6 +47,11 @@ def open_console(workers: int) -> None:
     from console.workers.supervisor import EmbeddedPool
 
     choice = resolve_dsn(click.get_current_context().meta.get("courier.dsn"))
+    if not choice.is_embedded:
+        require_current_schema(choice.dsn or "", "the console")  # database errors first, in one line
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise click.UsageError("the console needs a terminal; in scripts use `courier status`, "
+                               "`courier worker` or `courier demo --headless`")
     started_embedded = False
     if choice.is_embedded:
         started_embedded = not embedded.status().running
@@ -54,7 +60,6 @@ def open_console(workers: int) -> None:
             migrate.migrate(url)
     else:
         url = choice.dsn or ""
-        require_current_schema(url, "the console")
     pool = EmbeddedPool(url, concurrency=workers or 16, log_path=pool_log_path())
     try:
         if workers:

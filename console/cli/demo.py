@@ -51,7 +51,7 @@ def demo(rate: float, seconds: float, workers: int, headless: bool) -> None:
         with _status("starting the demo (embedded PostgreSQL, sink, producer, workers)..."):
             baseline = _delivered_total(runtime.start())
         began = time.monotonic()
-        if headless:
+        if headless or not _interactive():
             _run_headless(runtime, seconds)
         else:
             _run_console(runtime, seconds)
@@ -99,6 +99,11 @@ class DemoOutcome:
 
 
 # Where the console plugs in ---------------------------------------------------------------
+
+def _interactive() -> bool:
+    """A terminal to draw the console in; piped or captured output gets the headless demo."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
 
 def _run_console(runtime: DemoRuntime, seconds: float) -> None:
     """The console on the started runtime (its Workers pane drives runtime.pool) until the
