@@ -329,7 +329,10 @@ DECLARE
     v_endpoints jsonb;
     v_endpoint jsonb;
     v_default_max_retries integer := courier._setting_int('default_max_retries');
-    v_held integer;
+    v_success_leases integer[];
+    v_failed_leases integer[];
+    v_failed_dead boolean[];
+    v_failed_n integer := 0;
 BEGIN
     IF v_n IS DISTINCT FROM coalesce(cardinality(p_outcomes), 0) OR v_n IS DISTINCT FROM coalesce(cardinality(p_errors), 0)
        OR v_n IS DISTINCT FROM coalesce(cardinality(p_retry_after), v_n)
@@ -345,17 +348,10 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'Outcomes are success, retryable, permanent and disable';
     END IF;
 
-    -- Decide everything up front from one read of the claimed rows, locked in id order (as
-    -- stale recovery locks them) so that nothing changes them between this read and the writes.
-    WITH held AS (
-        SELECT q.id, q.endpoint_id, q.retry_count, q.max_retries
-        FROM unnest(p_ids, p_leases) AS u(id, lease)
-        JOIN courier.queue q ON q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
-        ORDER BY q.id
-        FOR UPDATE OF q
-    ),
-    reported AS (
-        SELECT u.id, u.outcome, u.error, u.response, q.endpoint_id,
+    -- Decide everything up front from one read of the claimed rows. The writes below repeat
+    -- the lease check, so a claim recovered and handed on meanwhile is never touched.
+    WITH reported AS (
+        SELECT u.id, u.lease, u.outcome, u.error, u.response, q.endpoint_id,
                CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400) END AS retry_after,
                q.retry_count + 1 > coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
                                             v_default_max_retries) AS exhausted,
@@ -363,11 +359,11 @@ BEGIN
                    CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400)
                         ELSE courier.retry_delay(e.retry_policy, q.retry_count) END
                END AS delay
-        FROM unnest(p_ids, p_outcomes, p_errors,
+        FROM unnest(p_ids, p_leases, p_outcomes, p_errors,
                     coalesce(p_retry_after, array_fill(NULL::integer, ARRAY[v_n])),
                     coalesce(p_responses, array_fill(NULL::jsonb, ARRAY[v_n])))
-             AS u(id, outcome, error, retry_after, response)
-        JOIN held q ON q.id = u.id
+             AS u(id, lease, outcome, error, retry_after, response)
+        JOIN courier.queue q ON q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
         JOIN courier.endpoints e ON e.id = q.endpoint_id
     ),
     per_endpoint AS (
@@ -381,25 +377,26 @@ BEGIN
         GROUP BY r.endpoint_id, e.name, e.config
     )
     SELECT array_agg(id ORDER BY id) FILTER (WHERE outcome = 'success'),
+           array_agg(lease ORDER BY id) FILTER (WHERE outcome = 'success'),
            array_agg(response ORDER BY id) FILTER (WHERE outcome = 'success'),
            array_agg(id ORDER BY id) FILTER (WHERE outcome <> 'success'),
+           array_agg(lease ORDER BY id) FILTER (WHERE outcome <> 'success'),
            array_agg(outcome ORDER BY id) FILTER (WHERE outcome <> 'success'),
            array_agg(error ORDER BY id) FILTER (WHERE outcome <> 'success'),
            array_agg(delay ORDER BY id) FILTER (WHERE outcome <> 'success'),
            array_agg(retry_after ORDER BY id) FILTER (WHERE outcome <> 'success'),
-           array_agg(id ORDER BY id) FILTER (WHERE outcome IN ('permanent', 'disable')
-                                                  OR (outcome = 'retryable' AND exhausted)),
-           (SELECT jsonb_agg(to_jsonb(p)) FROM per_endpoint p),
-           count(*)
-    INTO v_success_ids, v_success_responses, v_failed_ids, v_failed_outcomes, v_failed_errors,
-         v_failed_delays, v_failed_retry_after, v_dead_ids, v_endpoints, v_held
+           array_agg(outcome IN ('permanent', 'disable') OR (outcome = 'retryable' AND exhausted) ORDER BY id)
+               FILTER (WHERE outcome <> 'success'),
+           (SELECT jsonb_agg(to_jsonb(p)) FROM per_endpoint p)
+    INTO v_success_ids, v_success_leases, v_success_responses, v_failed_ids, v_failed_leases, v_failed_outcomes,
+         v_failed_errors, v_failed_delays, v_failed_retry_after, v_failed_dead, v_endpoints
     FROM reported;
-    stale := v_n - v_held;
-    PERFORM courier._count_stale_reports('report', stale, p_ids);
 
     IF v_success_ids IS NOT NULL THEN
         -- Delivered messages go straight to the archive with their captured responses.
-        delivered := courier._archive_messages(v_success_ids, '{processing}', 'completed', v_success_responses);
+        delivered := courier._archive_delivered(v_success_ids, v_success_leases,
+                                                coalesce(v_success_responses,
+                                                         array_fill(NULL::jsonb, ARRAY[cardinality(v_success_ids)])));
     ELSE
         delivered := 0;
     END IF;
@@ -408,6 +405,7 @@ BEGIN
         dead_lettered := 0;
     ELSE
         -- Every failure lands in the message's history first, so a DLQ row carries it too.
+        WITH failed AS (
         UPDATE courier.queue q
         SET retry_count = q.retry_count + 1,
             last_error = f.error,
@@ -417,12 +415,16 @@ BEGIN
             status = 'pending', processing_started_at = NULL,
             next_retry_at = now() + make_interval(secs => coalesce(f.delay, 0)),
             updated_at = now()
-        FROM unnest(v_failed_ids, v_failed_outcomes, v_failed_errors, v_failed_delays, v_failed_retry_after)
-             AS f(id, outcome, error, delay, retry_after)
-        WHERE q.id = f.id AND q.id = ANY (v_failed_ids);
+        FROM unnest(v_failed_ids, v_failed_leases, v_failed_outcomes, v_failed_errors, v_failed_delays,
+                    v_failed_retry_after, v_failed_dead)
+             AS f(id, lease, outcome, error, delay, retry_after, dead)
+        WHERE q.id = f.id AND q.id = ANY (v_failed_ids) AND q.lease = f.lease AND q.status = 'processing'
+        RETURNING q.id, f.dead
+        )
+        SELECT count(*), array_agg(id) FILTER (WHERE dead) INTO v_failed_n, v_dead_ids FROM failed;
 
         dead_lettered := CASE WHEN v_dead_ids IS NULL THEN 0 ELSE courier._dead_letter(v_dead_ids) END;
-        retried := cardinality(v_failed_ids) - dead_lettered;
+        retried := v_failed_n - dead_lettered;
     END IF;
 
     FOR v_endpoint IN SELECT value FROM jsonb_array_elements(coalesce(v_endpoints, '[]')) LOOP
@@ -448,6 +450,8 @@ BEGIN
             END IF;
         END IF;
     END LOOP;
+    stale := v_n - delivered - coalesce(v_failed_n, 0);
+    PERFORM courier._count_stale_reports('report', stale, p_ids);
     RETURN NEXT;
 END
 $$;

@@ -29,7 +29,26 @@ BEGIN
         RAISE EXCEPTION '[courier] unknown setting "%"', p_name
             USING ERRCODE = '42704', HINT = 'List the settings with: SELECT name FROM courier.settings';
     END IF;
+    v_normalized := courier._normalize_setting(v_setting, p_value);
+    UPDATE courier.settings SET value = v_normalized, updated_at = now() WHERE name = p_name;
+    PERFORM courier._log_event('config.changed', NULL,
+        jsonb_build_object('setting', p_name, 'old_value', v_setting.value, 'new_value', v_normalized));
+    RETURN v_normalized;
+END
+$$;
 
+-- A setting's value as stored ('true'/'false', or a whole number in range), or an error
+-- naming the setting: for set_setting() and for plain UPDATEs of courier.settings alike.
+CREATE OR REPLACE FUNCTION courier._normalize_setting(p_setting courier.settings, p_value text) RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    p_name text := p_setting.name;
+    v_setting courier.settings := p_setting;
+    v_normalized text;
+    v_number numeric;
+BEGIN
     IF v_setting.value_type = 'boolean' THEN
         IF lower(trim(p_value)) IN ('true', 'on', 'yes', '1') THEN
             v_normalized := 'true';
@@ -53,13 +72,31 @@ BEGIN
         END IF;
         v_normalized := v_number::bigint::text;
     END IF;
-
-    UPDATE courier.settings SET value = v_normalized, updated_at = now() WHERE name = p_name;
-    PERFORM courier._log_event('config.changed', NULL,
-        jsonb_build_object('setting', p_name, 'old_value', v_setting.value, 'new_value', v_normalized));
     RETURN v_normalized;
 END
 $$;
+
+-- Settings changed with a plain UPDATE (or INSERT) get set_setting()'s checks: a value out of
+-- range never gets in that way. Only a role that can act as courier_owner (migrations) may
+-- change what a setting is: its type, range or default.
+CREATE OR REPLACE FUNCTION courier._validate_setting_row() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    IF (TG_OP = 'INSERT' OR (OLD.value_type, OLD.min_value, OLD.max_value, OLD.default_value, OLD.name)
+                            IS DISTINCT FROM (NEW.value_type, NEW.min_value, NEW.max_value, NEW.default_value, NEW.name))
+       AND NOT pg_has_role(current_user, 'courier_owner', 'USAGE') THEN
+        RAISE EXCEPTION '[courier] only migrations add settings or change their type, range or default'
+            USING ERRCODE = '42501', HINT = 'Change a setting''s value with courier.set_setting()';
+    END IF;
+    NEW.value := courier._normalize_setting(NEW, NEW.value);
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER settings_validate BEFORE INSERT OR UPDATE ON courier.settings
+    FOR EACH ROW EXECUTE FUNCTION courier._validate_setting_row();
 
 CREATE OR REPLACE FUNCTION courier.validate_retry_policy(p_policy jsonb) RETURNS boolean
 LANGUAGE plpgsql
@@ -77,10 +114,10 @@ BEGIN
         PERFORM courier._raise_invalid(format('retry_policy.backoff must be exponential, linear or fixed, got %s',
                                               p_policy -> 'backoff'));
     END IF;
-    PERFORM courier._require_positive_number('retry_policy', p_policy, 'max_retries', 0, 1000);
-    PERFORM courier._require_positive_number('retry_policy', p_policy, 'base_delay_seconds', 1, 3600);
-    PERFORM courier._require_positive_number('retry_policy', p_policy, 'max_delay_seconds', 1, 86400);
-    PERFORM courier._require_positive_number('retry_policy', p_policy, 'increment_seconds', 1, 3600);
+    PERFORM courier._require_integer('retry_policy', p_policy, 'max_retries', 0, 1000);
+    PERFORM courier._require_integer('retry_policy', p_policy, 'base_delay_seconds', 1, 3600);
+    PERFORM courier._require_integer('retry_policy', p_policy, 'max_delay_seconds', 1, 86400);
+    PERFORM courier._require_integer('retry_policy', p_policy, 'increment_seconds', 1, 3600);
     RETURN true;
 END
 $$;
@@ -109,6 +146,13 @@ BEGIN
         END IF;
         IF p_config ? 'headers' AND jsonb_typeof(p_config -> 'headers') <> 'object' THEN
             PERFORM courier._raise_invalid('http config.headers must be a JSON object of strings');
+        ELSIF p_config ? 'headers' THEN
+            PERFORM courier._check_headers(p_config -> 'headers');
+        END IF;
+        PERFORM courier._require_boolean(v_what, p_config, 'allow_internal');
+        PERFORM courier._require_boolean(v_what, p_config, 'capture_response');
+        IF p_config ? 'method' AND jsonb_typeof(p_config -> 'method') <> 'string' THEN
+            PERFORM courier._raise_invalid(format('http config.method must be a string, got %s', p_config -> 'method'));
         END IF;
         PERFORM courier._require_positive_number(v_what, p_config, 'timeout', 0.001, 300);
         PERFORM courier._require_positive_number(v_what, p_config, 'connect_timeout', 0.001, 300);
@@ -142,20 +186,24 @@ BEGIN
         PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'stream', 'maxlen', 'timeout']);
         PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['redis', 'rediss']);
         PERFORM courier._require_string(v_what, p_config, 'stream', true);
-        PERFORM courier._require_positive_number(v_what, p_config, 'maxlen', 1, 9223372036854775807);
+        PERFORM courier._require_integer(v_what, p_config, 'maxlen', 1, 9223372036854775807);
     WHEN 'amqp' THEN
         PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'exchange', 'routing_key', 'persistent', 'timeout']);
         PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['amqp', 'amqps']);
         PERFORM courier._require_string(v_what, p_config, 'routing_key', true);
+        PERFORM courier._require_string(v_what, p_config, 'exchange', false);
+        PERFORM courier._require_boolean(v_what, p_config, 'persistent');
     WHEN 'mqtt' THEN
         PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'topic', 'qos', 'retain', 'timeout']);
         PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['mqtt', 'mqtts']);
         PERFORM courier._require_string(v_what, p_config, 'topic', true);
-        PERFORM courier._require_positive_number(v_what, p_config, 'qos', 0, 2);
+        PERFORM courier._require_integer(v_what, p_config, 'qos', 0, 2);
+        PERFORM courier._require_boolean(v_what, p_config, 'retain');
     WHEN 'nats' THEN
         PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'subject', 'jetstream', 'timeout']);
         PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['nats', 'tls']);
         PERFORM courier._require_string(v_what, p_config, 'subject', true);
+        PERFORM courier._require_boolean(v_what, p_config, 'jetstream');
     WHEN 'kafka' THEN
         -- No worker can deliver to Kafka yet: refuse the endpoint rather than accept
         -- messages that would stay pending forever.
@@ -167,11 +215,11 @@ BEGIN
     WHEN 'pull' THEN
         PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY[
             'max_retries', 'message_ttl_seconds', 'max_depth', 'throughput_limit', 'visibility_timeout']);
-        PERFORM courier._require_positive_number(v_what, p_config, 'max_retries', 0, 1000);
-        PERFORM courier._require_positive_number(v_what, p_config, 'message_ttl_seconds', 0, 31536000);
-        PERFORM courier._require_positive_number(v_what, p_config, 'max_depth', 0, 2147483647);
+        PERFORM courier._require_integer(v_what, p_config, 'max_retries', 0, 1000);
+        PERFORM courier._require_integer(v_what, p_config, 'message_ttl_seconds', 0, 31536000);
+        PERFORM courier._require_integer(v_what, p_config, 'max_depth', 0, 2147483647);
         PERFORM courier._require_positive_number(v_what, p_config, 'throughput_limit', 0, 1000000);
-        PERFORM courier._require_positive_number(v_what, p_config, 'visibility_timeout', 1, 43200);
+        PERFORM courier._require_integer(v_what, p_config, 'visibility_timeout', 1, 43200);
     ELSE
         PERFORM courier._raise_invalid(format('unknown protocol %L', p_protocol),
                                        'Protocols: http, redis, amqp, mqtt, nats, noop, pull');
@@ -189,7 +237,8 @@ BEGIN
         PERFORM courier._require_positive_number('rate_limit', p_config -> 'rate_limit', 'rate', 0.001, 1000000);
         PERFORM courier._require_positive_number('rate_limit', p_config -> 'rate_limit', 'burst', 1, 1000000);
     END IF;
-    PERFORM courier._require_positive_number(v_what, p_config, 'concurrency', 1, 10000);
+    PERFORM courier._require_integer(v_what, p_config, 'concurrency', 1, 10000);
+    PERFORM courier._require_boolean(v_what, p_config, 'auto_disable_on_gone');
     RETURN true;
 END
 $$;
@@ -219,13 +268,7 @@ AS $$
 DECLARE
     v_id integer;
 BEGIN
-    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' THEN
-        PERFORM courier._raise_invalid(format('invalid endpoint name %L', p_name),
-            'Use 1-128 letters, digits, "_", ".", ":" or "-", starting with a letter or digit');
-    END IF;
-    IF p_name LIKE '%.dlq' THEN
-        PERFORM courier._raise_invalid(format('endpoint names ending in ".dlq" are reserved: %L', p_name));
-    END IF;
+    PERFORM courier._validate_endpoint_name(p_name);
     PERFORM courier.validate_endpoint_config(p_protocol, p_config);
     PERFORM courier.validate_retry_policy(coalesce(p_retry_policy, '{}'));
 
@@ -369,17 +412,35 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 BEGIN
+    PERFORM courier._validate_endpoint_name(NEW.name);
     PERFORM courier.validate_endpoint_config(NEW.protocol, NEW.config);
     PERFORM courier.validate_retry_policy(NEW.retry_policy);
     RETURN NEW;
 END
 $$;
 
+-- The name rules of create_endpoint(), for it and for plain INSERTs and UPDATEs alike.
+CREATE OR REPLACE FUNCTION courier._validate_endpoint_name(p_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' THEN
+        PERFORM courier._raise_invalid(format('invalid endpoint name %L', p_name),
+            'Use 1-128 letters, digits, "_", ".", ":" or "-", starting with a letter or digit');
+    END IF;
+    IF p_name LIKE '%.dlq' THEN
+        PERFORM courier._raise_invalid(format('endpoint names ending in ".dlq" are reserved: %L', p_name));
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE TRIGGER endpoints_validate_insert BEFORE INSERT ON courier.endpoints
     FOR EACH ROW EXECUTE FUNCTION courier._validate_endpoint_row();
 
-CREATE OR REPLACE TRIGGER endpoints_validate_update BEFORE UPDATE OF protocol, config, retry_policy ON courier.endpoints
+CREATE OR REPLACE TRIGGER endpoints_validate_update BEFORE UPDATE OF name, protocol, config, retry_policy
+    ON courier.endpoints
     FOR EACH ROW
-    WHEN (OLD.protocol IS DISTINCT FROM NEW.protocol OR OLD.config IS DISTINCT FROM NEW.config
-          OR OLD.retry_policy IS DISTINCT FROM NEW.retry_policy)
+    WHEN (OLD.name IS DISTINCT FROM NEW.name OR OLD.protocol IS DISTINCT FROM NEW.protocol
+          OR OLD.config IS DISTINCT FROM NEW.config OR OLD.retry_policy IS DISTINCT FROM NEW.retry_policy)
     EXECUTE FUNCTION courier._validate_endpoint_row();

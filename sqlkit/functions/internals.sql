@@ -181,12 +181,45 @@ BEGIN
 END
 $$;
 
+-- A whole number: JSON 3 and not 3.0, 2.5 or 3e0, which jsonb keeps as written and which a
+-- later ::integer cast refuses (a retry policy with max_retries 3.0 once wedged every claim).
+CREATE OR REPLACE FUNCTION courier._require_integer(p_what text, p_doc jsonb, p_key text,
+                                                 p_min bigint, p_max bigint) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    IF NOT p_doc ? p_key THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(p_doc -> p_key) <> 'number' OR (p_doc ->> p_key) !~ '^-?[0-9]{1,19}$'
+       OR (p_doc ->> p_key)::numeric < p_min OR (p_doc ->> p_key)::numeric > p_max THEN
+        PERFORM courier._raise_invalid(
+            format('%s.%s must be a whole number from %s to %s, got %s', p_what, p_key, p_min, p_max, p_doc -> p_key));
+    END IF;
+END
+$$;
+
+-- JSON true or false; the string "false" is truthy to some readers, so it is refused.
+CREATE OR REPLACE FUNCTION courier._require_boolean(p_what text, p_doc jsonb, p_key text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    IF p_doc ? p_key AND jsonb_typeof(p_doc -> p_key) <> 'boolean' THEN
+        PERFORM courier._raise_invalid(
+            format('%s.%s must be true or false (a JSON boolean), got %s', p_what, p_key, p_doc -> p_key));
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION courier._require_url(p_what text, p_doc jsonb, p_key text, p_schemes text[]) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
     v_url text;
+    v_port text;
 BEGIN
     IF jsonb_typeof(p_doc -> p_key) IS DISTINCT FROM 'string' THEN
         PERFORM courier._raise_invalid(format('%s needs "%s" (a string)', p_what, p_key));
@@ -199,6 +232,10 @@ BEGIN
             format('%s.%s is not a valid URL: "%s"', p_what, p_key, v_url),
             format('Expected a URL starting with %s', array_to_string(
                 ARRAY(SELECT s || '://' FROM unnest(p_schemes) AS s), ' or ')));
+    END IF;
+    v_port := substring(v_url from '^[A-Za-z0-9+.-]+://(?:[^/?#@]*@)?(?:\[[^]]*\]|[^/?#:@]*):([0-9]+)');
+    IF v_port IS NOT NULL AND v_port::integer NOT BETWEEN 1 AND 65535 THEN
+        PERFORM courier._raise_invalid(format('%s.%s has port %s, outside 1-65535: "%s"', p_what, p_key, v_port, v_url));
     END IF;
 END
 $$;

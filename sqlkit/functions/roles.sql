@@ -1,7 +1,72 @@
--- Privileges of the three roles, re-applied after every migration so that functions added
--- later are covered too. PostgreSQL grants EXECUTE to PUBLIC by default: take it back first.
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA courier FROM PUBLIC;
-REVOKE ALL ON ALL TABLES IN SCHEMA courier FROM PUBLIC;
+-- Ownership and privileges, applied last by every `courier migrate` that changes anything, in
+-- the same transaction, so that no function or table is ever visible with other rights.
+--
+-- Every object of schema courier belongs to courier_owner (a NOLOGIN role with no special
+-- attributes, made by migration 0015), so SECURITY DEFINER functions run with its rights and
+-- never a superuser's. The three roles get what SPEC.md gives them and nothing else: no
+-- TRIGGER, TRUNCATE or REFERENCES for anyone, nothing for PUBLIC, and for the monitor no
+-- column that holds a payload, headers, metadata, a secret, an error text or a captured body.
+DO $$
+DECLARE
+    v_owner pg_roles;
+    v_object record;
+BEGIN
+    SELECT * INTO v_owner FROM pg_roles WHERE rolname = 'courier_owner';
+    IF v_owner.rolsuper OR v_owner.rolcreaterole OR v_owner.rolcreatedb OR v_owner.rolbypassrls
+       OR v_owner.rolreplication OR v_owner.rolcanlogin THEN
+        RAISE EXCEPTION '[courier] role courier_owner has attributes it must not have'
+            USING ERRCODE = '42501', HINT = 'ALTER ROLE courier_owner NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE '
+                                            'NOREPLICATION NOBYPASSRLS';
+    END IF;
+    IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+       AND NOT pg_has_role(current_user, 'courier_owner', 'MEMBER') THEN
+        EXECUTE format('GRANT courier_owner TO %I', current_user);  -- to hand objects over
+    END IF;
+    IF (SELECT nspowner FROM pg_namespace WHERE nspname = 'courier') <> v_owner.oid THEN
+        ALTER SCHEMA courier OWNER TO courier_owner;
+    END IF;
+    FOR v_object IN
+        SELECT c.oid::regclass AS name,
+               CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
+                              ELSE 'TABLE' END AS kind
+        FROM pg_class c
+        WHERE c.relnamespace = 'courier'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
+          AND c.relowner <> v_owner.oid
+          -- identity and serial sequences follow their table
+          AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d
+                                               WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                                                 AND d.deptype IN ('a', 'i')))
+    LOOP
+        EXECUTE format('ALTER %s %s OWNER TO courier_owner', v_object.kind, v_object.name);
+    END LOOP;
+    FOR v_object IN
+        SELECT p.oid::regprocedure AS name, CASE p.prokind WHEN 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END AS kind
+        FROM pg_proc p WHERE p.pronamespace = 'courier'::regnamespace AND p.proowner <> v_owner.oid
+    LOOP
+        EXECUTE format('ALTER %s %s OWNER TO courier_owner', v_object.kind, v_object.name);
+    END LOOP;
+    FOR v_object IN
+        SELECT t.oid::regtype AS name FROM pg_type t JOIN pg_class c ON c.oid = t.typrelid
+        WHERE t.typnamespace = 'courier'::regnamespace AND c.relkind = 'c' AND t.typowner <> v_owner.oid
+    LOOP
+        EXECUTE format('ALTER TYPE %s OWNER TO courier_owner', v_object.name);
+    END LOOP;
+END
+$$;
+
+-- What later objects get when they are created: archive partitions made by
+-- maintain_archive_partitions(), and anything a later migration adds.
+ALTER DEFAULT PRIVILEGES FOR ROLE courier_owner REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+ALTER DEFAULT PRIVILEGES FOR ROLE courier_owner IN SCHEMA courier
+    GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO courier_admin;
+ALTER DEFAULT PRIVILEGES FOR ROLE courier_owner IN SCHEMA courier GRANT USAGE, SELECT ON SEQUENCES TO courier_admin;
+ALTER DEFAULT PRIVILEGES FOR ROLE courier_owner IN SCHEMA courier GRANT EXECUTE ON FUNCTIONS TO courier_admin;
+
+-- Start from nothing, then grant.
+REVOKE ALL ON SCHEMA courier FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA courier FROM PUBLIC, courier_admin, courier_application, courier_monitor;
+REVOKE ALL ON ALL TABLES IN SCHEMA courier FROM PUBLIC, courier_admin, courier_application, courier_monitor;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA courier FROM PUBLIC, courier_admin, courier_application, courier_monitor;
 GRANT USAGE ON SCHEMA courier TO courier_admin, courier_application, courier_monitor;
 
 -- Applications send (and, later, publish and consume); nothing else.
@@ -13,13 +78,36 @@ GRANT EXECUTE ON FUNCTION
     courier.enable_fast_mode()
 TO courier_application;
 
--- Monitors read everything and change nothing.
-GRANT SELECT ON ALL TABLES IN SCHEMA courier TO courier_monitor;
--- ... except endpoint configs, which hold credentials and signing secrets.
-REVOKE SELECT ON courier.endpoints FROM courier_monitor;
+-- Monitors see counts, states and health: the counter tables whole, and of the tables that
+-- hold messages, endpoints and events only the columns that say where things stand.
+GRANT SELECT ON courier.settings, courier.queue_depth, courier.delivery_totals, courier.dlq_depth,
+                courier.workers, courier.replays, courier.schema_migrations, courier.schema_functions
+    TO courier_monitor;
+GRANT SELECT (id, endpoint_id, status, priority, retry_count, max_retries, next_retry_at, scheduled_at,
+              expires_at, worker_id, processing_started_at, completed_at, created_at, updated_at, lease)
+    ON courier.queue TO courier_monitor;
+GRANT SELECT (id, original_message_id, endpoint_id, endpoint_name, priority, retry_count, status,
+              scheduled_at, expires_at, original_created_at, failed_at, redriven_at, redriven_message_id)
+    ON courier.dlq TO courier_monitor;
+GRANT SELECT (id, endpoint_id, status, priority, retry_count, max_retries, scheduled_at, expires_at,
+              worker_id, completed_at, created_at, archived_at)
+    ON courier.archive TO courier_monitor;
+GRANT SELECT (id, event_type, endpoint_id, actor, created_at) ON courier.event_log TO courier_monitor;
+-- The Spark pipeline's results are aggregates: counts, latencies and error classes per hour.
+DO $$
+DECLARE
+    v_table regclass;
+BEGIN
+    FOR v_table IN SELECT c.oid::regclass FROM pg_class c
+                   WHERE c.relnamespace = 'courier'::regnamespace AND c.relkind IN ('r', 'p')
+                     AND c.relname LIKE 'analytics\_%' LOOP
+        EXECUTE format('GRANT SELECT ON %s TO courier_monitor', v_table);
+    END LOOP;
+END
+$$;
 GRANT SELECT (id, name, protocol, retry_policy, description, enabled, circuit_state,
               circuit_failure_count, circuit_opened_at, circuit_half_open_at, last_success_at,
-              last_failure_at, last_error, created_at, updated_at)
+              last_failure_at, created_at, updated_at)
     ON courier.endpoints TO courier_monitor;
 GRANT EXECUTE ON FUNCTION
     courier.metrics(),
@@ -32,7 +120,8 @@ GRANT EXECUTE ON FUNCTION
     courier.count_archive_partition(text)
 TO courier_monitor;
 
--- Admins run Courier: every table and function, including the worker primitives.
-GRANT ALL ON ALL TABLES IN SCHEMA courier TO courier_admin;
-GRANT ALL ON ALL SEQUENCES IN SCHEMA courier TO courier_admin;
+-- Admins run Courier: every function, including the worker primitives, and the rows of every
+-- table, but no DDL-like rights (TRIGGER, TRUNCATE, REFERENCES) on them.
+GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA courier TO courier_admin;
+GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA courier TO courier_admin;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA courier TO courier_admin;
