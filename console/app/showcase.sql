@@ -111,3 +111,24 @@ FROM (VALUES
 ) AS t(event_type, endpoint, actor, details, at)
 LEFT JOIN courier.endpoints e ON e.name = t.endpoint
 ORDER BY t.at;
+
+-- What `courier pipeline analytics` would have stored: two days of hourly outcomes.
+TRUNCATE courier.analytics_hourly, courier.analytics_runs RESTART IDENTITY;
+INSERT INTO courier.analytics_hourly (endpoint_id, hour, delivered, failed, expired, dead_lettered,
+                                      p50_ms, p95_ms, p99_ms, run_id)
+SELECT e.id, '2026-10-31 12:00+00'::timestamptz + h * interval '1 hour',
+       (200 + 150 * sin(h / 4.0) + 40 * e.id)::bigint + 300, (h * e.id) % 9, (h + e.id) % 3 / 2, (h * 7 + e.id) % 4 / 3,
+       40 + 10 * e.id + h % 5, 180 + 20 * e.id + h % 13, 400 + 50 * e.id + h % 17, 1
+FROM generate_series(0, 47) h
+JOIN courier.endpoints e ON e.name IN ('billing', 'inventory', 'search-index');
+INSERT INTO courier.analytics_runs (range_from, range_to, master, rows_read, endpoints, started_at, finished_at)
+SELECT '2026-10-31 12:00+00', '2026-11-02 12:00+00', 'local[*]', sum(delivered + expired + dead_lettered),
+       jsonb_agg(jsonb_build_object('endpoint', name, 'endpoint_id', endpoint_id, 'delivered', delivered,
+                                    'failed', failed, 'expired', expired, 'dead_lettered', dead_lettered,
+                                    'p50_ms', p50, 'p95_ms', p95, 'p99_ms', p99) ORDER BY name),
+       '2026-11-02 12:00:05+00', '2026-11-02 12:00:41+00'
+FROM (SELECT e.name, h.endpoint_id, sum(delivered) AS delivered, sum(failed) AS failed, sum(expired) AS expired,
+             sum(dead_lettered) AS dead_lettered, avg(p50_ms)::int AS p50, avg(p95_ms)::int AS p95,
+             max(p99_ms)::int AS p99
+      FROM courier.analytics_hourly h JOIN courier.endpoints e ON e.id = h.endpoint_id
+      GROUP BY e.name, h.endpoint_id) per_endpoint;
