@@ -60,6 +60,7 @@ class ReplayWizard(ModalScreen[int | None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel", id="replay.cancel"),
         Binding("ctrl+d", "dry_run", "Dry run", id="replay.dry_run"),
+        Binding("ctrl+r", "replay", "Replay", id="replay.replay"),
     ]
 
     def __init__(self, endpoint_names: list[str], now: datetime, tz: tzinfo | None) -> None:
@@ -91,7 +92,7 @@ class ReplayWizard(ModalScreen[int | None]):
             with Horizontal(classes="buttons"):
                 yield Button("Cancel (esc)", id="cancel")
                 yield Button("Dry run (ctrl+d)", id="dry-run", variant="primary")
-                yield Button("Replay…", id="replay", variant="warning", disabled=True)
+                yield Button("Replay… (ctrl+r)", id="replay", variant="warning", disabled=True)
 
     def on_mount(self) -> None:
         self.query_one("#replay-progress").display = False
@@ -177,6 +178,10 @@ class ReplayWizard(ModalScreen[int | None]):
         self.query_one("#replay", Button).disabled = total == 0
         if total:
             self.query_one("#replay", Button).focus()
+
+    def action_replay(self) -> None:
+        if not self.query_one("#replay", Button).disabled:
+            self.confirm_replay()
 
     def confirm_replay(self) -> None:
         if self.counted is None:
