@@ -100,6 +100,7 @@ def test_an_outcome_the_database_refuses_fails_its_message_alone(dsn, conn, sink
         return Outcome.success({"body": _Unencodable()} if message.id == poison else None)
 
     monkeypatch.setattr(NoopDispatcher, "deliver", deliver)
+    monkeypatch.setattr(NoopDispatcher, "batched", False)  # one deliver() per message
     run_pool_until(dsn, lambda: archived(conn) == 29 and in_queue(conn, "status = 'processing'") == 0,
                    timeout=20, batch_size=50)
     assert archived(conn) == 29

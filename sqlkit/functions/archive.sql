@@ -206,7 +206,9 @@ BEGIN
     WITH moved AS (
         DELETE FROM courier.queue q
         USING unnest(p_ids, p_leases, p_responses) AS u(id, lease, response)
-        WHERE q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
+        -- = ANY keeps the DELETE on the primary key: joined to the unnest alone, the planner
+        -- hashed every row in processing.
+        WHERE q.id = ANY (p_ids) AND q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
         RETURNING q.*, u.response AS captured
     )
     INSERT INTO courier.archive (id, endpoint_id, payload, headers, metadata, status, priority, retry_count,

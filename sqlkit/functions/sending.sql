@@ -171,14 +171,18 @@ BEGIN
               AND (l.max_queue_size = 0 OR l.max_queue_size >= 1 + (
                    SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
                    WHERE d.status IN ('pending', 'processing')))
-            ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')
+            ON CONFLICT (endpoint_id, idempotency_key)
+                WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')
             DO NOTHING
             RETURNING id, endpoint_id, (SELECT value::boolean FROM courier.settings WHERE name = 'notify_on_send')
             INTO v_id, v_endpoint_id, v_notify;
 
             IF v_id IS NULL THEN
-                SELECT id, payload_hash INTO v_id, v_existing_hash FROM courier.queue
-                WHERE idempotency_key = p_idempotency_key AND status IN ('pending', 'processing');
+                -- Keys are per endpoint: only this endpoint's message holding it counts.
+                SELECT q.id, q.payload_hash INTO v_id, v_existing_hash
+                FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
+                WHERE e.name = p_endpoint_name AND q.idempotency_key = p_idempotency_key
+                  AND q.status IN ('pending', 'processing');
                 IF v_id IS NOT NULL THEN
                     IF v_existing_hash IS DISTINCT FROM v_hash THEN
                         RAISE EXCEPTION 'Idempotency key ''%'' conflict: same key with different payload',
