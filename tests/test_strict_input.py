@@ -191,6 +191,8 @@ CLI_CASES = [
     (["endpoint", "create", "x.dlq", "noop"], 1, "reserved"),
     (["config", "set", "max_queue_size", "-1"], 1, "out of range"),
     (["config", "set", "no_such", "1"], 1, "unknown setting"),
+    (["send", "hook", "{}", "--delay", "1e300"], 2, "--delay"),
+    (["send", "hook", "[" * 5_000 + "]" * 5_000], 2, "nested too deeply"),
 ]
 
 

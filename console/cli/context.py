@@ -120,6 +120,8 @@ def parse_json(text: str, what: str) -> Any:
     except json.JSONDecodeError as error:
         raise click.BadParameter(f"not valid JSON ({error.msg} at line {error.lineno} "
                                  f"column {error.colno})", param_hint=what) from None
+    except RecursionError:
+        raise click.BadParameter("nested too deeply to read", param_hint=what) from None
 
 
 def parse_json_object(text: str, what: str) -> dict[str, Any]:
