@@ -276,6 +276,7 @@ def test_broker_down_retries_opens_the_circuit_and_recovers_losing_nothing(dsn, 
     assert all(e.startswith("[RETRYABLE]") for e in seen["errors"]), seen["errors"]
     assert seen["circuit"] == "closed"
     assert set(by_id(received)) == set(sent), "nothing lost"
+    assert scalar(conn, "SELECT count(*) FROM courier.archive WHERE status <> 'completed'") == 0
 
 
 def test_kill_9_mid_batch_loses_nothing(dsn, conn, protocol):
@@ -333,3 +334,96 @@ def _wait(process: subprocess.Popen[str]) -> None:
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_a_config_change_takes_effect_without_restart_and_drain_closes_connections(dsn, conn):
+    require_broker("redis")
+    first, second = Broker.of("redis"), Broker.of("redis")
+    create(conn, "moving", "redis", first.config())
+    held = {}
+
+    async def scenario():
+        try:
+            runner = RunningPool(dsn, refresh_interval=0.2)
+            async with runner as pool:
+                send_many(conn, "moving", 5)
+                await until(lambda: completed(conn) == 5, 30, "five to the first stream")
+                conn.execute("SELECT courier.alter_endpoint('moving', %s::jsonb)", (json.dumps(second.config()),))
+                await asyncio.sleep(0.5)  # the pool's next endpoint refresh
+                send_many(conn, "moving", 5, start=5)
+                await until(lambda: completed(conn) == 10, 30, "five more")
+                dispatcher = pool._dispatchers["redis"]
+            held["after_drain"] = len(dispatcher.connections._entries)
+            return len(await first.read()), len(await second.read())
+        finally:
+            await first.cleanup()
+            await second.cleanup()
+
+    assert asyncio.run(scenario()) == (5, 5)
+    assert held["after_drain"] == 0
+
+
+# Error classes without a broker: every branch of each dispatcher's classify ----------------
+
+def _classes(dispatcher, target, errors):
+    return [(str(dispatcher.classify(target, error)[0].kind), dispatcher.classify(target, error)[1])
+            for error in errors]
+
+
+def test_error_classes_are_as_documented():
+    import aiormq.exceptions as aex
+    import nats.errors as nerr
+    import nats.js.errors as jerr
+    import redis.exceptions as rex
+    from aio_pika.exceptions import PublishError
+    from aiomqtt.exceptions import MqttConnectError
+    from aiormq.abc import DeliveredMessage
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
+    from pamqp.commands import Basic
+
+    from console.workers.dispatchers import Target
+    from console.workers.dispatchers.amqp import AmqpDispatcher
+    from console.workers.dispatchers.mqtt import MqttDispatcher, PublishRefused
+    from console.workers.dispatchers.nats import NatsDispatcher
+    from console.workers.dispatchers.redis import RedisDispatcher
+
+    redis_target = Target(1, "r", "redis", {"url": "redis://:pw@h:6379/0", "stream": "s"})
+    assert _classes(RedisDispatcher(), redis_target, [
+        rex.ConnectionError("refused"), rex.TimeoutError("slow"), rex.OutOfMemoryError("OOM command not allowed"),
+        rex.AuthenticationError("WRONGPASS"), rex.ResponseError("WRONGTYPE Operation against a key"),
+        rex.ResponseError("ERR something else"),
+    ]) == [("retryable", True), ("retryable", True), ("retryable", False), ("disable", True),
+           ("disable", False), ("permanent", False)]
+
+    returned = Basic.Return(reply_code=312, reply_text="NO_ROUTE", exchange="x", routing_key="k")
+    amqp_target = Target(2, "a", "amqp", {"url": "amqp://u:pw@h/", "exchange": "x", "routing_key": "k"})
+    assert _classes(AmqpDispatcher(), amqp_target, [
+        ConnectionRefusedError(), aex.ProbableAuthenticationError("ACCESS_REFUSED"),
+        aex.ChannelNotFoundEntity("NOT_FOUND - no exchange"), aex.ChannelPreconditionFailed("too large"),
+        PublishError(DeliveredMessage(returned, None, b"", None), returned),
+    ]) == [("retryable", True), ("disable", True), ("disable", True), ("permanent", True), ("retryable", False)]
+
+    mqtt_target = Target(3, "m", "mqtt", {"url": "mqtt://u:pw@h:1883", "topic": "t"})
+    assert _classes(MqttDispatcher(), mqtt_target, [
+        OSError("refused"), MqttConnectError(ReasonCode(PacketTypes.CONNACK, identifier=0x86)),
+        MqttConnectError(ReasonCode(PacketTypes.CONNACK, identifier=0x88)),
+        PublishRefused(ReasonCode(PacketTypes.PUBACK, identifier=0x87)),
+        PublishRefused(ReasonCode(PacketTypes.PUBACK, identifier=0x97)),
+        PublishRefused(ReasonCode(PacketTypes.PUBACK, identifier=0x99)), ValueError("Payload too large."),
+    ]) == [("retryable", True), ("disable", True), ("retryable", True), ("disable", False), ("retryable", False),
+           ("permanent", False), ("permanent", False)]
+
+    nats_target = Target(4, "n", "nats", {"url": "nats://u:pw@h:4222", "subject": "s"})
+    assert _classes(NatsDispatcher(), nats_target, [
+        nerr.ConnectionClosedError(), nerr.TimeoutError(), nerr.MaxPayloadError(), nerr.NoRespondersError(),
+        jerr.ServiceUnavailableError(code=503, description="unavailable"),
+        jerr.APIError(code=400, err_code=10054, description="message size exceeds maximum allowed"),
+        jerr.APIError(code=503, err_code=10077, description="maximum messages exceeded"),
+        jerr.BadRequestError(code=400, err_code=10999, description="bad"),
+    ]) == [("retryable", True), ("retryable", True), ("permanent", False), ("disable", False),
+           ("retryable", False), ("permanent", False), ("retryable", False), ("permanent", False)]
+    # Errors never show a URL's password.
+    for dispatcher, target in ((RedisDispatcher(), redis_target), (AmqpDispatcher(), amqp_target),
+                               (MqttDispatcher(), mqtt_target), (NatsDispatcher(), nats_target)):
+        assert ":pw@" not in dispatcher.classify(target, ConnectionRefusedError("x"))[0].error

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import aiomqtt
 import paho.mqtt.client as paho
+from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -54,6 +55,9 @@ class _Client(aiomqtt.Client):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._reasons: dict[int, ReasonCode] = {}
+        # A batch is published at once: hundreds of publishes awaiting their PUBACK are the
+        # design, not the "concerning number" aiomqtt would log a warning for on every call.
+        self.pending_calls_threshold = 100_000
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         self._reasons[mid] = reason_code
@@ -136,7 +140,7 @@ class MqttDispatcher(BrokerDispatcher[_Client]):
             if code in _TOO_LARGE:
                 return Outcome.permanent(f"mqtt broker refused the message: {_TOO_LARGE[code]} (0x{code:02X})"), False
             return Outcome.retryable(f"mqtt broker did not accept the message: {error.reason} (0x{code:02X})"), False
-        if isinstance(error, aiomqtt.MqttConnectError):
+        if isinstance(error, MqttConnectError):
             rc = error.rc
             code = rc.value if isinstance(rc, ReasonCode) else rc
             if (isinstance(rc, ReasonCode) and code in _REFUSED) or (isinstance(rc, int) and code in _REFUSED_V3):
