@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .brokers import dispatch_amqp, dispatch_mqtt, dispatch_nats, dispatch_redis
 from .churn import churn
 from .console import console_panes
 from .delivery import dispatch_http, latency, mixed
@@ -21,6 +22,10 @@ SCENARIOS: dict[str, Scenario] = {
     "enqueue-batch": enqueue_batch,
     "drain-noop": drain_noop,
     "dispatch-http": dispatch_http,
+    "dispatch-redis": dispatch_redis,
+    "dispatch-amqp": dispatch_amqp,
+    "dispatch-mqtt": dispatch_mqtt,
+    "dispatch-nats": dispatch_nats,
     "latency": latency,
     "mixed": mixed,
     "depth": depth,
