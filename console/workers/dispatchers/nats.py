@@ -33,6 +33,9 @@ _TOO_LARGE = {10054}
 _FULL = {10077, 10027, 10028}
 
 
+_SUCCESS = Outcome.success()
+
+
 async def _quiet(_error: Exception) -> None:
     return None
 
@@ -84,9 +87,8 @@ class NatsDispatcher(BrokerDispatcher[NatsClient]):
                 outcome, drop = self.classify(target, result)
                 outcomes.append(outcome)
                 broken = broken or (result if drop else None)
-            else:
-                outcomes.append(Outcome.success({"stream": result.stream, "seq": result.seq,
-                                                 "duplicate": bool(result.duplicate)}))
+            else:  # the PubAck's stream and sequence: not recorded, as for HTTP responses
+                outcomes.append(_SUCCESS)
         if broken is not None:
             await self.connections.discard(target, connection, broken)
         return outcomes
