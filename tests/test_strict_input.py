@@ -110,6 +110,11 @@ SQL_CASES = [
      "exceeds max_payload_size"),
     ("SELECT courier.send_batch('hook', ARRAY[jsonb_build_object('blob', repeat('a', 2000000))])", (), "54000",
      "exceeds max_payload_size"),
+    # read from a table, the same 2 MB payload is a 23 kB compressed datum: it passed before
+    ("CREATE TEMP TABLE big AS SELECT jsonb_build_object('blob', repeat('a', 2000000)) AS j; "
+     "SELECT courier.send('hook', j) FROM big", (), "54000", "exceeds max_payload_size"),
+    ("CREATE TEMP TABLE big AS SELECT jsonb_build_object('blob', repeat('a', 2000000)) AS j; "
+     "SELECT courier.send_batch('hook', ARRAY(SELECT j FROM big))", (), "54000", "exceeds max_payload_size"),
     # priorities and keys
     ("SELECT courier.send_with_options('hook', '{}', p_priority := 11)", (), "22023", "priority"),
     ("SELECT courier.send_with_options('hook', '{}', p_ordering_key := '')", (), "22023", "1 to 255 characters"),
