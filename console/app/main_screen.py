@@ -4,6 +4,8 @@ measured ~10x faster than switching Textual screens or modes."""
 
 from __future__ import annotations
 
+import gc
+
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher
@@ -40,6 +42,9 @@ class MainScreen(Screen):
 
     def on_mount(self) -> None:
         self._entered(self.pane)
+        # Every pane and widget now exists for the app's lifetime: keep them out of the
+        # collector's full passes, which otherwise showed up as 100 ms keypress outliers.
+        gc.freeze()
 
     def show_pane(self, name: str) -> None:
         switcher = self.query_one(ContentSwitcher)
