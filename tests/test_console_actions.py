@@ -303,3 +303,26 @@ def test_every_pane_is_reachable_by_number_colon_and_palette(dsn, noop_endpoints
         assert type(app.screen).__name__ == "HelpScreen"
         await pilot.press("escape")
     run_console(dsn, scenario)
+
+
+def test_slash_filters_the_dlq_and_escape_clears_it(dsn, conn, noop_endpoints):
+    dead_letter(conn, "alpha", 2)
+    dead_letter(conn, "beta", 3)
+
+    def shown(app) -> int:
+        return app.pane.query_one(LiveTable).row_count
+
+    async def scenario(pilot, app):
+        await open_pane(pilot, "dlq")
+        assert shown(app) == 5
+        await pilot.press("slash", *"alpha")
+        await pilot.pause()
+        assert shown(app) == 2
+        await pilot.press("enter", "2", "4")  # the table has the focus again: digits switch panes
+        await pilot.pause()
+        assert shown(app) == 2  # the filter stays
+        app.pane.query_one("#dlq-filter").focus()
+        await pilot.press("escape")
+        await pilot.pause()
+        assert shown(app) == 5
+    run_console(dsn, scenario)

@@ -11,7 +11,7 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.widgets import DataTable, Input
+from textual.widgets import DataTable
 
 from sqlkit import dlq
 from sqlkit.dlq import DlqDetail, DlqEntry
@@ -21,6 +21,7 @@ from ..formatting import clock_time, count, one_line, state_text, when
 from ..live import LivePane
 from ..widgets.confirm import ConfirmModal
 from ..widgets.detail import DetailModal
+from ..widgets.filter_box import FilterBox
 from ..widgets.live_table import LiveTable
 
 LIMIT = 500
@@ -38,10 +39,6 @@ def dlq_detail(entry: DlqDetail, tz) -> DetailModal:
 
 class DlqPane(LivePane):
     TITLE_TEXT = "DLQ"
-    DEFAULT_CSS = """
-    DlqPane #dlq-filter { display: none; height: 3; }
-    DlqPane #dlq-filter.-shown { display: block; }
-    """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("space", "toggle_select", "Mark", id="dlq.select"),
         Binding("o", "open", "Open", tooltip="Open the entry (enter)", show=False, id="dlq.open"),
@@ -63,7 +60,7 @@ class DlqPane(LivePane):
         self.include_redriven = False
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="filter rows (endpoint, error, id…); enter keeps it, escape clears", id="dlq-filter")
+        yield FilterBox(placeholder="filter rows (endpoint, error, id…); escape clears", id="dlq-filter")
         yield LiveTable([("mark", " "), ("id", "id"), ("endpoint", "endpoint"), ("status", "status"),
                          ("attempts", "tries"), ("failed_at", "failed"), ("last_error", "last error")],
                         id="dlq-table")
@@ -110,24 +107,7 @@ class DlqPane(LivePane):
         self.poll_now()
 
     def action_filter(self) -> None:
-        box = self.query_one("#dlq-filter", Input)
-        box.add_class("-shown")
-        box.focus()
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        self.query_one(LiveTable).set_filter(event.value)
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.query_one(LiveTable).focus()
-
-    def on_key(self, event) -> None:
-        box = self.query_one("#dlq-filter", Input)
-        if event.key == "escape" and box.has_focus:
-            box.value = ""
-            box.remove_class("-shown")
-            self.query_one(LiveTable).focus()
-            event.stop()
+        self.query_one("#dlq-filter", FilterBox).open()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()

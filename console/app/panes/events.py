@@ -9,13 +9,13 @@ from typing import ClassVar
 import psycopg
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.widgets import Input
 
 from sqlkit import observability
 from sqlkit.observability import Event
 
 from ..formatting import one_line, when
 from ..live import LivePane
+from ..widgets.filter_box import FilterBox
 from ..widgets.live_table import LiveTable
 
 KEEP = 500
@@ -24,10 +24,6 @@ KEEP = 500
 class EventsPane(LivePane):
     TITLE_TEXT = "Events"
     REFRESH_SECONDS = 1.0
-    DEFAULT_CSS = """
-    EventsPane #events-filter { display: none; height: 3; }
-    EventsPane #events-filter.-shown { display: block; }
-    """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter", id="events.filter"),
         Binding("f", "follow", "Follow", id="events.follow"),
@@ -39,7 +35,7 @@ class EventsPane(LivePane):
         self.follow = True
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="filter (type, endpoint, details…); escape clears", id="events-filter")
+        yield FilterBox(placeholder="filter (type, endpoint, details…); escape clears", id="events-filter")
         yield LiveTable([("at", "at"), ("type", "event"), ("endpoint", "endpoint"), ("actor", "actor"),
                          ("details", "details")], id="events-table")
 
@@ -64,21 +60,4 @@ class EventsPane(LivePane):
         self.notify("following new events" if self.follow else "paused following", timeout=2)
 
     def action_filter(self) -> None:
-        box = self.query_one("#events-filter", Input)
-        box.add_class("-shown")
-        box.focus()
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        self.query_one(LiveTable).set_filter(event.value)
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.query_one(LiveTable).focus()
-
-    def on_key(self, event) -> None:
-        box = self.query_one("#events-filter", Input)
-        if event.key == "escape" and box.has_focus:
-            box.value = ""
-            box.remove_class("-shown")
-            self.query_one(LiveTable).focus()
-            event.stop()
+        self.query_one("#events-filter", FilterBox).open()
