@@ -53,6 +53,7 @@ def test_dialog(snap_compare, showcase_dsn, pane, keys):
         for key in keys:
             await pilot.press(key)
             await pilot.pause(0.5)
+        await showcase.steady(pilot)
     assert snap_compare(showcase_app(showcase_dsn), terminal_size=(100, 30), run_before=before)
 
 

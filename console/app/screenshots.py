@@ -30,6 +30,7 @@ def _pane(name: str, *keys: str) -> Callable[[Pilot], Awaitable[None]]:
         for key in keys:
             await pilot.press(key)
             await pilot.pause(0.3)
+        await showcase.steady(pilot)
     return before
 
 

@@ -78,3 +78,13 @@ async def open_pane(pilot, name: str, timeout: float = 15.0) -> None:
         await pilot.pause(0.05)
     await pilot.pause(0.05)
     await pilot.wait_for_scheduled_animations()
+
+
+async def steady(pilot) -> None:
+    """Stop cursors blinking on the current screen, so a picture of it is the same every time."""
+    from textual.widgets import Input, TextArea
+
+    for widget in pilot.app.screen.query("Input, TextArea"):
+        if isinstance(widget, Input | TextArea):
+            widget.cursor_blink = False
+    await pilot.pause(0.05)
