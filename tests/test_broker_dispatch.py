@@ -336,7 +336,7 @@ def _wait(process: subprocess.Popen[str]) -> None:
             process.kill()
 
 
-def test_a_config_change_takes_effect_without_restart_and_drain_closes_connections(dsn, conn):
+def test_config_change_takes_effect_without_restart_and_connections_close_when_unused(dsn, conn):
     require_broker("redis")
     first, second = Broker.of("redis"), Broker.of("redis")
     create(conn, "moving", "redis", first.config())
@@ -353,14 +353,21 @@ def test_a_config_change_takes_effect_without_restart_and_drain_closes_connectio
                 send_many(conn, "moving", 5, start=5)
                 await until(lambda: completed(conn) == 10, 30, "five more")
                 dispatcher = pool._dispatchers["redis"]
+                held["serving"] = len(dispatcher.connections._entries)
+                conn.execute("SELECT courier.disable_endpoint('moving')")
+                await asyncio.sleep(0.6)  # the next refresh closes the disabled endpoint's connection
+                held["disabled"] = len(dispatcher.connections._entries)
+                conn.execute("SELECT courier.enable_endpoint('moving')")
+                send_many(conn, "moving", 1, start=10)
+                await until(lambda: completed(conn) == 11, 30, "one more after re-enabling")
             held["after_drain"] = len(dispatcher.connections._entries)
             return len(await first.read()), len(await second.read())
         finally:
             await first.cleanup()
             await second.cleanup()
 
-    assert asyncio.run(scenario()) == (5, 5)
-    assert held["after_drain"] == 0
+    assert asyncio.run(scenario()) == (5, 6)
+    assert (held["serving"], held["disabled"], held["after_drain"]) == (1, 0, 0)
 
 
 # Error classes without a broker: every branch of each dispatcher's classify ----------------

@@ -215,6 +215,11 @@ class WorkerPool:
             self._wake[endpoint_id].set()
         async with self._capacity:
             self._capacity.notify_all()
+        for dispatcher in self._dispatchers.values():
+            # Broker dispatchers close the idle connections of endpoints no longer served.
+            retain = getattr(dispatcher, "retain", None)
+            if retain is not None:
+                await retain(set(current))
         if self._stopping.is_set():
             return
         for endpoint_id, target in current.items():

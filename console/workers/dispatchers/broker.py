@@ -92,6 +92,8 @@ class _Entry(Generic[C]):
     failures: int = 0
     retry_at: float = 0.0
     last_error: str = ""
+    users: int = 0
+    """Batches publishing on this connection now."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -142,6 +144,17 @@ class Connections(Generic[C]):
         entry.failures += 1
         entry.retry_at = time.monotonic() + min(BACKOFF_FIRST * 2 ** (entry.failures - 1), BACKOFF_MAX)
         entry.last_error = f"{type(error).__name__}: {str(error)[:200]}"
+
+    def using(self, target: Target, delta: int) -> None:
+        entry = self._entries.get(target.id)
+        if entry is not None:
+            entry.users = max(0, entry.users + delta)
+
+    async def retain(self, live: set[int]) -> None:
+        """Close the connections of endpoints not in live (dropped, disabled or no longer
+        enabled), unless a batch is still publishing on one."""
+        for endpoint_id in [i for i, e in self._entries.items() if i not in live and e.users <= 0]:
+            await self._close_entry(self._entries.pop(endpoint_id))
 
     async def close_all(self) -> None:
         entries, self._entries = list(self._entries.values()), {}
@@ -196,6 +209,7 @@ class BrokerDispatcher(BaseDispatcher, Generic[C]):
                                       f"after {timeout_of(target)}s")] * len(messages)
         except Exception as error:
             return [self.connect_outcome(target, error)] * len(messages)
+        self.connections.using(target, 1)
         try:
             return await asyncio.wait_for(self.publish(target, connection, messages), timeout_of(target))
         except TimeoutError as error:
@@ -207,6 +221,11 @@ class BrokerDispatcher(BaseDispatcher, Generic[C]):
             if drop:
                 await self.connections.discard(target, connection, error)
             return [outcome] * len(messages)
+        finally:
+            self.connections.using(target, -1)
+
+    async def retain(self, live: set[int]) -> None:
+        await self.connections.retain(live)
 
     async def close(self) -> None:
         await self.connections.close_all()
