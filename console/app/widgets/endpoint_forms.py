@@ -22,7 +22,7 @@ from textual.widgets import Button, Input, Label, Select, Static, TextArea
 from sqlkit import endpoints
 from sqlkit.errors import CourierError
 
-PROTOCOLS = ("http", "redis", "amqp", "mqtt", "nats", "kafka", "noop")
+PROTOCOLS = ("http", "redis", "amqp", "mqtt", "nats", "noop")  # what a worker can deliver to
 CONFIG_EXAMPLE = '{"url": "https://example.com/hook"}'
 
 
