@@ -23,8 +23,8 @@ from sqlkit.errors import CourierError
 from .database import ConsoleDatabase
 from .live import LivePane
 from .main_screen import MainScreen
-from .panes import SCREENS
-from .panes.help import HelpScreen
+from .panes import PANES
+from .widgets.help import HelpScreen
 from .widgets.jump import JumpPrompt
 from .widgets.topbar import TopBar
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from console.workers.supervisor import EmbeddedPool
 
 
-def _local_now() -> datetime:
+def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
@@ -45,14 +45,14 @@ class CourierApp(App[None]):
         Binding("q", "quit", "Quit", id="quit"),
         Binding("colon", "jump", "Jump", show=False, id="jump"),
         *[Binding(spec.key, f"show_pane('{name}')", spec.title, show=False, id=f"goto.{name}")
-          for name, spec in SCREENS.items()],
+          for name, spec in PANES.items()],
     ]
 
     connection_error: reactive[str] = reactive("")
     pool_summary: reactive[str] = reactive("")
 
     def __init__(self, dsn: str, *, pool: EmbeddedPool | None = None,
-                 clock: Callable[[], datetime] = _local_now, tz: tzinfo | None = None,
+                 clock: Callable[[], datetime] = _utc_now, tz: tzinfo | None = None,
                  refresh_scale: float = 1.0, database_label: str | None = None,
                  exit_after: float = 0, exit_on_sigterm: bool = False) -> None:
         super().__init__()
@@ -140,7 +140,7 @@ class CourierApp(App[None]):
         self.push_screen(JumpPrompt(), go)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        for name, spec in SCREENS.items():
+        for name, spec in PANES.items():
             yield SystemCommand(f"Go to {spec.title}", spec.summary,
                                 lambda name=name: self.action_show_pane(name))
         if self.pool is not None:
@@ -163,7 +163,7 @@ def _describe(dsn: str) -> str:
     return f"{params.get('dbname', '')}@{host}{':' + str(port) if port and not str(host).startswith('local') else ''}"
 
 
-def make_app(dsn: str, *, pool: EmbeddedPool | None = None, clock: Callable[[], datetime] = _local_now,
+def make_app(dsn: str, *, pool: EmbeddedPool | None = None, clock: Callable[[], datetime] = _utc_now,
              tz: tzinfo | None = None, refresh_scale: float = 1.0,
              database_label: str | None = None, exit_after: float = 0,
              exit_on_sigterm: bool = False) -> CourierApp:

@@ -11,7 +11,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher
 
 from .live import LivePane
-from .panes import SCREENS
+from .panes import PANES
 from .widgets.banner import ConnectionBanner
 from .widgets.keybar import KeyBar
 from .widgets.live_table import LiveTable
@@ -29,10 +29,10 @@ class MainScreen(Screen):
         self.first_pane = first_pane
 
     def compose(self) -> ComposeResult:
-        yield TopBar(SCREENS[self.first_pane].title)
+        yield TopBar(PANES[self.first_pane].title)
         yield ConnectionBanner()
         with ContentSwitcher(initial=self.first_pane):
-            for name, spec in SCREENS.items():
+            for name, spec in PANES.items():
                 yield spec.pane(id=name)
         yield KeyBar()
 

@@ -24,7 +24,7 @@ class PaneSpec:
     aliases: tuple[str, ...] = ()
 
 
-SCREENS: dict[str, PaneSpec] = {
+PANES: dict[str, PaneSpec] = {
     "overview": PaneSpec(OverviewPane, "Overview", "1", "depth, throughput, DLQ and workers at a glance",
                          ("o", "home", "status")),
     "endpoints": PaneSpec(EndpointsPane, "Endpoints", "2", "circuits, enable, disable, retry policy, create",

@@ -12,15 +12,15 @@ from textual.widgets import Input
 
 
 def resolve_pane(text: str) -> str | None:
-    from ..panes import SCREENS
+    from ..panes import PANES
 
     word = text.strip().lstrip(":").lower()
     if not word:
         return None
-    for name, spec in SCREENS.items():
+    for name, spec in PANES.items():
         if word == name or word in spec.aliases:
             return name
-    matches = [name for name in SCREENS if name.startswith(word)]
+    matches = [name for name in PANES if name.startswith(word)]
     return matches[0] if len(matches) == 1 else None
 
 
@@ -32,10 +32,10 @@ class JumpPrompt(ModalScreen[str | None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="jump.cancel")]
 
     def compose(self) -> ComposeResult:
-        from ..panes import SCREENS
+        from ..panes import PANES
 
-        names = [*SCREENS, *[a for spec in SCREENS.values() for a in spec.aliases]]
-        yield Input(placeholder=":" + " ".join(SCREENS), suggester=SuggestFromList(names, case_sensitive=False),
+        names = [*PANES, *[a for spec in PANES.values() for a in spec.aliases]]
+        yield Input(placeholder=":" + " ".join(PANES), suggester=SuggestFromList(names, case_sensitive=False),
                     id="jump-input")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:

@@ -11,7 +11,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ..widgets.keybar import KEY_NAMES
+from .keybar import KEY_NAMES
 
 GLOBAL_KEYS = [
     ("1 … 8", "go to Overview, Endpoints, Messages, DLQ, Archive, Events, Workers, Analytics"),
@@ -43,7 +43,7 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "close", "Close", id="help.close")]
 
     def compose(self) -> ComposeResult:
-        from . import SCREENS
+        from ..panes import PANES
 
         table = Table(box=None, show_header=False, padding=(0, 2), expand=True)
         table.add_column(style="bold", no_wrap=True)
@@ -51,7 +51,7 @@ class HelpScreen(ModalScreen[None]):
         table.add_row("[reverse] Everywhere [/]", "")
         for key, text in GLOBAL_KEYS:
             table.add_row(key, text)
-        for spec in SCREENS.values():
+        for spec in PANES.values():
             keys = _keys_of(spec.pane)
             if keys:
                 table.add_row("", "")
