@@ -1,6 +1,6 @@
 """The four brokers as tests need them: reachability (skip on a user's machine, fail under CI),
-a unique destination per test that a consumer reads back, cleaned up afterwards, and a TCP
-proxy in front of a broker that a test can cut, stall and restore."""
+and a unique destination per test that a consumer reads back, cleaned up afterwards. The
+proxy that cuts, stalls and restores a broker is tests.tcp_proxy.TcpProxy."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import socket
-import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -183,74 +182,3 @@ class NatsBroker(Broker):
         with contextlib.suppress(Exception):
             await self._js.delete_stream(self.name)
         await self._nc.close()
-
-
-class TcpProxy:
-    """A loopback TCP proxy to host:port: cut() drops every connection and refuses new ones
-    until restore(); stall() keeps connections open but forwards nothing until restore()."""
-
-    def __init__(self, port: int, host: str = HOST) -> None:
-        self._address = (host, port)
-        self._listener = socket.create_server((HOST, 0))
-        self.port = self._listener.getsockname()[1]
-        self._up = threading.Event()
-        self._up.set()
-        self._flowing = threading.Event()
-        self._flowing.set()
-        self._sockets: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def cut(self) -> None:
-        self._up.clear()
-        with self._lock:
-            for sock in self._sockets:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-            self._sockets.clear()
-
-    def stall(self) -> None:
-        self._flowing.clear()
-
-    def restore(self) -> None:
-        self._up.set()
-        self._flowing.set()
-
-    def close(self) -> None:
-        self._closed = True
-        self.restore()
-        self.cut()
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if not self._up.is_set():
-                client.close()
-                continue
-            try:
-                upstream = socket.create_connection(self._address)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._sockets.update((client, upstream))
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
-
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while chunk := source.recv(65536):
-                self._flowing.wait()
-                sink.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                with contextlib.suppress(OSError):
-                    sock.close()

@@ -20,8 +20,9 @@ import pytest
 
 from console.workers.pool import PoolSettings, WorkerPool
 from sqlkit import endpoints, observability
-from tests.brokers import PORTS, Broker, Received, TcpProxy, require_broker, url_for
+from tests.brokers import PORTS, Broker, Received, require_broker, url_for
 from tests.helpers import scalar
+from tests.tcp_proxy import TcpProxy
 from tests.workers import start_worker_process
 
 PROTOCOLS = ["redis", "amqp", "mqtt", "nats"]
