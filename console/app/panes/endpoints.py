@@ -4,7 +4,6 @@ circuit, edit the retry policy, create."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import ClassVar
 
 import psycopg
@@ -17,9 +16,9 @@ from sqlkit.observability import DeliveryTotals, EndpointHealth
 
 from ..formatting import count, one_line, rate, since, state_text
 from ..live import LivePane
+from ..rates import DeliveryRates
 from ..widgets.endpoint_forms import CreateEndpointForm, RetryPolicyForm
 from ..widgets.live_table import LiveTable
-from .overview import endpoint_rates
 
 
 @dataclass(frozen=True)
@@ -42,9 +41,7 @@ class EndpointsPane(LivePane):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.by_name: dict[str, Endpoint] = {}
-        self._last_totals: dict[str, int] | None = None
-        self._last_at: datetime | None = None
-        self.rates: dict[str, float] = {}
+        self.rates = DeliveryRates()
 
     def compose(self) -> ComposeResult:
         yield LiveTable([("name", "endpoint"), ("protocol", "proto"), ("circuit", "circuit"),
@@ -58,12 +55,7 @@ class EndpointsPane(LivePane):
 
     def show(self, data: EndpointsData) -> None:
         now = self.courier.clock()
-        delivered = {name: t.delivered for name, t in data.totals.items()}
-        seconds = (now - self._last_at).total_seconds() if self._last_at else 0.0
-        rates = endpoint_rates(self._last_totals, delivered, seconds)
-        if rates or self._last_totals is None:
-            self.rates = rates
-        self._last_totals, self._last_at = delivered, now
+        self.rates.update(data.totals, now)
         self.by_name = {e.name: e for e in data.endpoints}
         colors = self.app.get_css_variables()
         rows = []
@@ -73,7 +65,7 @@ class EndpointsPane(LivePane):
             state = e.circuit_state if e.enabled else "disabled"
             rows.append((e.name, [e.name, e.protocol, state_text(state, colors), count(e.circuit_failure_count),
                                   count(e.pending_messages), count(e.processing_messages),
-                                  rate(self.rates.get(e.name, 0.0)), oldest, one_line(e.last_error, 48)]))
+                                  rate(self.rates.of(e.name)), oldest, one_line(e.last_error, 48)]))
         self.query_one(LiveTable).sync(rows)
 
     def _selected(self) -> Endpoint | None:

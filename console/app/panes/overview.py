@@ -19,6 +19,7 @@ from sqlkit.observability import DeliveryTotals, EndpointHealth, QueueStatus
 
 from ..formatting import age, count, rate, state_text
 from ..live import LivePane
+from ..rates import DeliveryRates
 from ..widgets.chart import Chart
 from ..widgets.live_table import LiveTable
 
@@ -40,13 +41,6 @@ class Sample:
     processing: int
 
 
-def endpoint_rates(previous: dict[str, int] | None, current: dict[str, int], seconds: float) -> dict[str, float]:
-    """Delivered per second per endpoint between two polls of the delivery counters."""
-    if previous is None or seconds <= 0:
-        return {}
-    return {name: max(0, total - previous.get(name, total)) / seconds for name, total in current.items()}
-
-
 class OverviewPane(LivePane):
     TITLE_TEXT = "Overview"
     DEFAULT_CSS = """
@@ -63,9 +57,7 @@ class OverviewPane(LivePane):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.samples: deque[Sample] = deque(maxlen=HISTORY)
-        self._last_totals: dict[str, int] | None = None
-        self._last_at: datetime | None = None
-        self.rates: dict[str, float] = {}
+        self.rates = DeliveryRates()
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="tiles"):
@@ -87,14 +79,10 @@ class OverviewPane(LivePane):
 
     def show(self, data: OverviewData) -> None:
         now = self.courier.clock()
-        delivered = {name: t.delivered for name, t in data.totals.items()}
-        seconds = (now - self._last_at).total_seconds() if self._last_at else 0.0
-        rates = endpoint_rates(self._last_totals, delivered, seconds)
-        if rates or self._last_totals is None:
-            self.rates = rates
-        self._last_totals, self._last_at = delivered, now
+        self.rates.update(data.totals, now)
         depth = data.status.queue_depth
-        self.samples.append(Sample(now, sum(delivered.values()), depth.get("pending", 0), depth.get("processing", 0)))
+        delivered = sum(t.delivered for t in data.totals.values())
+        self.samples.append(Sample(now, delivered, depth.get("pending", 0), depth.get("processing", 0)))
         oldest = min((h.oldest_pending_message for h in data.health if h.oldest_pending_message), default=None)
         colors = self.app.get_css_variables()
         self._tile("#tile-pending", "pending", count(depth.get("pending", 0)))
@@ -110,7 +98,7 @@ class OverviewPane(LivePane):
         table = self.query_one("#overview-endpoints", LiveTable)
         table.sync(
             (e.endpoint, [e.endpoint, state_text(e.circuit if e.enabled else "disabled", colors), count(e.pending),
-                          count(e.processing), count(e.dlq_failed), rate(self.rates.get(e.endpoint, 0.0))])
+                          count(e.processing), count(e.dlq_failed), rate(self.rates.of(e.endpoint))])
             for e in data.status.endpoints)
 
     def _tile(self, selector: str, label: str, value: str | Text) -> None:

@@ -1,0 +1,28 @@
+"""Delivery rates per endpoint, from the maintained delivery counters of two polls."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlkit.observability import DeliveryTotals
+
+
+class DeliveryRates:
+    """Feed it every poll's counters; it keeps the last per-endpoint delivered/s."""
+
+    def __init__(self) -> None:
+        self._totals: dict[str, int] | None = None
+        self._at: datetime | None = None
+        self.per_second: dict[str, float] = {}
+
+    def update(self, totals: dict[str, DeliveryTotals], now: datetime) -> None:
+        delivered = {name: t.delivered for name, t in totals.items()}
+        seconds = (now - self._at).total_seconds() if self._at else 0.0
+        # Two polls at the same instant (a fixed clock) keep the previous rates.
+        if self._totals is not None and seconds > 0:
+            self.per_second = {name: max(0, total - self._totals.get(name, total)) / seconds
+                               for name, total in delivered.items()}
+        self._totals, self._at = delivered, now
+
+    def of(self, endpoint: str) -> float:
+        return self.per_second.get(endpoint, 0.0)
