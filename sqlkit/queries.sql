@@ -216,6 +216,16 @@ SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, 
        lease
 FROM courier.claim_batch_v3(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
 
+-- name: report_and_claim
+-- claim_for_endpoint with the outcomes held so far reported first, in one round trip.
+SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, headers::text AS headers,
+       metadata::text AS metadata, priority,
+       retry_count, max_retries, correlation_id, ordering_key, idempotency_key, scheduled_at, expires_at, created_at,
+       lease, delivered, retried, dead_lettered, stale
+FROM courier.report_and_claim_v1(%(worker_id)s, %(batch_size)s, %(endpoint_id)s, %(ids)s::bigint[],
+                                 %(leases)s::integer[], %(outcomes)s::text[], %(errors)s::text[],
+                                 %(retry_after)s::integer[], %(responses)s::jsonb[]);
+
 -- name: report_outcomes
 SELECT * FROM courier.report_outcomes_v2(%(ids)s::bigint[], %(leases)s::integer[], %(outcomes)s::text[],
                                          %(errors)s::text[], %(retry_after)s::integer[], %(responses)s::jsonb[]);

@@ -1,13 +1,25 @@
-"""drain-noop: the worker pool drains preloaded messages on a noop endpoint through the
-whole lifecycle (claim, dispatch, report, archive), against the same lifecycle as bare SQL: a
-batched SKIP LOCKED claim to processing and a batched completion, driven by pgbench."""
+"""drain-noop and multi-endpoint: `courier worker`, started exactly as a user starts it (no
+flags), drains preloaded messages on noop endpoints through the whole lifecycle (claim,
+dispatch, report, archive).
+
+drain-noop's ceiling is the same lifecycle as bare SQL, a batched SKIP LOCKED claim to
+processing and a batched completion, driven by pgbench in the same run; its notes add the
+"SQL path": Courier's own report-and-claim function driven by pgbench, so that each run shows
+whether the loss is in SQL or in Python. multi-endpoint spreads the messages over 20
+endpoints; its ceiling is the single-endpoint drain of the same number of messages, and it
+reports the database round trips per message (transactions on the scratch database, less
+the benchmark's own).
+"""
 
 from __future__ import annotations
 
-import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
+from dataclasses import dataclass
 
-from console.workers.pool import PoolSettings, WorkerPool
 from sqlkit.connection import connect
 
 from .pgbench import run_script
@@ -29,42 +41,102 @@ SELECT coalesce(array_agg(id), '{}') AS ids FROM claimed \\gset
 UPDATE public.bench_drain SET status = 'completed' WHERE id = ANY (:ids::bigint[]) AND status = 'processing';
 """
 
+# Each transaction reports the batch the previous one claimed and claims the next, as the
+# worker's claim loop does with report_and_claim_v1.
+SQL_PATH_SCRIPT = """
+SELECT coalesce(array_agg(id) FILTER (WHERE id IS NOT NULL), '{}') AS ids,
+       coalesce(array_agg(lease) FILTER (WHERE id IS NOT NULL), '{}') AS leases
+FROM courier.report_and_claim_v1('pgbench', 100, :endpoint, :ids::bigint[], :leases::integer[],
+                                 array_fill('success'::text, ARRAY[cardinality(:ids::bigint[])]),
+                                 array_fill(NULL::text, ARRAY[cardinality(:ids::bigint[])])) \\gset
+"""
 
-def _preload(dsn: str, table: str, messages: int) -> None:
+ENDPOINTS = 20
+POLL = 0.02
+
+
+def _endpoints(dsn: str, count: int) -> list[str]:
+    names = ["drain"] if count == 1 else [f"drain-{n:02d}" for n in range(count)]
+    with connect(dsn) as conn:
+        conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+        for name in names:
+            if not conn.execute("SELECT 1 FROM courier.endpoints WHERE name = %s", (name,)).fetchone():
+                conn.execute("SELECT courier.create_endpoint(%s, 'noop', '{}')", (name,))
+    return names
+
+
+def _preload_queue(dsn: str, messages: int, names: list[str]) -> None:
     with connect(dsn) as conn:
         conn.execute("TRUNCATE courier.queue, courier.archive")
-        if table == "courier.queue":
-            for start in range(0, messages, 10_000):
-                conn.execute("SELECT courier.send_batch('drain', ARRAY(SELECT jsonb_build_object('n', g) "
-                             "FROM generate_series(%s::int, %s::int) g))", (start, min(start + 10_000, messages) - 1))
-        else:
-            conn.execute("TRUNCATE public.bench_drain")
-            conn.execute("INSERT INTO public.bench_drain (endpoint_id, payload) "
-                         "SELECT 1, jsonb_build_object('n', g) FROM generate_series(1, %s::int) g", (messages,))
-        conn.execute(f"VACUUM ANALYZE {table}")
+        share = messages // len(names)
+        for index, name in enumerate(names):
+            count = share + (messages % len(names) if index == 0 else 0)
+            for start in range(0, count, 10_000):
+                end = min(start + 10_000, count) - 1
+                conn.execute("SELECT courier.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', g) "
+                             "FROM generate_series(%s::int, %s::int) g))", (name, start, end))
+        conn.execute("VACUUM ANALYZE courier.queue")
 
 
-def _drain_with_pool(dsn: str, messages: int, concurrency: int, batch_size: int) -> Measurement:
-    _preload(dsn, "courier.queue", messages)
-    pool = WorkerPool(dsn, PoolSettings(concurrency=concurrency, batch_size=batch_size, poll_interval=0.05,
-                                        report_interval=0.01, worker_id="bench"))
+@dataclass(frozen=True)
+class WorkerDrain:
+    rate: float
+    round_trips_per_message: float | None
 
-    async def main() -> float:
-        task = asyncio.create_task(pool.run())
-        started = time.perf_counter()
-        while pool.stats.delivered < messages and not task.done():
-            await asyncio.sleep(0.02)
-        elapsed = time.perf_counter() - started
-        pool.stop()
-        await task
-        return elapsed
 
-    elapsed = asyncio.run(main())
-    return Measurement(messages / elapsed)
+def _transactions(conn) -> int:
+    return conn.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                        "WHERE datname = current_database()").fetchone()[0]
+
+
+def _drain_with_worker(dsn: str, messages: int, names: list[str]) -> WorkerDrain:
+    """Run `courier worker` with no flags until the preloaded messages are gone."""
+    _preload_queue(dsn, messages, names)
+    with connect(dsn) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        before = _transactions(conn)
+        own = 1  # this connection's transactions, read back out of the count below
+        process = subprocess.Popen([sys.executable, "-c", "from console.cli import main; main()", "worker"],
+                                   env={**os.environ, "COURIER_DSN": dsn}, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        try:
+            started = finished = None
+            deadline = time.monotonic() + 900
+            while time.monotonic() < deadline and process.poll() is None:
+                left = conn.execute("SELECT coalesce(sum(messages), 0) FROM courier.queue_depth "
+                                    "WHERE status IN ('pending', 'processing')").fetchone()[0]
+                own += 1
+                now = time.perf_counter()
+                if started is None and left < messages:
+                    started = now
+                if left == 0:
+                    finished = now
+                    break
+                time.sleep(POLL)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if started is None or finished is None:
+            raise RuntimeError("the worker did not drain the queue")
+        time.sleep(0.7)  # backends report their statistics as they exit
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        own += 1
+        trips = _transactions(conn) - before - own
+    # The first poll that saw progress came up to one poll after the first delivery.
+    elapsed = finished - started + POLL / 2
+    return WorkerDrain(messages / elapsed, trips / messages if trips > 0 else None)
 
 
 def _drain_with_pgbench(dsn: str, messages: int, clients: int) -> Measurement:
-    _preload(dsn, "public.bench_drain", messages)
+    with connect(dsn) as conn:
+        conn.execute("TRUNCATE public.bench_drain")
+        conn.execute("INSERT INTO public.bench_drain (endpoint_id, payload) "
+                     "SELECT 1, jsonb_build_object('n', g) FROM generate_series(1, %s::int) g", (messages,))
+        conn.execute("VACUUM ANALYZE public.bench_drain")
     per_client = -(-messages // (100 * clients)) + 1
     started = time.perf_counter()
     run_script(dsn, CEILING_SCRIPT, clients=clients, transactions=per_client)
@@ -74,20 +146,71 @@ def _drain_with_pgbench(dsn: str, messages: int, clients: int) -> Measurement:
     return Measurement(done / elapsed)
 
 
-def drain_noop(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 200_000,
-               concurrency: int = 256, batch_size: int = 100) -> ScenarioResult:
+def _sql_path_with_pgbench(dsn: str, messages: int, clients: int) -> Measurement:
+    names = _endpoints(dsn, 1)
+    _preload_queue(dsn, messages, names)
+    with connect(dsn) as conn:
+        endpoint = conn.execute("SELECT id FROM courier.endpoints WHERE name = %s", (names[0],)).fetchone()[0]
+    per_client = -(-messages // (100 * clients)) + 2
+    started = time.perf_counter()
+    run_script(dsn, SQL_PATH_SCRIPT, clients=clients, transactions=per_client,
+               defines={"endpoint": str(endpoint), "ids": "{}", "leases": "{}"})
+    elapsed = time.perf_counter() - started
+    with connect(dsn) as conn:
+        done = conn.execute("SELECT count(*) FROM courier.archive").fetchone()[0]
+        conn.execute("TRUNCATE courier.queue, courier.archive")
+    return Measurement(done / elapsed)
+
+
+def drain_noop(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 200_000) -> ScenarioResult:
     with connect(dsn) as conn:
         conn.execute(CEILING_TABLE)
-        if not conn.execute("SELECT 1 FROM courier.endpoints WHERE name = 'drain'").fetchone():
-            conn.execute("SELECT courier.create_endpoint('drain', 'noop', '{}')")
-        conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+    names = _endpoints(dsn, 1)
+    trips: list[float] = []
+
+    def courier() -> Measurement:
+        drained = _drain_with_worker(dsn, messages, names)
+        if drained.round_trips_per_message is not None:
+            trips.append(drained.round_trips_per_message)
+        return Measurement(drained.rate)
+
     measured = measure_rounds({
         "ceiling": lambda: _drain_with_pgbench(dsn, messages, clients),
-        "courier": lambda: _drain_with_pool(dsn, messages, concurrency, batch_size),
+        "sql path": lambda: _sql_path_with_pgbench(dsn, messages, clients),
+        "courier": courier,
     }, rounds)
+    sql_path = measured["sql path"].rate
     return ScenarioResult(
-        scenario="drain-noop", variant=f"{messages:,} msgs, pool of {concurrency}", unit="msg/s",
-        courier=measured["courier"], ceiling=measured["ceiling"], target_ratio=0.5, target_absolute=15_000,
-        notes=f"one worker process vs pgbench ({clients} clients) claiming 100 and completing them in place; "
-              "Courier's completion also moves each message to the archive",
+        scenario="drain-noop", variant=f"{messages:,} msgs, `courier worker` defaults", unit="msg/s",
+        courier=measured["courier"], ceiling=measured["ceiling"], target_ratio=0.5,
+        notes=f"`courier worker` with no flags, in its own process, vs pgbench ({clients} clients) claiming 100 "
+              f"and completing them in place. SQL path (Courier's report_and_claim_v1 of 100 under pgbench): "
+              f"{sql_path:,.0f} msg/s = {sql_path / measured['ceiling'].rate:.2f} of the ceiling; the worker "
+              f"reached {measured['courier'].rate / sql_path:.2f} of its SQL path"
+              + (f"; {min(trips):.3f} database round trips per message" if trips else ""),
+    )
+
+
+def multi_endpoint(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 100_000,
+                   endpoints: int = ENDPOINTS) -> ScenarioResult:
+    single, many = _endpoints(dsn, 1), _endpoints(dsn, endpoints)
+    trips: dict[str, list[float]] = {"single": [], "many": []}
+
+    def drain(key: str, names: list[str]) -> Measurement:
+        drained = _drain_with_worker(dsn, messages, names)
+        if drained.round_trips_per_message is not None:
+            trips[key].append(drained.round_trips_per_message)
+        return Measurement(drained.rate)
+
+    measured = measure_rounds({"single": lambda: drain("single", single), "many": lambda: drain("many", many)},
+                              rounds)
+    many_trips = min(trips["many"]) if trips["many"] else None
+    single_trips = min(trips["single"]) if trips["single"] else None
+    return ScenarioResult(
+        scenario="multi-endpoint", variant=f"{messages:,} msgs over {endpoints} endpoints", unit="msg/s",
+        courier=measured["many"], ceiling=measured["single"], target_ratio=0.8,
+        notes="`courier worker` defaults; ceiling: the same worker draining as many messages on one endpoint. "
+              + (f"{many_trips:.3f} database round trips per message over {endpoints} endpoints "
+                 f"(target <= 0.05), {single_trips:.3f} on one" if many_trips is not None and single_trips is not None
+                 else "round trips could not be counted"),
     )

@@ -28,8 +28,9 @@ class PgbenchRun:
 
 
 def run_script(dsn: str, script: str, *, clients: int, seconds: float | None = None, transactions: int | None = None,
-               threads: int = 2) -> PgbenchRun:
-    """Run script for `seconds`, or `transactions` times per client."""
+               threads: int = 2, defines: dict[str, str] | None = None) -> PgbenchRun:
+    """Run script for `seconds`, or `transactions` times per client; `defines` are pgbench
+    variables each client starts with (-D)."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "script.sql"
         path.write_text(script)
@@ -39,6 +40,7 @@ def run_script(dsn: str, script: str, *, clients: int, seconds: float | None = N
             str(embedded.client_binary("pgbench")), "-n", "-M", "prepared",
             "-c", str(clients), "-j", str(min(threads, clients)),
             *(["-t", str(transactions)] if transactions else ["-T", str(max(1, round(seconds or 1)))]),
+            *[f"-D{name}={value}" for name, value in (defines or {}).items()],
             "-f", str(path), dsn,
         ]
         done = subprocess.run(command, capture_output=True, text=True, check=False)

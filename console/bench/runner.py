@@ -9,7 +9,7 @@ from .churn import churn
 from .console import console_panes
 from .delivery import dispatch_http, latency, mixed
 from .depth import depth
-from .drain import drain_noop
+from .drain import drain_noop, multi_endpoint
 from .enqueue import enqueue_batch, enqueue_single
 from .result import ScenarioResult
 from .scratch import scratch_database
@@ -21,6 +21,7 @@ SCENARIOS: dict[str, Scenario] = {
     "enqueue-single": enqueue_single,
     "enqueue-batch": enqueue_batch,
     "drain-noop": drain_noop,
+    "multi-endpoint": multi_endpoint,
     "dispatch-http": dispatch_http,
     "dispatch-redis": dispatch_redis,
     "dispatch-amqp": dispatch_amqp,

@@ -8,15 +8,16 @@ import signal
 import click
 
 from console.logs import log_json_lines
-from console.workers.pool import PoolSettings, WorkerPool
+from console.workers.pool import PoolSettings, WorkerPool, default_concurrency
 
 from .context import database_url, dsn_option, require_current_schema
 
 
 @click.command("worker")
-@click.option("--concurrency", type=click.IntRange(1, 10_000), default=16, show_default=True,
-              help="Messages in flight at once.")
-@click.option("--batch-size", type=click.IntRange(1, 10_000), default=50, show_default=True,
+@click.option("--concurrency", type=click.IntRange(1, 10_000), default=default_concurrency(), show_default=True,
+              help="Messages in flight at once (default: 128 per core, up to 8 cores); also the limit "
+                   "of an endpoint without its own config concurrency.")
+@click.option("--batch-size", type=click.IntRange(1, 10_000), default=PoolSettings.batch_size, show_default=True,
               help="Most messages one claim takes.")
 @click.option("--poll-interval", type=click.FloatRange(0.01, 60), default=1.0, show_default=True,
               help="Seconds between claims of an idle endpoint when no NOTIFY arrives.")

@@ -36,12 +36,24 @@ heartbeat and closing the connections, a stop takes at most drain_timeout + 8 s.
 MAX_CONCURRENCY = 10_000
 """The most messages one pool may have in flight (as `courier worker --concurrency` allows)."""
 
+REPORT_BATCH = 500
+"""Most outcomes one report (or one report-and-claim) carries."""
+_REPORT_COUNTS = ("delivered", "retried", "dead_lettered", "stale")
+
+
+def default_concurrency() -> int:
+    """Messages in flight by default: two claims of 100 ahead per core, so a claim of a full
+    batch is always possible while the previous batch is still being delivered (a pool of 16
+    took claims of 16, and paid a round trip for every 16 messages)."""
+    return 128 * max(1, min(os.cpu_count() or 1, 8))
+
 
 @dataclass
 class PoolSettings:
-    concurrency: int = 16
-    """Messages in flight at once across all endpoints."""
-    batch_size: int = 50
+    concurrency: int = field(default_factory=default_concurrency)
+    """Messages in flight at once across all endpoints; also the limit of an endpoint
+    without its own config.concurrency."""
+    batch_size: int = 100
     """Most messages one claim takes."""
     poll_interval: float = 1.0
     """Seconds between claims of an idle endpoint when no notification arrives."""
@@ -70,6 +82,8 @@ class PoolStats:
     failed: int = 0
     dead_lettered: int = 0
     stale_reports: int = 0
+    round_trips: int = 0
+    """Database calls of the claim loops and the reporter (the hot path)."""
 
 
 class WorkerPool:
@@ -87,6 +101,9 @@ class WorkerPool:
         self._dispatch_tasks: set[asyncio.Task[None]] = set()
         self._capacity = asyncio.Condition()
         self._reports: list[tuple[ClaimedMessage, Outcome]] = []
+        # Outcomes taken from _reports by a report (or a report-and-claim) in progress; put
+        # back in front if it fails.
+        self._reports_sending = 0
         # When each held lease was taken or last renewed (monotonic), by message id.
         self._leased_at: dict[int, float] = {}
         self._report_wake = asyncio.Event()
@@ -281,22 +298,63 @@ class WorkerPool:
                 # Read on every wake-up: resize() changes the pool's concurrency, which is
                 # also the default limit of an endpoint without its own config.concurrency.
                 limit = int(target.config.get("concurrency", self.settings.concurrency))
+                in_flight = self._in_flight_by_endpoint[target.id]
                 room = min(self.settings.batch_size,
                            self.settings.concurrency - len(self._in_flight),
-                           limit - self._in_flight_by_endpoint[target.id])
-                if (room > 0 and self._unreported_failures[target.id] == 0
-                        and len(self._reports) < self.settings.max_unreported):
+                           limit - in_flight)
+                # A claim for one freed slot costs a round trip per message: while the
+                # endpoint is busy, wait until a quarter of its budget (or a batch) is free.
+                enough = 1 if in_flight == 0 else max(1, min(self.settings.batch_size, limit // 4,
+                                                               self.settings.concurrency // 4))
+                if (room >= enough and self._unreported_failures[target.id] == 0
+                        and self._unreported() < self.settings.max_unreported):
                     return room
                 await self._capacity.wait()
             return 0
 
+    def _unreported(self) -> int:
+        return len(self._reports) + self._reports_sending
+
+    def _take_reports(self) -> list[tuple[ClaimedMessage, Outcome]]:
+        batch = self._reports[:REPORT_BATCH]
+        del self._reports[: len(batch)]
+        self._reports_sending += len(batch)
+        return batch
+
+    def _give_back(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
+        self._reports_sending -= len(batch)
+        self._reports[:0] = batch
+
     async def _claim(self, endpoint_id: int, room: int) -> list[ClaimedMessage]:
-        async with self._db.connection() as conn:
-            rows = await queries.fetch_all_async(conn, "claim_for_endpoint", {
-                "worker_id": self.worker_id, "batch_size": room, "endpoint_id": endpoint_id})
+        """Claim for one endpoint, reporting the outcomes held so far in the same round trip
+        (and the same commit). If the database refuses those outcomes for what they hold,
+        they go back to the reporter, which isolates the bad one, and the claim goes alone."""
+        batch = self._take_reports()
+        params = {"worker_id": self.worker_id, "batch_size": room, "endpoint_id": endpoint_id}
+        try:
+            self.stats.round_trips += 1
+            async with self._db.connection() as conn:
+                rows = await queries.fetch_all_async(conn, "report_and_claim", {**params, **_report_params(batch)})
+        except BaseException as error:
+            self._give_back(batch)
+            if not batch or _transient(error) or not isinstance(error, Exception):
+                raise
+            self._report_wake.set()
+            self.stats.round_trips += 1
+            async with self._db.connection() as conn:
+                rows = await queries.fetch_all_async(conn, "claim_for_endpoint", params)
+        else:
+            self._reports_sending -= len(batch)
+            if batch:
+                self._count_reported(rows[0])
+                await self._forget(batch)
         now = time.monotonic()
         claimed = []
         for row in rows:
+            if row["id"] is None:  # report-and-claim's row of counts, when nothing was claimed
+                continue
+            for count in _REPORT_COUNTS:
+                row.pop(count, None)
             self._leased_at[row["id"]] = now
             try:
                 claimed.append(claimed_from_row(row))
@@ -376,19 +434,21 @@ class WorkerPool:
             self._report_wake.clear()
             await asyncio.sleep(self.settings.report_interval)  # let a batch gather
             while self._reports:
-                batch = self._reports[:500]
+                batch = self._take_reports()
                 try:
                     await self._report_isolating(batch)
                     failures = 0
                 except asyncio.CancelledError:
+                    self._give_back(batch)
                     raise
                 except Exception as error:  # the database is away: keep the batch, try again
+                    self._give_back(batch)
                     failures += 1
                     log.warning("reporting outcomes failed; will retry",
-                                extra={"pending_reports": len(self._reports), "error": _one_line(error)})
+                                extra={"pending_reports": self._unreported(), "error": _one_line(error)})
                     await asyncio.sleep(min(0.2 * 2**failures, 5.0))
                     continue
-                del self._reports[: len(batch)]
+                self._reports_sending -= len(batch)
             if self._stopping.is_set() and not self._in_flight and not self._dispatch_tasks:
                 return
 
@@ -429,35 +489,37 @@ class WorkerPool:
             await self._forget(batch)
 
     async def _report(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
+        self.stats.round_trips += 1
         async with self._db.connection() as conn:
-            rows = await queries.fetch_all_async(conn, "report_outcomes", {
-                "ids": [message.id for message, _ in batch],
-                "leases": [message.lease for message, _ in batch],
-                "outcomes": [str(outcome.kind) for _, outcome in batch],
-                "errors": [outcome.error for _, outcome in batch],
-                "retry_after": [outcome.retry_after for _, outcome in batch],
-                "responses": [_jsonb(outcome.response) for _, outcome in batch],
-            })
-        delivered, retried, dead = rows[0]["delivered"], rows[0]["retried"], rows[0]["dead_lettered"]
+            rows = await queries.fetch_all_async(conn, "report_outcomes", _report_params(batch))
+        self._count_reported(rows[0])
+        await self._forget(batch)
+
+    def _count_reported(self, counts: dict) -> None:
+        delivered, retried, dead = counts["delivered"], counts["retried"], counts["dead_lettered"]
         self.stats.delivered += delivered
         self.stats.failed += retried + dead
         self.stats.dead_lettered += dead
-        if rows[0]["stale"]:
-            self.stats.stale_reports += rows[0]["stale"]
-            log.warning("outcomes of recovered claims ignored", extra={"count": rows[0]["stale"]})
-        await self._forget(batch)
+        if counts["stale"]:
+            self.stats.stale_reports += counts["stale"]
+            log.warning("outcomes of recovered claims ignored", extra={"count": counts["stale"]})
 
     async def _forget(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
+        keyed: set[int] = set()
         for message, _ in batch:
             self._leased_at.pop(message.id, None)
             endpoint_id = self._failed_endpoint.pop(message.id, None)
             if endpoint_id is not None:
                 self._unreported_failures[endpoint_id] -= 1
+            if message.ordering_key is not None:
+                keyed.add(message.endpoint_id)
         async with self._capacity:
             self._capacity.notify_all()
-        # A completion may unblock the next message of an ordering key: look again now.
-        for event in self._wake.values():
-            event.set()
+        # A completion may unblock the next message of an ordering key: that endpoint looks
+        # again now. Other endpoints are not woken: with 20 endpoints, waking every loop on
+        # every report cost two round trips per message in empty claims.
+        for endpoint_id in keyed:
+            self._wake[endpoint_id].set()
 
     async def _drain(self, deadline: float) -> None:
         """Wait for in-flight deliveries; release any still running at the deadline."""
@@ -487,7 +549,7 @@ class WorkerPool:
         if renew_after is None:
             renew_after = float(self._db_settings.get("stale_recovery_timeout", "60")) / 3
         due = time.monotonic() - renew_after
-        held = list(self._in_flight.values()) + [message for message, _ in self._reports]
+        held = list(self._in_flight.values()) + [message for message, _ in list(self._reports)]
         renew = [m for m in held if self._leased_at.get(m.id, due) < due]
         if not renew:
             return
@@ -553,6 +615,17 @@ class WorkerPool:
                     raise
                 log.warning("database call failed; retrying", extra={"error": error.one_line()})
                 await asyncio.sleep(0.5 * 2**attempt)
+
+
+def _report_params(batch: list[tuple[ClaimedMessage, Outcome]]) -> dict[str, list]:
+    return {
+        "ids": [message.id for message, _ in batch],
+        "leases": [message.lease for message, _ in batch],
+        "outcomes": [str(outcome.kind) for _, outcome in batch],
+        "errors": [outcome.error for _, outcome in batch],
+        "retry_after": [outcome.retry_after for _, outcome in batch],
+        "responses": [_jsonb(outcome.response) for _, outcome in batch],
+    }
 
 
 def _jsonb(value: object):

@@ -203,23 +203,46 @@ AS $$
         SELECT c.id
         FROM courier.endpoints e
         CROSS JOIN LATERAL (
-            SELECT q.id, q.priority
-            FROM courier.queue q
-            WHERE q.endpoint_id = e.id
-              AND q.status = 'pending'
-              AND (q.scheduled_at IS NULL OR q.scheduled_at <= now())
-              AND (q.next_retry_at IS NULL OR q.next_retry_at <= now())
-              AND (q.expires_at IS NULL OR q.expires_at > now())
-              AND (q.ordering_key IS NULL OR (
-                    NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
-                                  AND q2.endpoint_id = q.endpoint_id)
-                AND NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
-                                  AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
-            ORDER BY q.priority DESC, q.id
+            -- Two index paths, each limited: rows with no time attached in claim order from
+            -- queue_ready_idx, and rows whose scheduled or retry time has come, longest due
+            -- first, from a range of queue_due_idx; rows not yet due are never read (an
+            -- ordered scan of all pending rows filtered 200k future ones per claim).
+            SELECT u.id, u.priority FROM (
+                SELECT * FROM (SELECT q.id, q.priority
+                 FROM courier.queue q
+                 WHERE q.endpoint_id = e.id
+                   AND q.status = 'pending' AND q.scheduled_at IS NULL AND q.next_retry_at IS NULL
+                   AND (q.expires_at IS NULL OR q.expires_at > now())
+                   AND (q.ordering_key IS NULL OR (
+                         NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                     WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                       AND q2.endpoint_id = q.endpoint_id)
+                     AND NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                     WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
+                                       AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
+                 ORDER BY q.priority DESC, q.id
+                 LIMIT p_batch_size
+                 FOR UPDATE OF q SKIP LOCKED) ready
+                UNION ALL
+                SELECT * FROM (SELECT q.id, q.priority
+                 FROM courier.queue q
+                 WHERE q.endpoint_id = e.id
+                   AND q.status = 'pending' AND (q.scheduled_at IS NOT NULL OR q.next_retry_at IS NOT NULL)
+                   AND greatest(q.scheduled_at, q.next_retry_at) <= now()
+                   AND (q.expires_at IS NULL OR q.expires_at > now())
+                   AND (q.ordering_key IS NULL OR (
+                         NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                     WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                       AND q2.endpoint_id = q.endpoint_id)
+                     AND NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                     WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
+                                       AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
+                 ORDER BY greatest(q.scheduled_at, q.next_retry_at)
+                 LIMIT p_batch_size
+                 FOR UPDATE OF q SKIP LOCKED) due
+            ) u
+            ORDER BY u.priority DESC, u.id
             LIMIT p_batch_size
-            FOR UPDATE OF q SKIP LOCKED
         ) c
         WHERE e.enabled AND (p_endpoint_id IS NULL OR e.id = p_endpoint_id)
         ORDER BY c.priority DESC, c.id

@@ -456,6 +456,46 @@ BEGIN
 END
 $$;
 
+-- The worker's hot path in one round trip and one commit: report the outcomes a worker holds
+-- (any endpoints', exactly as report_outcomes_v2 does, fenced by lease) and then claim the
+-- next batch of p_endpoint_id (exactly as claim_batch_v3 does: circuit, rate limit, ordering
+-- keys). The claim runs after the report in the same transaction, so the next message of an
+-- ordering key that was just delivered can be claimed at once. Each row is one claimed
+-- message with the report's counts; when nothing is claimed one row carries the counts and
+-- NULL message columns. A report the database refuses fails the whole call: the worker
+-- then reports through report_outcomes_v2 on its own, which isolates the bad outcome.
+CREATE OR REPLACE FUNCTION courier.report_and_claim_v1(
+    p_worker_id text, p_batch_size integer, p_endpoint_id integer,
+    p_ids bigint[], p_leases integer[], p_outcomes text[], p_errors text[],
+    p_retry_after integer[] DEFAULT NULL, p_responses jsonb[] DEFAULT NULL)
+RETURNS TABLE (id bigint, endpoint_id integer, endpoint_name text, protocol text, payload jsonb, headers jsonb,
+               metadata jsonb, priority smallint, retry_count integer, max_retries integer, correlation_id uuid,
+               ordering_key text, idempotency_key text, scheduled_at timestamptz, expires_at timestamptz,
+               created_at timestamptz, lease integer,
+               delivered integer, retried integer, dead_lettered integer, stale integer)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_report record;
+BEGIN
+    IF coalesce(cardinality(p_ids), 0) > 0 THEN
+        SELECT * INTO v_report
+        FROM courier.report_outcomes_v2(p_ids, p_leases, p_outcomes, p_errors, p_retry_after, p_responses) r;
+    ELSE
+        SELECT 0 AS delivered, 0 AS retried, 0 AS dead_lettered, 0 AS stale INTO v_report;
+    END IF;
+    RETURN QUERY
+        SELECT c.*, v_report.delivered, v_report.retried, v_report.dead_lettered, v_report.stale
+        FROM courier.claim_batch_v3(p_worker_id, p_batch_size, p_endpoint_id) c;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT (NULL::courier.claimed_message).*, v_report.delivered, v_report.retried,
+                            v_report.dead_lettered, v_report.stale;
+    END IF;
+END
+$$;
+
 -- Counts come from the maintained dlq_depth counters and the oldest and newest failure from
 -- two index probes per endpoint, instead of an aggregate over every DLQ row (162 ms at 1M
 -- entries). Entries keep the name their
