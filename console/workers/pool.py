@@ -327,8 +327,8 @@ class WorkerPool:
 
     async def _claim(self, endpoint_id: int, room: int) -> list[ClaimedMessage]:
         """Claim for one endpoint, reporting the outcomes held so far in the same round trip
-        (and the same commit). If the database refuses those outcomes for what they hold,
-        they go back to the reporter, which isolates the bad one, and the claim goes alone."""
+        (and the same commit). If that fails, the outcomes go back to the reporter, which
+        retries them or isolates a bad one, and the claim goes alone."""
         batch = self._take_reports()
         params = {"worker_id": self.worker_id, "batch_size": room, "endpoint_id": endpoint_id}
         try:
@@ -337,8 +337,12 @@ class WorkerPool:
                 rows = await queries.fetch_all_async(conn, "report_and_claim", {**params, **_report_params(batch)})
         except BaseException as error:
             self._give_back(batch)
-            if not batch or _transient(error) or not isinstance(error, Exception):
+            if not batch or not isinstance(error, Exception):
                 raise
+            # The outcomes may be what failed (refused, or waiting on a lock): the reporter
+            # retries or isolates them, and a claim does not wait for it. If the database
+            # is away, this claim fails too.
+            log.info("report with claim failed; reporting separately", extra={"error": _one_line(error)})
             self._report_wake.set()
             self.stats.round_trips += 1
             async with self._db.connection() as conn:
