@@ -68,6 +68,9 @@ class PoolSettings:
     renew_after: float | None = None
     """Seconds a lease is held before the pool renews it (default: a third of the database's
     stale_recovery_timeout), so stale recovery never takes a slow delivery from a live worker."""
+    claimers: int = 2
+    """Claims one endpoint may have on their way at once; beyond the first, only while claims
+    come back full."""
     max_unreported: int = 5_000
     """Most outcomes waiting to be reported; past it the pool claims nothing new until the
     reporter catches up, so a database that refuses reports cannot grow memory without end."""
@@ -104,6 +107,9 @@ class WorkerPool:
         # Outcomes taken from _reports by a report (or a report-and-claim) in progress; put
         # back in front if it fails.
         self._reports_sending = 0
+        # Slots reserved by claims on their way to the database, in total and by endpoint.
+        self._claiming = 0
+        self._claiming_by_endpoint: dict[int, int] = defaultdict(int)
         # When each held lease was taken or last renewed (monotonic), by message id.
         self._leased_at: dict[int, float] = {}
         self._report_wake = asyncio.Event()
@@ -252,11 +258,24 @@ class WorkerPool:
         return self._dispatchers[protocol]
 
     async def _endpoint_loop(self, target: Target) -> None:
+        """The endpoint's claimers: the first polls; the others join in only while claims
+        come back full, so a busy endpoint has a claim on its way while the previous one is
+        in the database, and an idle one costs one poll per interval."""
+        busy = asyncio.Event()
+        await asyncio.gather(*(self._claim_loop(target, busy, eager=n > 0)
+                               for n in range(max(1, self.settings.claimers))))
+
+    async def _claim_loop(self, target: Target, busy: asyncio.Event, eager: bool) -> None:
         wake = self._wake[target.id]
         failures = 0
         while self._current(target):
+            if eager and not busy.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(busy.wait(), self.settings.poll_interval)
+                continue
             room = await self._room(target)
             if not self._current(target):
+                self._unreserve(target.id, room)
                 return
             wake.clear()
             try:
@@ -269,12 +288,20 @@ class WorkerPool:
                 log.warning("claim failed", extra={"endpoint": target.name, "error": _one_line(error)})
                 await asyncio.sleep(min(0.2 * 2**failures, 5.0))
                 continue
+            finally:
+                self._unreserve(target.id, room)
+            if len(claimed) >= room:
+                busy.set()
+            else:
+                busy.clear()
             if not claimed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), self.settings.poll_interval)
                 continue
             dispatcher = self._dispatcher(target.protocol)
-            if dispatcher is not None and dispatcher.batched:
+            if dispatcher is None:  # cannot happen: loops start only for protocols with one
+                continue
+            if dispatcher.batched:
                 self._start_dispatch_batch(target, claimed)
             else:
                 for message in claimed:
@@ -298,9 +325,10 @@ class WorkerPool:
                 # Read on every wake-up: resize() changes the pool's concurrency, which is
                 # also the default limit of an endpoint without its own config.concurrency.
                 limit = int(target.config.get("concurrency", self.settings.concurrency))
-                in_flight = self._in_flight_by_endpoint[target.id]
+                # Slots reserved by claims on their way count as taken.
+                in_flight = self._in_flight_by_endpoint[target.id] + self._claiming_by_endpoint[target.id]
                 room = min(self.settings.batch_size,
-                           self.settings.concurrency - len(self._in_flight),
+                           self.settings.concurrency - len(self._in_flight) - self._claiming,
                            limit - in_flight)
                 # A claim for one freed slot costs a round trip per message: while the
                 # endpoint is busy, wait until a quarter of its budget (or a batch) is free.
@@ -308,9 +336,28 @@ class WorkerPool:
                                                                self.settings.concurrency // 4))
                 if (room >= enough and self._unreported_failures[target.id] == 0
                         and self._unreported() < self.settings.max_unreported):
+                    self._claiming += room
+                    self._claiming_by_endpoint[target.id] += room
                     return room
                 await self._capacity.wait()
             return 0
+
+    def _unreserve(self, endpoint_id: int, room: int) -> None:
+        """Give back the slots _room reserved for a claim, now that its messages (if any)
+        count as in flight; the part it did not fill is free for others again."""
+        self._claiming -= room
+        self._claiming_by_endpoint[endpoint_id] -= room
+        if room:
+            self._loop_soon(self._notify_capacity)
+
+    def _loop_soon(self, action) -> None:
+        task = asyncio.ensure_future(action())
+        self._resizes.add(task)
+        task.add_done_callback(self._resizes.discard)
+
+    async def _notify_capacity(self) -> None:
+        async with self._capacity:
+            self._capacity.notify_all()
 
     def _unreported(self) -> int:
         return len(self._reports) + self._reports_sending

@@ -101,6 +101,14 @@ DECLARE
     v_cooldown interval := make_interval(secs => courier._setting_int('circuit_breaker_cooldown'));
     v_count integer;
 BEGIN
+    -- All went well on a closed circuit with no failures counted: nothing to change, so no
+    -- lock either. Taking the lock here made every report of a busy endpoint wait for the
+    -- commit of the one before it.
+    IF p_failures = 0 AND EXISTS (SELECT 1 FROM courier.endpoints
+                                  WHERE id = p_endpoint_id AND circuit_state = 'closed'
+                                    AND circuit_failure_count = 0) THEN
+        RETURN;
+    END IF;
     PERFORM pg_advisory_xact_lock(hashtext('courier_cb'), p_endpoint_id);
     SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id;
     IF NOT FOUND THEN
@@ -367,14 +375,14 @@ BEGIN
         JOIN courier.endpoints e ON e.id = q.endpoint_id
     ),
     per_endpoint AS (
-        SELECT r.endpoint_id, e.name, e.config,
+        SELECT r.endpoint_id, e.name, e.config, e.last_success_at,
                count(*) FILTER (WHERE r.outcome = 'success') AS successes,
                count(*) FILTER (WHERE r.outcome = 'retryable') AS failures,
                count(*) FILTER (WHERE r.outcome <> 'success') AS all_failures,
                bool_or(r.outcome = 'disable') AS gone,
                (array_agg(r.error ORDER BY r.id DESC) FILTER (WHERE r.outcome <> 'success'))[1] AS last_error
         FROM reported r JOIN courier.endpoints e ON e.id = r.endpoint_id
-        GROUP BY r.endpoint_id, e.name, e.config
+        GROUP BY r.endpoint_id, e.name, e.config, e.last_success_at
     )
     SELECT array_agg(id ORDER BY id) FILTER (WHERE outcome = 'success'),
            array_agg(lease ORDER BY id) FILTER (WHERE outcome = 'success'),
@@ -428,11 +436,18 @@ BEGIN
     END IF;
 
     FOR v_endpoint IN SELECT value FROM jsonb_array_elements(coalesce(v_endpoints, '[]')) LOOP
-        UPDATE courier.endpoints
-        SET last_success_at = CASE WHEN (v_endpoint ->> 'successes')::integer > 0 THEN now() ELSE last_success_at END,
-            last_failure_at = CASE WHEN (v_endpoint ->> 'all_failures')::integer > 0 THEN now() ELSE last_failure_at END,
-            last_error = coalesce(v_endpoint ->> 'last_error', last_error)
-        WHERE id = (v_endpoint ->> 'endpoint_id')::integer;
+        -- Successes alone refresh last_success_at at most once a second: the row lock of
+        -- this UPDATE is held to commit, and taken on every report it queued each report of
+        -- a busy endpoint behind the commit of the one before.
+        IF (v_endpoint ->> 'all_failures')::integer > 0
+           OR (v_endpoint ->> 'last_success_at') IS NULL
+           OR (v_endpoint ->> 'last_success_at')::timestamptz < now() - interval '1 second' THEN
+            UPDATE courier.endpoints
+            SET last_success_at = CASE WHEN (v_endpoint ->> 'successes')::integer > 0 THEN now() ELSE last_success_at END,
+                last_failure_at = CASE WHEN (v_endpoint ->> 'all_failures')::integer > 0 THEN now() ELSE last_failure_at END,
+                last_error = coalesce(v_endpoint ->> 'last_error', last_error)
+            WHERE id = (v_endpoint ->> 'endpoint_id')::integer;
+        END IF;
         PERFORM courier._update_circuit_breaker((v_endpoint ->> 'endpoint_id')::integer,
                                                 (v_endpoint ->> 'successes')::integer,
                                                 (v_endpoint ->> 'failures')::integer);
