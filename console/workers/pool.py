@@ -99,6 +99,8 @@ class WorkerPool:
         self._targets: dict[int, Target] = {}
         self._loops: dict[int, asyncio.Task[None]] = {}
         self._wake: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
+        # Set while an endpoint's claims come back full: its extra claimers work only then.
+        self._busy: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
         self._dispatchers: dict[str, Dispatcher | None] = {}
         self._in_flight: dict[int, ClaimedMessage] = {}
         self._in_flight_by_endpoint: dict[int, int] = defaultdict(int)
@@ -132,7 +134,7 @@ class WorkerPool:
     def stop(self) -> None:
         """Begin a graceful stop: no new claims; in-flight messages finish and are reported."""
         self._stopping.set()
-        for event in self._wake.values():
+        for event in [*self._wake.values(), *self._busy.values()]:
             event.set()
 
     def stop_threadsafe(self) -> None:
@@ -237,6 +239,7 @@ class WorkerPool:
         # refresh starts a loop with the new configuration.
         for endpoint_id in changed:
             self._wake[endpoint_id].set()
+            self._busy[endpoint_id].set()  # its idle claimers look, and end
         async with self._capacity:
             self._capacity.notify_all()
         for dispatcher in self._dispatchers.values():
@@ -262,7 +265,8 @@ class WorkerPool:
         """The endpoint's claimers: the first polls; the others join in only while claims
         come back full, so a busy endpoint has a claim on its way while the previous one is
         in the database, and an idle one costs one poll per interval."""
-        busy = asyncio.Event()
+        busy = self._busy[target.id]
+        busy.clear()
         await asyncio.gather(*(self._claim_loop(target, busy, eager=n > 0)
                                for n in range(max(1, self.settings.claimers))))
 
@@ -312,7 +316,7 @@ class WorkerPool:
         return not self._stopping.is_set() and self._targets.get(target.id) == target
 
     async def _wake_all_loops(self) -> None:
-        for event in self._wake.values():
+        for event in [*self._wake.values(), *self._busy.values()]:
             event.set()
         async with self._capacity:
             self._capacity.notify_all()
