@@ -1,12 +1,14 @@
 """churn: the claim's cost, and the queue table's size, before and after a million deliveries
-pass through the queue. Finished messages leave the hot table as they finish and autovacuum
-(with the queue's own settings, migration 0020) reclaims their rows, so neither the claim nor
-the table should notice them; the ceiling is the same claim before the churn."""
+pass through the queue, sent while the worker drains them (at most 50k waiting). Finished
+messages leave the hot table as they finish and autovacuum (with the queue's own settings,
+migration 0020) reclaims their rows, so neither the claim nor the table should notice them;
+the ceiling is the same claim before the churn."""
 
 from __future__ import annotations
 
 import asyncio
 import statistics
+import threading
 import time
 
 import psycopg
@@ -18,6 +20,8 @@ from .result import Measurement, ScenarioResult
 
 WAITING = 10_000
 SAMPLES = 30
+BACKLOG = 50_000
+SEND_BATCH = 5_000
 
 
 def _claim_ms(conn: psycopg.Connection, endpoint_id: int) -> float:
@@ -30,24 +34,46 @@ def _claim_ms(conn: psycopg.Connection, endpoint_id: int) -> float:
     return statistics.median(timings)
 
 
-def _deliver(dsn: str, messages: int) -> float:
+def _produce(dsn: str, messages: int, stop: threading.Event) -> None:
+    """Send in batches, keeping at most BACKLOG messages waiting: sustained churn, as in
+    production, rather than a million rows preloaded at once."""
     with connect(dsn) as conn:
-        for start in range(0, messages, 50_000):
+        sent = 0
+        while sent < messages and not stop.is_set():
+            waiting = conn.execute("SELECT coalesce(sum(messages), 0) FROM courier.queue_depth d "
+                                   "JOIN courier.endpoints e ON e.id = d.endpoint_id "
+                                   "WHERE e.name = 'churn' AND d.status = 'pending'").fetchone()[0]
+            if waiting > BACKLOG - SEND_BATCH:
+                time.sleep(0.01)
+                continue
+            count = min(SEND_BATCH, messages - sent)
             conn.execute("SELECT courier.send_batch('churn', ARRAY(SELECT jsonb_build_object('n', g) "
-                         "FROM generate_series(%s::int, %s::int) g))", (start, min(start + 50_000, messages) - 1))
+                         "FROM generate_series(1, %s) g))", (count,))
+            sent += count
+
+
+def _deliver(dsn: str, messages: int) -> float:
     pool = WorkerPool(dsn, PoolSettings(worker_id="bench-churn"))  # `courier worker`'s defaults
+    stop = threading.Event()
+    producer = threading.Thread(target=_produce, args=(dsn, messages, stop), daemon=True)
 
     async def main() -> float:
         task = asyncio.create_task(pool.run())
         started = time.perf_counter()
-        while pool.stats.delivered < messages and not task.done():
-            await asyncio.sleep(0.1)
+        producer.start()
+        try:
+            while pool.stats.delivered < messages and not task.done():
+                await asyncio.sleep(0.1)
+        finally:
+            stop.set()
         elapsed = time.perf_counter() - started
         pool.stop()
         await task
         return elapsed
 
-    return asyncio.run(main())
+    elapsed = asyncio.run(main())
+    producer.join()
+    return elapsed
 
 
 def churn(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 1_000_000) -> ScenarioResult:
