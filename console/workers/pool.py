@@ -561,20 +561,19 @@ class WorkerPool:
             log.warning("outcomes of recovered claims ignored", extra={"count": counts["stale"]})
 
     async def _forget(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
-        keyed: set[int] = set()
+        reported: set[int] = set()
         for message, _ in batch:
             self._leased_at.pop(message.id, None)
             endpoint_id = self._failed_endpoint.pop(message.id, None)
             if endpoint_id is not None:
                 self._unreported_failures[endpoint_id] -= 1
-            if message.ordering_key is not None:
-                keyed.add(message.endpoint_id)
+            reported.add(message.endpoint_id)
         async with self._capacity:
             self._capacity.notify_all()
-        # A completion may unblock the next message of an ordering key: that endpoint looks
-        # again now. Other endpoints are not woken: with 20 endpoints, waking every loop on
-        # every report cost two round trips per message in empty claims.
-        for endpoint_id in keyed:
+        # A report may unblock the next message of an ordering key, or close a circuit: the
+        # endpoints it concerns look again now. No other loop is woken: with 20 endpoints,
+        # waking every loop on every report cost two round trips per message in empty claims.
+        for endpoint_id in reported:
             self._wake[endpoint_id].set()
 
     async def _drain(self, deadline: float) -> None:
