@@ -225,6 +225,37 @@ BEGIN
 END
 $$;
 
+-- The delivered, archived message of this endpoint that still holds p_key: delivered less than
+-- idempotency_retention_seconds ago. A duplicate of it returns its id, as a duplicate of a
+-- queued message does; the same key with another payload is a conflict. NULL: none.
+CREATE OR REPLACE FUNCTION courier._delivered_key_holder(p_endpoint_name text, p_key text, p_hash text)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_retention bigint := courier._setting_int('idempotency_retention_seconds');
+    v_id bigint;
+    v_hash text;
+BEGIN
+    IF v_retention = 0 THEN
+        RETURN NULL;
+    END IF;
+    SELECT a.id, md5(a.payload::text) INTO v_id, v_hash
+    FROM courier.archive a JOIN courier.endpoints e ON e.id = a.endpoint_id
+    WHERE e.name = p_endpoint_name AND a.idempotency_key = p_key AND a.status = 'completed'
+      AND a.completed_at > now() - make_interval(secs => v_retention)
+    ORDER BY a.completed_at DESC LIMIT 1;
+    IF v_id IS NOT NULL AND v_hash IS DISTINCT FROM p_hash THEN
+        RAISE EXCEPTION 'Idempotency key ''%'' conflict: same key with different payload', p_key
+            USING ERRCODE = '23505',
+                  HINT = format('Message %s was delivered under this key; keys are kept idempotency_retention_seconds (%s) after delivery',
+                                v_id, v_retention);
+    END IF;
+    RETURN v_id;
+END
+$$;
+
 -- Moves up to batch_size finished messages (completed, failed, expired) that finished more
 -- than older_than_seconds ago into the archive; returns how many. Call it until it returns
 -- less than batch_size; the maintenance leader does.

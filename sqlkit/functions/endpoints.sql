@@ -352,6 +352,9 @@ DECLARE
     v_active bigint;
     v_deleted bigint;
 BEGIN
+    -- Wait for sends under way to this endpoint to commit (see _hold_endpoint_for_send), so
+    -- that their messages are counted and deleted here rather than orphaned.
+    PERFORM pg_advisory_xact_lock(hashtext('courier.endpoint'), hashtext(p_name));
     v_endpoint := courier._endpoint_by_name(p_name);
     PERFORM 1 FROM courier.endpoints WHERE id = v_endpoint.id FOR UPDATE;
     SELECT coalesce(sum(messages), 0) INTO v_active FROM courier.queue_depth
