@@ -151,6 +151,14 @@ BEGIN
         END IF;
         PERFORM courier._require_boolean(v_what, p_config, 'allow_internal');
         PERFORM courier._require_boolean(v_what, p_config, 'capture_response');
+        IF courier._is_internal_host(courier._url_host(p_config ->> 'url'))
+           AND NOT coalesce((p_config -> 'allow_internal')::boolean, false)
+           AND NOT courier._setting_bool('http_allow_internal_urls') THEN
+            RAISE EXCEPTION '[courier] http config.url points at an internal address: "%"', p_config ->> 'url'
+                USING ERRCODE = '22023',
+                      HINT = 'Loopback, private, link-local and metadata addresses are refused; set "allow_internal": '
+                             'true on the endpoint (or the setting http_allow_internal_urls) for a trusted internal service';
+        END IF;
         IF p_config ? 'method' AND jsonb_typeof(p_config -> 'method') <> 'string' THEN
             PERFORM courier._raise_invalid(format('http config.method must be a string, got %s', p_config -> 'method'));
         END IF;
