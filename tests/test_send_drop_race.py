@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from tests.helpers import scalar
+from tests.helpers import claim, complete, report, scalar
 
 
 def active_counted(conn) -> int:
@@ -55,3 +55,41 @@ def test_a_send_behind_a_drop_is_told_the_endpoint_is_gone(dsn, conn):
         with pytest.raises(psycopg.errors.NoDataFound, match='endpoint "doomed" does not exist'):
             sending.result(timeout=10)
     assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0
+
+
+def dead_lettered(conn) -> int:
+    message = scalar(conn, "SELECT courier.send('doomed', '{}')")
+    claim(conn)
+    report(conn, [message], ["permanent"], ["[PERMANENT] HTTP 400"])
+    return scalar(conn, "SELECT id FROM courier.dlq WHERE original_message_id = %s", (message,))
+
+
+def delivered(conn) -> int:
+    message = scalar(conn, "SELECT courier.send('doomed', '{}')")
+    claim(conn)
+    complete(conn, [message])
+    return message
+
+
+REQUEUES = {  # how to requeue, and what it requeues
+    "redrive_message": ("SELECT courier.redrive_message(%s)", dead_lettered),
+    "redrive_endpoint": ("SELECT courier.redrive_endpoint('doomed') + 0 * %s", dead_lettered),
+    "redrive_all": ("SELECT courier.redrive_all() + 0 * %s", dead_lettered),
+    "replay_message": ("SELECT courier.replay_message(%s)", delivered),
+}
+
+
+@pytest.mark.parametrize("requeue", list(REQUEUES))
+def test_a_drop_waits_for_a_redrive_or_replay_under_way(dsn, conn, requeue):
+    endpoint = scalar(conn, "SELECT courier.create_endpoint('doomed', 'noop', '{}')")
+    query, make = REQUEUES[requeue]
+    source = make(conn)
+    with psycopg.connect(dsn) as operator, ThreadPoolExecutor(1) as pool:
+        operator.execute(query, (source,))  # not yet committed
+        dropping = pool.submit(conn.execute, "SELECT courier.drop_endpoint('doomed', true)")
+        time.sleep(0.5)
+        assert not dropping.done()  # was not waiting: the requeued message outlived its endpoint
+        operator.commit()
+        dropping.result(timeout=10)
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE endpoint_id = %s", (endpoint,)) == 0
+    assert active_counted(conn) == 0

@@ -400,13 +400,16 @@ BEGIN
 END
 $$;
 
+-- The endpoint, held (KEY SHARE) until the caller commits: callers enqueue for it (replays),
+-- and a drop_endpoint, which locks the row FOR UPDATE, must wait and see those messages
+-- rather than leave them behind without an endpoint.
 CREATE OR REPLACE FUNCTION courier._require_endpoint(p_endpoint_id integer) RETURNS courier.endpoints
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql
 AS $$
 DECLARE
     v_endpoint courier.endpoints;
 BEGIN
-    SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id;
+    SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id FOR KEY SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION '[courier] endpoint id % does not exist', coalesce(p_endpoint_id::text, 'NULL')
             USING ERRCODE = 'P0002', HINT = 'Recreate the endpoint, or list them with `courier endpoint list`';
