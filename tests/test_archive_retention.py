@@ -9,6 +9,7 @@ a reader, and no message may take much longer than before.
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import threading
 import time
@@ -16,7 +17,7 @@ import time
 import psycopg
 import pytest
 
-from console.workers.maintenance import MaintenanceSchedule
+from console.workers.maintenance import MaintenanceLeader, MaintenanceSchedule
 from sqlkit.archive_retention import drop_expired_partitions
 from sqlkit.connection import connect
 from tests.helpers import scalar
@@ -114,3 +115,28 @@ def test_retention_skips_a_partition_in_use_at_once_and_says_so(dsn, conn, expir
 def test_the_maintenance_leader_runs_retention_through_the_concurrent_path():
     (job,) = [j for j in MaintenanceSchedule().jobs() if j.name == "archive_retention"]
     assert job.runner is not None
+
+
+def test_partition_upkeep_gives_up_a_lock_quickly_and_the_leader_retries_it(dsn, conn):
+    started = threading.Event()
+    reader = threading.Thread(target=hold_archive_open, args=(dsn, started))
+    reader.start()
+    started.wait(10)
+    began = time.monotonic()
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        conn.execute("SELECT courier.maintain_archive_partitions(6)")  # reports would queue behind its wait
+    assert time.monotonic() - began < 1
+
+    schedule = MaintenanceSchedule(months_ahead=6, job_time_budget=10)
+    leader = MaintenanceLeader(dsn, "leader-test", schedule)
+
+    async def lead_for(seconds: float) -> None:
+        stopping = asyncio.Event()
+        running = asyncio.create_task(leader.run(stopping))
+        await asyncio.sleep(seconds)
+        stopping.set()
+        await running
+
+    asyncio.run(lead_for(READER_HOLDS + 2))
+    reader.join()
+    assert month_name(6) in partitions(conn)  # created once the reader had gone, within the same run
