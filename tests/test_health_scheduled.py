@@ -15,6 +15,8 @@ def test_a_message_scheduled_for_tomorrow_raises_no_alarm(conn):
     conn.execute("SELECT courier.send_with_options('later', '{}', p_scheduled_at := now() + interval '1 day')")
     conn.execute("UPDATE courier.queue SET created_at = now() - interval '2 hours'")  # sent two hours ago
     assert oldest_pending(conn) == ("ok", 0)  # was critical: 7200 s "old"
+    assert scalar(conn, "SELECT metric_value FROM courier.metrics() "
+                        "WHERE metric_name = 'oldest_message_age_seconds'") == 0  # the gauge too
 
 
 def test_a_scheduled_message_is_old_from_when_it_fell_due(conn):
