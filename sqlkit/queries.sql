@@ -398,3 +398,10 @@ SELECT * FROM (
 
 -- name: prune_workers
 SELECT courier.prune_workers();
+
+-- name: archive_partitions_past_retention
+SELECT partition_name, state FROM courier.archive_partitions_past_retention(%(retention_months)s);
+
+-- name: cleanup_old_archive_partitions_for
+SELECT courier.cleanup_old_archive_partitions(%(retention_months)s);
+

@@ -99,5 +99,5 @@ def conn(dsn: str) -> Iterator[psycopg.Connection]:
 def webhook(conn: psycopg.Connection) -> str:
     """An enabled HTTP endpoint named 'webhook', as in the seed's examples."""
     conn.execute("SELECT courier.create_endpoint('webhook', 'http', "
-                 "'{\"url\": \"http://127.0.0.1:9000/hook\"}')")
+                 "'{\"url\": \"http://127.0.0.1:9000/hook\", \"allow_internal\": true}')")
     return "webhook"

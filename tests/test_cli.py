@@ -28,7 +28,7 @@ ENV = {key: value for key, value in os.environ.items()
        if not key.startswith("PG") and key not in ("COURIER_DSN", "DATABASE_URL")}
 ENV["COLUMNS"] = "80"  # a standard terminal, whatever runs the tests
 
-HOOK = '{"url": "http://127.0.0.1:9000/hook"}'
+HOOK = '{"url": "http://127.0.0.1:9000/hook", "allow_internal": true}'
 SECRETS = ["s3cret", "whsec_abc123", "Bearer zzz-top"]
 SECRET_CONFIG = json.dumps({
     "url": "https://hooks.example.com/billing",
@@ -115,7 +115,7 @@ def test_endpoint_create_list_and_show(courier):
 
     [listed] = assert_ok(courier("endpoint", "list", "--json")).json()
     assert listed["name"] == "billing" and listed["protocol"] == "http" and listed["enabled"] is True
-    assert listed["config"] == {"url": "http://127.0.0.1:9000/hook"}
+    assert listed["config"] == {"url": "http://127.0.0.1:9000/hook", "allow_internal": True}
     assert (listed["circuit_state"], listed["pending_messages"]) == ("closed", 0)
 
     shown = assert_ok(courier("endpoint", "show", "billing", "--json")).json()

@@ -6,6 +6,9 @@ import base64
 import hashlib
 import hmac
 import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -132,8 +135,10 @@ def test_connection_refused_is_retryable(dsn, conn):
 
 
 def test_internal_address_is_blocked_unless_allowed(dsn, conn, sink):
+    conn.execute("SELECT courier.set_setting('http_allow_internal_urls', 'true')")
     conn.execute("SELECT courier.create_endpoint('internal', 'http', %s::jsonb)",
                  (json.dumps({"url": f"{sink.url}/healthy"}),))
+    conn.execute("SELECT courier.set_setting('http_allow_internal_urls', 'false')")  # after creating it
     send(conn, "internal")
     deliver(dsn, conn)
     assert sink.count() == 0
@@ -189,6 +194,47 @@ def test_response_capture_with_correlation_id(dsn, conn, sink):
     response = scalar(conn, "SELECT response FROM courier.archive WHERE id = %s", (message,))
     assert response == {"status": 200, "body": "{}", "truncated": False,
                         "correlation_id": "550e8400-e29b-41d4-a716-446655440000"}
+
+
+class _PiecemealBody(BaseHTTPRequestHandler):
+    """Answers with a body of `size` bytes sent in two pieces, a pause between them."""
+
+    size = 3000
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        self.send_response(200)
+        self.send_header("content-length", str(self.size))
+        self.end_headers()
+        half = self.size // 2
+        self.wfile.write(b"a" * half)
+        self.wfile.flush()
+        time.sleep(0.2)
+        self.wfile.write(b"b" * (self.size - half))
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def piecemeal_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _PiecemealBody)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(("limit", "kept", "truncated"), [(65536, 3000, False), (2000, 2000, True)])
+def test_a_body_arriving_in_pieces_is_captured_whole_or_labelled_truncated(dsn, conn, piecemeal_server,
+                                                                           limit, kept, truncated):
+    conn.execute("SELECT courier.set_setting('response_body_max_size', %s)", (str(limit),))
+    create(conn, "piecemeal", piecemeal_server, capture_response=True)
+    message = send(conn, "piecemeal")
+    deliver(dsn, conn)
+    response = scalar(conn, "SELECT response FROM courier.archive WHERE id = %s", (message,))
+    # Was the first piece only (1500 bytes), labelled complete.
+    assert (len(response["body"]), response["truncated"]) == (kept, truncated)
 
 
 def test_circuit_opens_and_stops_calling_a_failing_endpoint(dsn, conn, sink):

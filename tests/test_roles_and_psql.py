@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.helpers import queue_rows, scalar
 
-HOOK = '{"url": "http://127.0.0.1:9000/hook"}'
+HOOK = '{"url": "http://127.0.0.1:9000/hook", "allow_internal": true}'
 ENV = {key: value for key, value in os.environ.items()
        if not key.startswith("PG") and key not in ("COURIER_DSN", "DATABASE_URL")}
 

@@ -3,12 +3,16 @@ and a PostgreSQL restart during dispatch."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
 import tempfile
+import threading
+import time
 import warnings
 from collections import Counter, defaultdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psycopg
@@ -156,3 +160,111 @@ def test_postgres_restart_during_dispatch_loses_nothing(private_server, sink):
     finally:
         assert stop(worker) == 0
     assert set(delivered_ids(sink)) == set(ids)
+
+
+class IntervalSink:
+    """A webhook receiver that records when each delivery began and ended (monotonic seconds),
+    with the message id and ordering key it carried. Each delivery takes `hold` seconds."""
+
+    def __init__(self, hold: float = 0.02) -> None:
+        self.deliveries: list[tuple[int, str, float, float]] = []
+        lock = threading.Lock()
+        deliveries = self.deliveries
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                began = time.monotonic()
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                time.sleep(hold)
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+                with lock:
+                    deliveries.append((int(self.headers["x-courier-message-id"]), body["key"], began,
+                                       time.monotonic()))
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.mark.parametrize("report_lands", [True, False], ids=["report-lands", "report-lost"])
+def test_kill_9_during_report_loses_nothing_and_never_overlaps(dsn, conn, report_lands):
+    """The worker is killed while its report waits inside the database: the report's statement
+    is blocked on a lock (a lock on the archive that the test holds), the worker gets SIGKILL,
+    and then either the orphaned statement completes once the lock goes (report-lands) or its
+    backend ends first and it rolls back (report-lost); recovery hands what is still claimed to
+    a successor."""
+    sink = IntervalSink()
+    try:
+        create(conn, "ordered", sink.url)
+        keys = [f"k{i}" for i in range(6)]
+        ids = [scalar(conn, "SELECT courier.send_with_options('ordered', %s::jsonb, p_ordering_key := %s)",
+                      (json.dumps({"key": key, "n": n}), key))
+               for n in range(10) for key in keys]
+        with psycopg.connect(dsn) as blocker:
+            blocker.execute("LOCK TABLE courier.archive IN SHARE MODE")  # reports cannot archive
+            worker = start_worker_process(dsn, "--concurrency", "10")
+            try:
+                wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                              "AND query LIKE %s", ("%report_outcomes%",)) > 0, timeout=30)
+                in_report = count(conn, "status = 'processing'")
+                worker.kill()  # SIGKILL while its report is inside the database
+                worker.wait(10)
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+            if not report_lands:
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                             "WHERE wait_event_type = 'Lock' AND query LIKE %s", ("%report_outcomes%",))
+            blocker.rollback()
+        delivered_before = len(sink.deliveries)
+        assert in_report > 0 and delivered_before > 0
+        # Let stale_recovery_timeout elapse without waiting for it: age what is still claimed.
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s "
+                                      "AND state = 'active'", ("%report_outcomes%",)) == 0)
+        landed = archived(conn)
+        conn.execute("UPDATE courier.queue SET processing_started_at = now() - interval '10 minutes' "
+                     "WHERE status = 'processing'")
+        successor = start_worker_process(dsn, "--concurrency", "10")
+        try:
+            wait_for(lambda: archived(conn) == len(ids), timeout=60)
+        finally:
+            assert stop(successor) == 0
+    finally:
+        sink.close()
+
+    assert scalar(conn, "SELECT count(*) FROM courier.dlq") == 0 and count(conn, "true") == 0
+    assert {message for message, *_ in sink.deliveries} == set(ids), "every message delivered"
+    by_message: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    by_key: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
+    for message, key, began, ended in sink.deliveries:
+        by_message[message].append((began, ended))
+        by_key[key].append((began, ended, message))
+    for message, spans in by_message.items():
+        spans.sort()
+        assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans)), \
+            f"two deliveries of message {message} overlapped"
+    for key, spans in by_key.items():
+        spans.sort()
+        assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans)), \
+            f"two deliveries of key {key} overlapped"
+        order = [message for *_, message in spans]
+        assert order == sorted(order), f"key {key} delivered out of order: {order}"
+    twice = len(sink.deliveries) - len(ids)
+    assert twice <= in_report  # only what the killed worker held can arrive again
+    if report_lands:
+        assert landed > 0  # the dead worker's report completed after all, fenced by its leases
+    else:
+        assert landed == 0 and twice > 0  # rolled back: recovered and delivered again, never alongside
+    print(f"kill -9 during report: {in_report} in flight, {delivered_before} delivered before, {twice} again")

@@ -12,7 +12,7 @@ from rich.text import Text
 from console.bench import runner
 from console.bench.result import ScenarioResult
 
-from .context import console, database_url, dsn_option
+from .context import FiniteFloatRange, console, database_url, dsn_option
 
 
 def _table(results: list[ScenarioResult]) -> Table:
@@ -59,7 +59,7 @@ def _sizes(text: str, option: str) -> tuple[int, ...]:
 @click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results to this JSON file ('-' for stdout).")
 @click.option("--clients", type=click.IntRange(1, 64), default=4, show_default=True)
-@click.option("--seconds", type=click.FloatRange(1, 600), default=8, show_default=True,
+@click.option("--seconds", type=FiniteFloatRange(1, 600), default=8, show_default=True,
               help="Length of each measured run.")
 @click.option("--rounds", type=click.IntRange(1, 10), default=2, show_default=True,
               help="Alternating courier/ceiling rounds; medians are reported.")

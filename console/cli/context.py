@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -114,9 +115,39 @@ def emit(data: Any, render: Callable[[], None] | None = None) -> None:
         render()
 
 
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange that also refuses nan and infinity: nan passes every range check (each
+    comparison is false) and then broke timedelta() and sleeps with a traceback."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+class _NotJsonNumber(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJsonNumber(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise _NotJsonNumber(f"{text} is too large for a JSON number")
+    return number
+
+
 def parse_json(text: str, what: str) -> Any:
+    """Python's reader takes NaN, Infinity and 1e400 (as inf), which PostgreSQL's jsonb then
+    refused with an error that named no field; they are refused here, naming it."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except _NotJsonNumber as error:
+        raise click.BadParameter(f"not valid JSON ({error})", param_hint=what) from None
     except json.JSONDecodeError as error:
         raise click.BadParameter(f"not valid JSON ({error.msg} at line {error.lineno} "
                                  f"column {error.colno})", param_hint=what) from None

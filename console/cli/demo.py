@@ -20,16 +20,16 @@ from sqlkit.connection import connect
 from sqlkit.dsn import resolve_dsn
 from sqlkit.errors import CourierError
 
-from .context import common_options, console, emit, error_console, wants_json
+from .context import FiniteFloatRange, common_options, console, emit, error_console, wants_json
 
 STATUS_EVERY = 5.0
 """Seconds between two headless status lines."""
 
 
 @click.command("demo")
-@click.option("--rate", type=click.FloatRange(0, 5_000), default=40, show_default=True,
+@click.option("--rate", type=FiniteFloatRange(0, 5_000), default=40, show_default=True,
               help="Messages per second the demo producer sends, spread over the endpoints.")
-@click.option("--seconds", type=click.FloatRange(0, 86_400), default=0,
+@click.option("--seconds", type=FiniteFloatRange(0, 86_400), default=0,
               help="Stop after this long (default: run until Ctrl-C).")
 @click.option("--workers", type=click.IntRange(1, 1_000), default=16, show_default=True,
               help="Messages in flight at once in the demo's worker pool.")

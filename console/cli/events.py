@@ -13,7 +13,7 @@ from rich.markup import escape
 from sqlkit import observability
 from sqlkit.observability import Event
 
-from .context import common_options, console, open_connection, plain, wants_json, when
+from .context import FiniteFloatRange, common_options, console, open_connection, plain, wants_json, when
 
 
 @click.command("events")
@@ -22,7 +22,7 @@ from .context import common_options, console, open_connection, plain, wants_json
 @click.option("--type", "event_type", help="Only events whose type starts with this, e.g. circuit or archive.replay.")
 @click.option("--endpoint", help="Only this endpoint's events.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events as they are logged (Ctrl-C stops).")
-@click.option("--interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True,
+@click.option("--interval", type=FiniteFloatRange(0.1, 60), default=1.0, show_default=True,
               help="Seconds between looks for new events under --follow.")
 @common_options
 def events(limit: int, event_type: str | None, endpoint: str | None, follow: bool, interval: float) -> None:

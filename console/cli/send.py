@@ -12,7 +12,7 @@ import click
 from sqlkit import messages
 from sqlkit.messages import SendOptions
 
-from .context import common_options, console, emit, open_connection, parse_json, parse_json_object
+from .context import FiniteFloatRange, common_options, console, emit, open_connection, parse_json, parse_json_object
 
 MAX_DELAY_SECONDS = 10 * 365 * 86_400
 """--delay's bound: beyond it a timestamp overflows (1e300 printed a traceback)."""
@@ -71,10 +71,11 @@ def _batch_payloads(text: str, source: str) -> list[Any]:
 @click.option("--priority", type=click.IntRange(0, 10), default=0, show_default=True,
               help="0-10; higher is delivered first.")
 @click.option("--scheduled-at", type=Timestamp(), help="Do not deliver before this time.")
-@click.option("--delay", type=click.FloatRange(min=0, max=MAX_DELAY_SECONDS),
+@click.option("--delay", type=FiniteFloatRange(min=0, max=MAX_DELAY_SECONDS),
               help="Do not deliver for this many seconds (at most ten years).")
 @click.option("--expires-at", type=Timestamp(), help="Drop the message if not delivered by then.")
-@click.option("--ttl", type=click.FloatRange(min=0, min_open=True), help="Expire after this many seconds.")
+@click.option("--ttl", type=FiniteFloatRange(min=0, max=MAX_DELAY_SECONDS, min_open=True),
+              help="Expire after this many seconds (at most ten years).")
 @click.option("--idempotency-key", help="Deduplicate against active messages with this key.")
 @click.option("--correlation-id", type=click.UUID, help="Tracing id carried to the DLQ and archive.")
 @click.option("--ordering-key", help="Deliver strictly in order with other messages of this key.")

@@ -10,7 +10,7 @@ import click
 from console.logs import log_json_lines
 from console.workers.pool import PoolSettings, WorkerPool, default_concurrency
 
-from .context import database_url, dsn_option, require_current_schema
+from .context import FiniteFloatRange, database_url, dsn_option, require_current_schema
 
 
 @click.command("worker")
@@ -19,9 +19,9 @@ from .context import database_url, dsn_option, require_current_schema
                    "of an endpoint without its own config concurrency.")
 @click.option("--batch-size", type=click.IntRange(1, 10_000), default=PoolSettings.batch_size, show_default=True,
               help="Most messages one claim takes.")
-@click.option("--poll-interval", type=click.FloatRange(0.01, 60), default=1.0, show_default=True,
+@click.option("--poll-interval", type=FiniteFloatRange(0.01, 60), default=1.0, show_default=True,
               help="Seconds between claims of an idle endpoint when no NOTIFY arrives.")
-@click.option("--drain-timeout", type=click.FloatRange(0, 3600), default=30.0, show_default=True,
+@click.option("--drain-timeout", type=FiniteFloatRange(0, 3600), default=30.0, show_default=True,
               help="On SIGTERM, seconds to let in-flight deliveries finish before releasing them.")
 @click.option("--worker-id", help="Name in heartbeats (default: host:pid:random).")
 @dsn_option

@@ -14,17 +14,20 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
 
 from sqlkit import queries
-from sqlkit.connection import connect_async
+from sqlkit.archive_retention import LOCK_NOT_AVAILABLE, drop_expired_partitions
+from sqlkit.connection import connect, connect_async
 from sqlkit.errors import CourierError, DatabaseUnavailable
 
 log = logging.getLogger("courier.maintenance")
 
 LEADER_APPLICATION_NAME = "courier-maintenance"
+LOCK_RETRY_PAUSE = 0.5
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,9 @@ class MaintenanceJob:
     """Seconds between runs."""
     batch: int | None = None
     """The batch size passed to the query; None for jobs that do everything in one call."""
+    runner: Callable[[str, float], int] | None = None
+    """Instead of the query: a function of (dsn, time budget) run in a thread on a connection
+    of its own, for work a SQL function cannot do (DETACH PARTITION ... CONCURRENTLY)."""
 
 
 @dataclass
@@ -61,7 +67,8 @@ class MaintenanceSchedule:
             MaintenanceJob("expiry", "mark_expired_messages", self.expiry, batch=10_000),
             MaintenanceJob("archive", "archive_finished_messages", self.archive, batch=5_000),
             MaintenanceJob("partitions", "maintain_archive_partitions", self.partitions),
-            MaintenanceJob("archive_retention", "cleanup_old_archive_partitions", self.partitions),
+            MaintenanceJob("archive_retention", "cleanup_old_archive_partitions", self.partitions,
+                           runner=_drop_expired_partitions),
             MaintenanceJob("dlq_cleanup", "cleanup_dlq", self.dlq_cleanup),
             MaintenanceJob("event_log_cleanup", "cleanup_event_log", self.event_log_cleanup),
             MaintenanceJob("counter_compaction", "compact_queue_depth", self.counter_compaction),
@@ -135,8 +142,10 @@ class MaintenanceLeader:
 
     async def _run_job(self, conn: psycopg.AsyncConnection, job: MaintenanceJob, stopping: asyncio.Event) -> int:
         params = {"batch_size": job.batch, "months_ahead": self.schedule.months_ahead}
+        if job.runner is not None:
+            return await asyncio.to_thread(job.runner, self.dsn, self.schedule.job_time_budget)
         if job.batch is None:
-            return int(await queries.fetch_value_async(conn, job.query, params) or 0)
+            return await self._retry_lock_waits(conn, job, params, stopping)
         total = 0
         deadline = time.monotonic() + self.schedule.job_time_budget
         while not stopping.is_set() and time.monotonic() < deadline:
@@ -145,6 +154,25 @@ class MaintenanceLeader:
             if done < job.batch:
                 break
         return total
+
+
+    async def _retry_lock_waits(self, conn: psycopg.AsyncConnection, job: MaintenanceJob, params: dict[str, object],
+                                stopping: asyncio.Event) -> int:
+        """The job's query, again after a pause while it gives up on a lock (its DDL waits only
+        briefly, so that reports never queue behind it for long), within the job's budget."""
+        deadline = time.monotonic() + self.schedule.job_time_budget
+        while True:
+            try:
+                return int(await queries.fetch_value_async(conn, job.query, params) or 0)
+            except CourierError as error:
+                if error.sqlstate != LOCK_NOT_AVAILABLE or stopping.is_set() or time.monotonic() > deadline:
+                    raise
+            await _sleep_unless(stopping, LOCK_RETRY_PAUSE)
+
+
+def _drop_expired_partitions(dsn: str, budget: float) -> int:
+    with connect(dsn, application_name=LEADER_APPLICATION_NAME) as conn:
+        return drop_expired_partitions(conn, budget=budget)
 
 
 async def _sleep_unless(event: asyncio.Event, seconds: float) -> None:

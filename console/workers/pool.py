@@ -243,6 +243,10 @@ class WorkerPool:
         async with self._capacity:
             self._capacity.notify_all()
         for dispatcher in self._dispatchers.values():
+            # Settings are live: a dispatcher that reads any takes them at every refresh.
+            apply_settings = getattr(dispatcher, "apply_settings", None)
+            if apply_settings is not None:
+                apply_settings(self._db_settings)
             # Broker dispatchers close the idle connections of endpoints no longer served.
             retain = getattr(dispatcher, "retain", None)
             if retain is not None:

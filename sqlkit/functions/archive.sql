@@ -54,6 +54,9 @@ $$;
 CREATE OR REPLACE FUNCTION courier.maintain_archive_partitions(months_ahead integer DEFAULT 3) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
+-- CREATE TABLE ... PARTITION OF locks the archive: wait briefly, fail, and let the caller retry,
+-- rather than queue every report behind a lock that waits on a long reader.
+SET lock_timeout = '100ms'
 AS $$
 DECLARE
     v_month timestamptz;
@@ -80,40 +83,90 @@ BEGIN
 END
 $$;
 
--- Drops monthly partitions that ended more than retention_months (default: the setting
--- archive_retention_months) before the start of this month, and deletes default-partition
--- rows that old; returns how many partitions it dropped. Dropping a partition costs the same
--- at any size, unlike deleting its rows.
-CREATE OR REPLACE FUNCTION courier.cleanup_old_archive_partitions(retention_months integer DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER
+-- The first month archive retention keeps: monthly partitions before it are dropped.
+CREATE OR REPLACE FUNCTION courier._archive_retention_cutoff(p_retention_months integer) RETURNS timestamptz
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
-    v_months integer := coalesce(retention_months, courier._setting_int('archive_retention_months')::integer);
-    v_cutoff timestamptz;
-    v_partition text;
-    v_dropped text[] := '{}';
-    v_deleted bigint;
+    v_months integer := coalesce(p_retention_months, courier._setting_int('archive_retention_months')::integer);
 BEGIN
     IF v_months NOT BETWEEN 1 AND 120 THEN
         PERFORM courier._raise_invalid(format('retention_months must be between 1 and 120, got %s', v_months));
     END IF;
-    v_cutoff := courier._month_start(now()) - make_interval(months => v_months);
-    FOR v_partition IN
-        SELECT c.relname FROM pg_inherits i
-        JOIN pg_class c ON c.oid = i.inhrelid
-        WHERE i.inhparent = 'courier.archive'::regclass AND c.relname ~ '^archive_[0-9]{4}_[0-9]{2}$'
-          AND courier._archive_partition_month(c.relname) < v_cutoff
-        ORDER BY c.relname
-    LOOP
-        EXECUTE format('DROP TABLE courier.%I', v_partition);
-        v_dropped := v_dropped || v_partition;
+    RETURN courier._month_start(now()) - make_interval(months => v_months);
+END
+$$;
+
+-- Monthly partitions past retention, oldest first, each with its state: attached, detaching (a
+-- DETACH ... CONCURRENTLY interrupted half way) or detached (not yet dropped).
+CREATE OR REPLACE FUNCTION courier.archive_partitions_past_retention(retention_months integer DEFAULT NULL)
+RETURNS TABLE (partition_name text, state text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_cutoff timestamptz := courier._archive_retention_cutoff(retention_months);
+BEGIN
+    RETURN QUERY
+    SELECT c.relname::text,
+           CASE WHEN i.inhrelid IS NULL THEN 'detached' WHEN i.inhdetachpending THEN 'detaching' ELSE 'attached' END
+    FROM pg_class c
+    LEFT JOIN pg_inherits i ON i.inhrelid = c.oid AND i.inhparent = 'courier.archive'::regclass
+    WHERE c.relnamespace = 'courier'::regnamespace AND c.relkind = 'r'
+      AND c.relname ~ '^archive_[0-9]{4}_[0-9]{2}$'
+      AND courier._archive_partition_month(c.relname) < v_cutoff
+    ORDER BY c.relname;
+END
+$$;
+
+-- Drops monthly partitions that ended more than retention_months (default: the setting
+-- archive_retention_months) before the start of this month, and deletes default-partition
+-- rows that old; returns how many partitions it dropped. Dropping a partition costs the same
+-- at any size, unlike deleting its rows.
+--
+-- Dropping a partition takes ACCESS EXCLUSIVE on the archive, and while that waits, every
+-- report (which inserts into the archive) queues behind it: a DROP waiting on a long reader
+-- stalled delivery for seconds. So a partition another session holds (a reader of old months:
+-- reports only touch the current month's) is not tried at all, and each DROP waits at most
+-- lock_timeout; either way the partition is reported busy and left for the next run.
+-- DETACH PARTITION ... CONCURRENTLY, which would need no lock that reports wait for, is not
+-- possible here: PostgreSQL refuses it while the archive has a default partition.
+CREATE OR REPLACE FUNCTION courier.cleanup_old_archive_partitions(retention_months integer DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+    v_cutoff timestamptz := courier._archive_retention_cutoff(retention_months);
+    v_partition record;
+    v_dropped text[] := '{}';
+    v_busy text[] := '{}';
+    v_deleted bigint;
+BEGIN
+    FOR v_partition IN SELECT * FROM courier.archive_partitions_past_retention(retention_months) LOOP
+        IF v_partition.state = 'detaching'
+           OR EXISTS (SELECT 1 FROM pg_locks l
+                      WHERE l.locktype = 'relation' AND l.database = (SELECT oid FROM pg_database
+                                                                      WHERE datname = current_database())
+                        AND l.relation = format('courier.%I', v_partition.partition_name)::regclass
+                        AND l.pid <> pg_backend_pid()) THEN
+            v_busy := v_busy || v_partition.partition_name;
+            CONTINUE;
+        END IF;
+        BEGIN
+            EXECUTE format('DROP TABLE courier.%I', v_partition.partition_name);
+            v_dropped := v_dropped || v_partition.partition_name;
+        EXCEPTION WHEN lock_not_available THEN
+            v_busy := v_busy || v_partition.partition_name;
+        END;
     END LOOP;
     DELETE FROM courier.archive_default WHERE created_at < v_cutoff;
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
-    IF cardinality(v_dropped) > 0 OR v_deleted > 0 THEN
+    IF cardinality(v_dropped) > 0 OR v_deleted > 0 OR cardinality(v_busy) > 0 THEN
         PERFORM courier._log_event('archive.partitions_dropped', NULL, jsonb_build_object(
-            'partitions', v_dropped, 'default_rows_deleted', v_deleted, 'retention_months', v_months));
+            'partitions', v_dropped, 'default_rows_deleted', v_deleted, 'busy', v_busy,
+            'retention_months', coalesce(retention_months, courier._setting_int('archive_retention_months'))));
     END IF;
     RETURN cardinality(v_dropped);
 END
@@ -222,6 +275,37 @@ BEGIN
     FROM moved m;
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     RETURN v_moved;
+END
+$$;
+
+-- The delivered, archived message of this endpoint that still holds p_key: delivered less than
+-- idempotency_retention_seconds ago. A duplicate of it returns its id, as a duplicate of a
+-- queued message does; the same key with another payload is a conflict. NULL: none.
+CREATE OR REPLACE FUNCTION courier._delivered_key_holder(p_endpoint_name text, p_key text, p_hash text)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_retention bigint := courier._setting_int('idempotency_retention_seconds');
+    v_id bigint;
+    v_hash text;
+BEGIN
+    IF v_retention = 0 THEN
+        RETURN NULL;
+    END IF;
+    SELECT a.id, md5(a.payload::text) INTO v_id, v_hash
+    FROM courier.archive a JOIN courier.endpoints e ON e.id = a.endpoint_id
+    WHERE e.name = p_endpoint_name AND a.idempotency_key = p_key AND a.status = 'completed'
+      AND a.completed_at > now() - make_interval(secs => v_retention)
+    ORDER BY a.completed_at DESC LIMIT 1;
+    IF v_id IS NOT NULL AND v_hash IS DISTINCT FROM p_hash THEN
+        RAISE EXCEPTION 'Idempotency key ''%'' conflict: same key with different payload', p_key
+            USING ERRCODE = '23505',
+                  HINT = format('Message %s was delivered under this key; keys are kept idempotency_retention_seconds (%s) after delivery',
+                                v_id, v_retention);
+    END IF;
+    RETURN v_id;
 END
 $$;
 

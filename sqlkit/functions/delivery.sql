@@ -160,6 +160,14 @@ AS $$
 DECLARE
     v_count integer;
 BEGIN
+    -- Hold the endpoints being redriven to until commit: a concurrent drop_endpoint waits, and
+    -- then sees (and counts or deletes) these messages instead of leaving them orphaned.
+    PERFORM 1 FROM courier.endpoints e
+    WHERE (p_endpoint_id IS NULL OR e.id = p_endpoint_id)
+      AND e.id IN (SELECT d.endpoint_id FROM courier.dlq d
+                   WHERE d.status = 'failed' AND (p_dlq_ids IS NULL OR d.id = ANY (p_dlq_ids)))
+    ORDER BY e.id
+    FOR KEY SHARE;
     WITH picked AS (
         SELECT d.id FROM courier.dlq d
         WHERE d.status = 'failed'

@@ -151,6 +151,14 @@ BEGIN
         END IF;
         PERFORM courier._require_boolean(v_what, p_config, 'allow_internal');
         PERFORM courier._require_boolean(v_what, p_config, 'capture_response');
+        IF courier._is_internal_host(courier._url_host(p_config ->> 'url'))
+           AND NOT coalesce((p_config -> 'allow_internal')::boolean, false)
+           AND NOT courier._setting_bool('http_allow_internal_urls') THEN
+            RAISE EXCEPTION '[courier] http config.url points at an internal address: "%"', p_config ->> 'url'
+                USING ERRCODE = '22023',
+                      HINT = 'Loopback, private, link-local and metadata addresses are refused; set "allow_internal": '
+                             'true on the endpoint (or the setting http_allow_internal_urls) for a trusted internal service';
+        END IF;
         IF p_config ? 'method' AND jsonb_typeof(p_config -> 'method') <> 'string' THEN
             PERFORM courier._raise_invalid(format('http config.method must be a string, got %s', p_config -> 'method'));
         END IF;
@@ -352,6 +360,9 @@ DECLARE
     v_active bigint;
     v_deleted bigint;
 BEGIN
+    -- Wait for sends under way to this endpoint to commit (see _hold_endpoint_for_send), so
+    -- that their messages are counted and deleted here rather than orphaned.
+    PERFORM pg_advisory_xact_lock(hashtext('courier.endpoint'), hashtext(p_name));
     v_endpoint := courier._endpoint_by_name(p_name);
     PERFORM 1 FROM courier.endpoints WHERE id = v_endpoint.id FOR UPDATE;
     SELECT coalesce(sum(messages), 0) INTO v_active FROM courier.queue_depth
@@ -389,13 +400,16 @@ BEGIN
 END
 $$;
 
+-- The endpoint, held (KEY SHARE) until the caller commits: callers enqueue for it (replays),
+-- and a drop_endpoint, which locks the row FOR UPDATE, must wait and see those messages
+-- rather than leave them behind without an endpoint.
 CREATE OR REPLACE FUNCTION courier._require_endpoint(p_endpoint_id integer) RETURNS courier.endpoints
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql
 AS $$
 DECLARE
     v_endpoint courier.endpoints;
 BEGIN
-    SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id;
+    SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id FOR KEY SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION '[courier] endpoint id % does not exist', coalesce(p_endpoint_id::text, 'NULL')
             USING ERRCODE = 'P0002', HINT = 'Recreate the endpoint, or list them with `courier endpoint list`';

@@ -240,6 +240,53 @@ BEGIN
 END
 $$;
 
+-- Whether a URL's host names an internal address by itself: localhost, or an IP literal that
+-- is loopback, private, link-local, unique-local, shared (CGNAT), documentation, multicast,
+-- reserved or unspecified, also when wrapped in an IPv4-mapped, IPv4-compatible or NAT64
+-- IPv6 address; the cloud metadata address 169.254.169.254 is link-local. A numeric host
+-- not in canonical dotted form (2130706433, 0x7f.1, 127.1) counts too: resolvers read those
+-- as addresses. Names are checked again at delivery, on every address they resolve to.
+CREATE OR REPLACE FUNCTION courier._is_internal_host(p_host text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_host text := lower(rtrim(btrim(coalesce(p_host, ''), '[]'), '.'));
+    v_ip inet;
+BEGIN
+    IF v_host = '' OR v_host = 'localhost' OR v_host LIKE '%.localhost' THEN
+        RETURN true;
+    END IF;
+    IF v_host !~ ':' AND v_host !~ '^[0-9a-fx.]+$' THEN
+        RETURN false;  -- a name
+    END IF;
+    IF v_host !~ ':' AND v_host !~ '^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$' THEN
+        RETURN v_host ~ '^(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+))*$';  -- numeric, not canonical
+    END IF;
+    BEGIN
+        v_ip := v_host::inet;
+    EXCEPTION WHEN invalid_text_representation THEN
+        RETURN v_host ~ ':';  -- an IPv6 literal inet cannot read (a zone id): refused, not trusted
+    END;
+    IF family(v_ip) = 6 AND (v_ip <<= '::ffff:0:0/96' OR v_ip <<= '64:ff9b::/96') THEN
+        v_ip := '0.0.0.0'::inet + (v_ip - network(set_masklen(v_ip, 96)));
+    END IF;
+    RETURN v_ip <<= ANY (ARRAY[
+        '0.0.0.0/8', '10.0.0.0/8', '100.64.0.0/10', '127.0.0.0/8', '169.254.0.0/16', '172.16.0.0/12',
+        '192.0.0.0/24', '192.0.2.0/24', '192.88.99.0/24', '192.168.0.0/16', '198.18.0.0/15',
+        '198.51.100.0/24', '203.0.113.0/24', '224.0.0.0/4', '240.0.0.0/4',
+        '::/96', '64:ff9b:1::/48', '100::/64', '2001::/23', '2001:db8::/32', '2002::/16', 'fc00::/7',
+        'fe80::/10', 'fec0::/10', 'ff00::/8']::inet[]);
+END
+$$;
+
+-- The host of a URL that _require_url accepted, brackets of an IPv6 literal removed.
+CREATE OR REPLACE FUNCTION courier._url_host(p_url text) RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT btrim(substring(p_url from '^[A-Za-z0-9+.-]+://(?:[^/?#@]*@)?(\[[^]]*\]|[^/?#:@]*)'), '[]')
+$$;
+
 CREATE OR REPLACE FUNCTION courier._require_string(p_what text, p_doc jsonb, p_key text, p_required boolean)
 RETURNS void
 LANGUAGE plpgsql

@@ -1,17 +1,20 @@
 -- Observability: metrics() in ulak's shape and get_endpoint_health(). Every depth comes from
 -- the maintained counters and every age from an index probe, so both stay cheap at any size.
 
--- created_at of the oldest pending message of one endpoint: one index probe per priority
--- level on queue_claim_idx instead of a scan.
+-- Since when the oldest due pending message of one endpoint has been waiting: its created_at,
+-- or its scheduled_at when it was scheduled, so that a message scheduled for later is not
+-- "old" (health_check raised alarms on them). One index probe per priority level on
+-- queue_claim_idx, taking the lowest due id of each.
 CREATE OR REPLACE FUNCTION courier._oldest_pending_at(p_endpoint_id integer) RETURNS timestamptz
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
-    SELECT q.created_at
+    SELECT greatest(q.created_at, q.scheduled_at)
     FROM generate_series(0, 10) AS p(priority)
     CROSS JOIN LATERAL (
-        SELECT id, created_at FROM courier.queue
+        SELECT id, created_at, scheduled_at FROM courier.queue
         WHERE endpoint_id = p_endpoint_id AND status = 'pending' AND priority = p.priority
+          AND (scheduled_at IS NULL OR scheduled_at <= now())
         ORDER BY priority DESC, id LIMIT 1
     ) q
     ORDER BY q.id LIMIT 1

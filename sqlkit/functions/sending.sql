@@ -105,6 +105,15 @@ BEGIN
 END
 $$;
 
+-- Sends hold their endpoint (by name) in share mode until they commit and drop_endpoint takes
+-- it exclusively, so a drop waits for the sends already under way and sees their messages:
+-- racing past it, a send left a message with no endpoint, counted as active forever. An
+-- advisory lock rather than a row lock: a row lock per send turns concurrent producers
+-- into multixact churn on the endpoint row.
+CREATE OR REPLACE FUNCTION courier._hold_endpoint_for_send(p_endpoint_name text) RETURNS void
+LANGUAGE sql
+AS $$ SELECT pg_advisory_xact_lock_shared(hashtext('courier.endpoint'), hashtext(p_endpoint_name)) $$;
+
 CREATE OR REPLACE FUNCTION courier._send_one(
     p_endpoint_name text, p_payload jsonb, p_priority integer, p_scheduled_at timestamptz,
     p_idempotency_key text, p_correlation_id uuid, p_expires_at timestamptz, p_ordering_key text,
@@ -120,6 +129,7 @@ DECLARE
     v_endpoint_id integer;
     v_notify boolean;
     v_existing_hash text;
+    v_existing_id bigint;
 BEGIN
     IF p_payload IS NULL THEN
         RAISE EXCEPTION '[courier] payload must not be NULL' USING ERRCODE = '22004';
@@ -147,6 +157,7 @@ BEGIN
     IF p_idempotency_key IS NOT NULL THEN
         v_hash := md5(p_payload::text);
     END IF;
+    PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
 
     LOOP
         IF p_idempotency_key IS NULL THEN
@@ -199,6 +210,15 @@ BEGIN
         -- key freed, an endpoint enabled meanwhile), go round again.
         PERFORM courier._send_refusal(p_endpoint_name, 1, v_size);
     END LOOP;
+    IF p_idempotency_key IS NOT NULL THEN
+        -- Checked after the insert, in a new snapshot, so that a holder delivered and archived
+        -- while this insert waited on it is seen too.
+        v_existing_id := courier._delivered_key_holder(p_endpoint_name, p_idempotency_key, v_hash);
+        IF v_existing_id IS NOT NULL THEN
+            DELETE FROM courier.queue WHERE id = v_id;
+            RETURN v_existing_id;
+        END IF;
+    END IF;
 
     IF (p_scheduled_at IS NULL OR p_scheduled_at <= now()) AND v_notify THEN
         PERFORM pg_notify('courier_new_msg', v_endpoint_id::text);
@@ -265,6 +285,7 @@ BEGIN
             USING ERRCODE = '54000', HINT = 'Send a reference to the data instead, or raise max_payload_size';
     END IF;
 
+    PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
     LOOP
         SELECT e.id INTO v_endpoint_id FROM courier.endpoints e, courier.send_limits l
         WHERE e.name = p_endpoint_name AND e.enabled AND coalesce(v_largest, 0) <= l.max_payload_size

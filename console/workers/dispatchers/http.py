@@ -12,9 +12,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
-import ipaddress
 import json
-import socket
 import time
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -26,6 +24,7 @@ from sqlkit.messages import ClaimedMessage
 
 from ..outcome import Outcome
 from . import BaseDispatcher, Target
+from .address_guard import GuardedResolver, InternalAddressRefused, internal_literal
 
 RETRY_AFTER_CAP = 86_400
 
@@ -63,63 +62,60 @@ def standard_webhooks_signature(secret: str, message_id: str, timestamp: int, bo
     return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
 
 
-def _is_internal(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    return ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_multicast \
-        or ip.is_unspecified
-
-
-async def internal_address(host: str) -> str | None:
-    """The first loopback, private or otherwise internal address host resolves to, if any."""
-    try:
-        return host if _is_internal(host) else None
-    except ValueError:
-        pass
-    try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except socket.gaierror:
-        return None  # unresolvable: the request itself fails as a connection error
-    for info in infos:
-        if _is_internal(str(info[4][0])):
-            return str(info[4][0])
-    return None
-
-
 class HttpDispatcher(BaseDispatcher):
     def __init__(self, settings: dict[str, str]) -> None:
+        self.apply_settings(settings)
+        # Two sessions, so that a connection opened for an endpoint allowed internal addresses
+        # is never reused for one that is not: the guarded one resolves through the check.
+        self._guarded = self._new_session(GuardedResolver())
+        self._open = self._new_session(None)
+
+    @staticmethod
+    def _new_session(resolver: GuardedResolver | None) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=512, limit_per_host=0, resolver=resolver)
+        return aiohttp.ClientSession(connector=connector, auto_decompress=False)
+
+    def apply_settings(self, settings: dict[str, str]) -> None:
+        """The dispatcher settings as the pool last read them; called at every endpoint refresh,
+        so turning http_allow_internal_urls off takes effect without a restart."""
         self._default_timeout = float(settings.get("http_timeout", "10"))
         self._allow_internal = settings.get("http_allow_internal_urls", "false") == "true"
         self._capture_all = settings.get("capture_response", "false") == "true"
         self._capture_limit = int(settings.get("response_body_max_size", "65536"))
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512, limit_per_host=0),
-                                              auto_decompress=False)
 
     async def close(self) -> None:
-        await self._session.close()
+        await self._guarded.close()
+        await self._open.close()
 
     async def deliver(self, target: Target, message: ClaimedMessage) -> Outcome:
         config = target.config
         url = config["url"]
-        if not (self._allow_internal or config.get("allow_internal")):
-            blocked = await internal_address(urlsplit(url).hostname or "")
-            if blocked:
-                return Outcome.permanent(f"internal address {blocked} blocked; set allow_internal on the endpoint "
-                                         "or http_allow_internal_urls to allow it")
+        allow_internal = self._allow_internal or config.get("allow_internal") is True
+        if not allow_internal:
+            literal = internal_literal(urlsplit(url).hostname or "")
+            if literal:  # aiohttp connects to an IP literal without asking the resolver
+                return _refused(literal)
+        session = self._open if allow_internal else self._guarded
         body, headers = self._request_body(config, message)
         total = float(config.get("timeout", self._default_timeout))
         timeout = aiohttp.ClientTimeout(total=total, connect=float(config.get("connect_timeout", total)))
+        capture = self._capture_all or config.get("capture_response") is True
         try:
-            async with self._session.request(config.get("method", "POST").upper(), url, data=body, headers=headers,
-                                             timeout=timeout, allow_redirects=False,
-                                             skip_auto_headers=("Accept-Encoding",)) as response:
-                # Read (a bounded part of) the body, so the connection can be reused.
-                content = await response.content.read(self._capture_limit + 1)
+            async with session.request(config.get("method", "POST").upper(), url, data=body, headers=headers,
+                                       timeout=timeout, allow_redirects=False,
+                                       skip_auto_headers=("Accept-Encoding",)) as response:
+                if capture:
+                    content = await _read_at_most(response, self._capture_limit + 1)
+                else:  # what has arrived, so that a short body's connection can be reused
+                    content = await response.content.read(self._capture_limit + 1)
+        except InternalAddressRefused as refused:
+            return _refused(refused.address, refused.host)
         except TimeoutError as error:
             return Outcome.retryable(f"timeout: {type(error).__name__}")
         except aiohttp.ClientError as error:
             return Outcome.retryable(f"connection error: {type(error).__name__}: {error}")
         outcome = classify(response.status, response.headers.get("retry-after"))
-        if self._capture_all or config.get("capture_response"):
+        if capture:
             outcome = Outcome(outcome.kind, outcome.error, outcome.retry_after,
                               self._captured(response.status, content, message))
         return outcome
@@ -169,3 +165,18 @@ class HttpDispatcher(BaseDispatcher):
         text = content[: self._capture_limit].decode("utf-8", errors="replace")
         return {"status": status, "body": text, "truncated": len(content) > self._capture_limit,
                 "correlation_id": str(message.correlation_id) if message.correlation_id else None}
+
+
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """Up to limit bytes of the body, however it arrives: StreamReader.read(n) returns what is
+    buffered, so a body sent in pieces was cut at the first piece and labelled complete."""
+    try:
+        return await response.content.readexactly(limit)
+    except asyncio.IncompleteReadError as short:
+        return short.partial
+
+
+def _refused(address: str, host: str | None = None) -> Outcome:
+    via = f" ({host} resolves to it)" if host and host != address else ""
+    return Outcome.permanent(f"internal address {address} blocked{via}; set allow_internal on the endpoint "
+                             "or http_allow_internal_urls to allow it")
