@@ -172,3 +172,29 @@ def test_unreachable_database_is_one_line(orders):
     result = run("dequeue", "orders", dsn="postgresql://nobody@127.0.0.1:1/none")
     assert_one_line_error(result, "cannot connect")
 
+
+
+def test_the_console_shows_a_topics_leases(dsn, conn, orders):
+    from console.app.panes.messages import message_detail
+    from console.app.widgets.live_table import LiveTable
+    from sqlkit import messages
+    from tests.console_driver import open_pane, run_console, wait_for
+
+    first = scalar(conn, "SELECT courier.enqueue('orders', '{\"n\": 1}', 'order-1')")
+    conn.execute("SELECT courier.enqueue('orders', '{\"n\": 2}')")
+    [(_, lease, until)] = conn.execute("SELECT id, lease, visible_until FROM courier.dequeue('orders', 1, 600)")
+
+    def cells(app) -> list[str]:
+        table = app.pane.query_one(LiveTable)
+        return [str(getattr(c, "plain", c)) for c in table.get_row("orders")] if table.row_count else []
+
+    async def scenario(pilot, app):
+        await open_pane(pilot, "endpoints")
+        row = await wait_for(pilot, lambda: cells(app), what="the topic's row")
+        assert row[1:6] == ["pull", "topic", "0", "1", "1"]
+        assert row[-1].startswith("1 leased, next lease ends ")
+    run_console(dsn, scenario)
+
+    detail = dict(message_detail(messages.get(conn, first), None).fields)
+    assert (detail["key"], detail["lease"]) == ("order-1", lease)
+    assert detail["visible until"] == until.astimezone(None).strftime("%Y-%m-%d %H:%M:%S")
