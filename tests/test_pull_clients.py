@@ -155,7 +155,8 @@ def test_cli_max_depth_refusal_is_one_line(courier, conn):  # noqa: F811
     conn.execute("""SELECT courier.create_endpoint('tiny', 'pull', '{"max_depth": 1}')""")
     assert_ok(courier("enqueue", "tiny", "{}"))
     line = assert_one_line_error(courier("enqueue", "tiny", "{}"), "is full", "53401")
-    assert json.loads(courier("enqueue", "tiny", "{}", "--json").out)["sqlstate"] == "53401"
+    refused = json.loads(courier("enqueue", "tiny", "{}", "--json").out)
+    assert (refused["sqlstate"], refused["kind"]) == ("53401", "Backpressure")
     assert line
 
 
