@@ -199,3 +199,23 @@ def test_the_console_shows_a_topics_leases(dsn, conn, orders):
     detail = dict(message_detail(messages.get(conn, first), None).fields)
     assert (detail["key"], detail["lease"]) == ("order-1", lease)
     assert detail["visible until"] == until.astimezone(None).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def test_a_workers_maintenance_leader_runs_both_reapers(dsn, conn, orders):
+    from tests.test_maintenance import stop
+    from tests.workers import start_worker_process
+    from tests.workers import wait_for as wait_until
+
+    held = scalar(conn, "SELECT courier.enqueue('orders', '{}')")
+    conn.execute("SELECT * FROM courier.dequeue('orders', 1, 3600)")
+    kept = scalar(conn, "SELECT courier.enqueue('orders', '{}')")
+    conn.execute("UPDATE courier.queue SET expires_at = now() - interval '1 second' WHERE id = %s", (held,))
+    conn.execute("SELECT courier.set_setting('delete_reaper_interval', '3600')")
+    worker = start_worker_process(dsn)
+    try:
+        wait_until(lambda: scalar(conn, "SELECT count(*) FROM courier.reaper_runs") == 2, timeout=30)
+    finally:
+        assert stop(worker) == 0
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE id = %s", (held,)) == 0  # expired, then deleted
+    assert scalar(conn, "SELECT count(*) FROM courier.archive WHERE id = %s", (held,)) == 0
+    assert scalar(conn, "SELECT status FROM courier.queue WHERE id = %s", (kept,)) == "pending"  # no worker took it
