@@ -793,8 +793,10 @@ AS $$
             WHERE d.endpoint_id = e.id AND d.status = 'processing'),
            (SELECT coalesce(sum(d.messages), 0)::bigint FROM courier.dlq_depth d
             WHERE d.endpoint_id = e.id AND d.status = 'failed'),
-           (SELECT min(q.visible_at) FROM courier.queue q
-            WHERE q.endpoint_id = e.id AND q.status = 'processing' AND q.visible_at IS NOT NULL),
+           -- The first lease still running, from queue_pull_due_idx after now() (as the console reads it).
+           (SELECT q.visible_at FROM courier.queue q
+            WHERE q.endpoint_id = e.id AND q.visible_at > now() AND q.status = 'processing'
+            ORDER BY q.visible_at LIMIT 1),
            courier._endpoint_max_retries(e),
            courier._endpoint_limit(e.config, 'message_ttl_seconds', 'default_message_ttl'),
            courier._endpoint_limit(e.config, 'max_depth', 'default_max_depth'),
