@@ -214,8 +214,9 @@ ORDER BY e.name;
 SELECT * FROM courier.get_endpoint_health(%(name)s);
 
 -- name: dispatch_targets
+-- Pull topics are consumed by their clients; no worker claims them.
 SELECT id, name, protocol, config, retry_policy, circuit_state
-FROM courier.endpoints WHERE enabled ORDER BY id;
+FROM courier.endpoints WHERE enabled AND protocol <> 'pull' ORDER BY id;
 
 -- name: claim_for_endpoint
 -- Payloads come as JSON text: dispatchers send them as they are, with no parse and re-dump.

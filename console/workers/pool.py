@@ -36,6 +36,9 @@ heartbeat and closing the connections, a stop takes at most drain_timeout + 8 s.
 MAX_CONCURRENCY = 10_000
 """The most messages one pool may have in flight (as `courier worker --concurrency` allows)."""
 
+HTTP_DEFAULT_CONCURRENCY = 64
+"""Requests one webhook gets at once when its endpoint sets no concurrency."""
+
 REPORT_BATCH = 500
 """Most outcomes one report (or one report-and-claim) carries."""
 _REPORT_COUNTS = ("delivered", "retried", "dead_lettered", "stale")
@@ -258,6 +261,14 @@ class WorkerPool:
             if (running is None or running.done()) and self._dispatcher(target.protocol) is not None:
                 self._loops[endpoint_id] = asyncio.create_task(self._endpoint_loop(target), name=f"claim-{target.name}")
 
+    def _default_limit(self, target: Target) -> int:
+        """In-flight limit of an endpoint without config.concurrency: the whole pool, except
+        that a webhook gets at most HTTP_DEFAULT_CONCURRENCY requests at once, so a default
+        pool sized for no-op throughput never opens hundreds of connections to one server."""
+        if target.protocol == "http":
+            return min(self.settings.concurrency, HTTP_DEFAULT_CONCURRENCY)
+        return self.settings.concurrency
+
     def _dispatcher(self, protocol: str) -> Dispatcher | None:
         if protocol not in self._dispatchers:
             self._dispatchers[protocol] = dispatcher_for(protocol, self._db_settings)
@@ -333,7 +344,7 @@ class WorkerPool:
             while not self._stopping.is_set():
                 # Read on every wake-up: resize() changes the pool's concurrency, which is
                 # also the default limit of an endpoint without its own config.concurrency.
-                limit = int(target.config.get("concurrency", self.settings.concurrency))
+                limit = int(target.config.get("concurrency", self._default_limit(target)))
                 # Slots reserved by claims on their way count as taken.
                 in_flight = self._in_flight_by_endpoint[target.id] + self._claiming_by_endpoint[target.id]
                 room = min(self.settings.batch_size,
