@@ -25,8 +25,11 @@ RETURNING source_key;
 -- name: ledger_count
 SELECT count(*) FROM courier.pipeline_ledger WHERE scope = %(scope)s;
 
--- name: send_batch_with_priority
-SELECT courier.send_batch_with_priority(%(endpoint)s, %(payloads)s::jsonb[], %(priority)s);
+-- name: send_batch_with_options
+SELECT courier.send_batch_with_options(%(endpoint)s, %(payloads)s::text[]::jsonb[], %(priority)s::integer[],
+    %(scheduled_at)s::timestamptz[], %(idempotency_key)s::text[], %(correlation_id)s::text[]::uuid[],
+    %(expires_at)s::timestamptz[], %(ordering_key)s::text[], %(headers)s::text[]::jsonb[],
+    %(metadata)s::text[]::jsonb[]);
 
 -- name: clear_analytics_hourly
 DELETE FROM courier.analytics_hourly WHERE hour >= coalesce(%(from)s::timestamptz, '-infinity') AND hour < %(to)s;

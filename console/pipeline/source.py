@@ -106,7 +106,8 @@ def _timestamp(text: str | None) -> datetime | None:
 class CourierDataSource(DataSource):
     """Options: dsn (required); table = archive | queue | dlq | endpoints (reading);
     columns (comma-separated, to prune); since / until (ISO times on time_column, which
-    defaults to created_at, failed_at for the DLQ); slice_ids (ids per read task).
+    defaults to created_at, failed_at for the DLQ); payload_filter (a jsonpath predicate, or a
+    JSON list of them, that PostgreSQL applies as `payload @@ path`); slice_ids (ids per read task).
     Writing: endpoint, priority, scope (the ledger scope deduplicating rows by their `key`
     column), batch_size, backpressure_wait (seconds), report (a file for the totals)."""
 
@@ -220,6 +221,8 @@ class CourierReader(DataSourceReader):
             where.append(sql.SQL("{} >= {}").format(sql.Identifier(self.time_column), sql.Literal(self.since)))
         if self.until:
             where.append(sql.SQL("{} < {}").format(sql.Identifier(self.time_column), sql.Literal(self.until)))
+        for path in _payload_filters(self.options.get("payload_filter")):
+            where.append(sql.SQL("payload @@ {}::jsonpath").format(sql.Literal(path)))
         for name, op, value in self.pushed:
             column = sql.Identifier(name)
             if op in ("null", "not null"):
@@ -249,6 +252,15 @@ class CourierReader(DataSourceReader):
                 table = pacsv.read_csv(pa.py_buffer(block), read_options=read_options, convert_options=convert)
                 for batch in table.to_batches():
                     yield batch.cast(schema) if batch.schema != schema else batch
+
+
+def _payload_filters(option: str | None) -> list[str]:
+    """The payload_filter option: one jsonpath predicate, or a JSON list of them."""
+    if not option:
+        return []
+    if option.lstrip().startswith("["):
+        return [str(path) for path in json.loads(option)]
+    return [option]
 
 
 def copy_out_blocks(conn: Any, statement: Any, size: int = BLOCK_BYTES) -> Iterator[bytearray]:
@@ -281,14 +293,49 @@ def copy_out_blocks(conn: Any, statement: Any, size: int = BLOCK_BYTES) -> Itera
         yield block
 
 
-def _first_of_each(chunk: list[tuple[str | None, str]], fresh: set[str]) -> list[tuple[str | None, str]]:
+# The per-message fields a written row may carry, besides payload, endpoint and key; each is
+# passed to courier.send_batch_with_options as one array per batch.
+MESSAGE_FIELDS = ("priority", "scheduled_at", "idempotency_key", "correlation_id", "expires_at", "ordering_key",
+                  "headers", "metadata")
+_JSON_FIELDS = ("payload", "headers", "metadata")
+_TIME_FIELDS = ("scheduled_at", "expires_at")
+
+
+def _first_of_each(chunk: list[dict[str, Any]], fresh: set[str]) -> list[dict[str, Any]]:
     """The unkeyed rows, and the first row of each key the ledger had not seen."""
     kept = []
-    for key, payload in chunk:
+    for record in chunk:
+        key = record.get("key")
         if key is None or key in fresh:
-            kept.append((key, payload))
+            kept.append(record)
             fresh.discard(key)  # a key repeated within the selection is enqueued once
     return kept
+
+
+def _message(record: dict[str, Any], default_priority: int) -> dict[str, Any]:
+    """A row as send_batch_with_options' fields: JSON as text, times with their zone, ids as text."""
+    message = {name: record.get(name) for name in ("payload", "key", *MESSAGE_FIELDS)}
+    if message["key"] is not None:
+        message["key"] = str(message["key"])
+    if message["priority"] is None:
+        message["priority"] = default_priority
+    for name in _JSON_FIELDS:
+        if message[name] is not None and not isinstance(message[name], str):
+            message[name] = json.dumps(message[name])
+    for name in _TIME_FIELDS:
+        moment = message[name]
+        if isinstance(moment, datetime):  # Spark hands timestamps over as naive local times
+            message[name] = moment.astimezone(UTC)
+    if message["correlation_id"] is not None:
+        message["correlation_id"] = str(message["correlation_id"])
+    return message
+
+
+def in_order(df: Any, position: str) -> Any:
+    """The rows laid out for writing so that each ordering key keeps its order: all of one
+    endpoint's ordering key in one Spark partition (one transaction), sorted by `position`."""
+    return df.repartition("endpoint", "ordering_key").sortWithinPartitions(position) \
+        if "endpoint" in df.columns else df.repartition("ordering_key").sortWithinPartitions(position)
 
 
 @dataclass
@@ -301,8 +348,9 @@ class Sent(WriterCommitMessage):
 class CourierWriter(DataSourceWriter):
     """Each Spark partition's rows are enqueued in one transaction: a failed or retried task
     leaves nothing behind. Rows need `payload` (JSON text) and, unless the endpoint option is
-    set, `endpoint`; `priority` and `key` are optional. With a scope, a row whose key that
-    scope already enqueued (a re-run, a retried task) is skipped."""
+    set, `endpoint`; they may carry any of MESSAGE_FIELDS (headers and metadata as JSON text),
+    each kept on its message, and `key`. With a scope, a row whose key that scope already
+    enqueued (a re-run, a retried task) is skipped."""
 
     def __init__(self, options: dict[str, str], fields: list[str]) -> None:
         self.options = options
@@ -317,16 +365,13 @@ class CourierWriter(DataSourceWriter):
     def write(self, iterator: Iterator[Any]) -> Sent:
         default_endpoint = self.options.get("endpoint")
         default_priority = int(self.options.get("priority", 0))
-        groups: dict[tuple[str, int], list[tuple[str | None, str]]] = {}
+        groups: dict[str, list[dict[str, Any]]] = {}
         rows = 0
         for row in iterator:
             rows += 1
             record = row.asDict()
-            endpoint = record.get("endpoint") or default_endpoint
-            priority = record.get("priority")
-            key = record.get("key")
-            groups.setdefault((endpoint, default_priority if priority is None else int(priority)), []).append(
-                (None if key is None else str(key), record["payload"]))
+            groups.setdefault(record.get("endpoint") or default_endpoint, []).append(
+                _message(record, default_priority))
         if not rows:
             return Sent(0, 0, 0)
         wait = float(self.options.get("backpressure_wait", DEFAULT_BACKPRESSURE_WAIT))
@@ -342,25 +387,28 @@ class CourierWriter(DataSourceWriter):
                 time.sleep(delay)  # the workers drain the queue meanwhile
                 delay = min(delay * 2, 5.0)
 
-    def _send(self, groups: dict[tuple[str, int], list[tuple[str | None, str]]]) -> int:
+    def _send(self, groups: dict[str, list[dict[str, Any]]]) -> int:
         from sqlkit import analytics
 
         scope = self.options.get("scope")
         size = int(self.options.get("batch_size", DEFAULT_BATCH))
+        carried = [name for name in MESSAGE_FIELDS if name in self.fields]
         sent = 0
         with _connect(self.options["dsn"], autocommit=False) as conn, conn.transaction():
-            for (endpoint, priority), items in groups.items():
+            for endpoint, items in groups.items():
                 for start in range(0, len(items), size):
                     chunk = items[start:start + size]
                     if scope:
-                        keys = [k for k, _ in chunk if k is not None]
+                        keys = [m["key"] for m in chunk if m["key"] is not None]
                         fresh = {row["source_key"] for row in analytics.rows(
                             conn, "ledger_claim", {"scope": scope, "keys": keys})}
                         chunk = _first_of_each(chunk, fresh)
                     if not chunk:
                         continue
-                    analytics.value(conn, "send_batch_with_priority", {
-                        "endpoint": endpoint, "payloads": [p for _, p in chunk], "priority": priority})
+                    fields = {name: [m[name] for m in chunk] if name in carried or name == "priority" else None
+                              for name in MESSAGE_FIELDS}
+                    analytics.value(conn, "send_batch_with_options", {
+                        "endpoint": endpoint, "payloads": [m["payload"] for m in chunk], **fields})
                     sent += len(chunk)
         return sent
 
