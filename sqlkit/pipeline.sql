@@ -10,6 +10,9 @@ ORDER BY a.attnum;
 -- name: id_bounds
 SELECT min(id) AS low, max(id) AS high FROM {relation};
 
+-- name: relation_rows
+SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%(relation)s);
+
 -- name: endpoint_names
 SELECT id, name, enabled FROM courier.endpoints ORDER BY id;
 
