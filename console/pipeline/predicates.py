@@ -92,7 +92,8 @@ def column(tests: Sequence[Predicate], payload: str = "payload") -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType
 
-    return F.udf(matcher(tests), BooleanType())(F.col(payload))
+    test = matcher(tests)  # (a lambda: PySpark reads type hints as a request for a pandas UDF)
+    return F.udf(lambda text: test(text), BooleanType(), useArrow=False)(F.col(payload))
 
 
 def parse(text: str) -> Predicate:
