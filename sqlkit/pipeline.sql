@@ -10,6 +10,9 @@ ORDER BY a.attnum;
 -- name: id_bounds
 SELECT min(id) AS low, max(id) AS high FROM {relation};
 
+-- name: relation_rows
+SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%(relation)s);
+
 -- name: endpoint_names
 SELECT id, name, enabled FROM courier.endpoints ORDER BY id;
 
@@ -25,8 +28,11 @@ RETURNING source_key;
 -- name: ledger_count
 SELECT count(*) FROM courier.pipeline_ledger WHERE scope = %(scope)s;
 
--- name: send_batch_with_priority
-SELECT courier.send_batch_with_priority(%(endpoint)s, %(payloads)s::jsonb[], %(priority)s);
+-- name: send_batch_with_options
+SELECT courier.send_batch_with_options(%(endpoint)s, %(payloads)s::text[]::jsonb[], %(priority)s::integer[],
+    %(scheduled_at)s::timestamptz[], %(idempotency_key)s::text[], %(correlation_id)s::text[]::uuid[],
+    %(expires_at)s::timestamptz[], %(ordering_key)s::text[], %(headers)s::text[]::jsonb[],
+    %(metadata)s::text[]::jsonb[]);
 
 -- name: clear_analytics_hourly
 DELETE FROM courier.analytics_hourly WHERE hour >= coalesce(%(from)s::timestamptz, '-infinity') AND hour < %(to)s;

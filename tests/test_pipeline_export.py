@@ -116,3 +116,84 @@ def test_replay_from_the_archive_agrees_with_postgres_jsonpath(spark, archive_ds
     assert result.matched == result.enqueued == want > 0
     assert replay.run(spark, archive_dsn, selection).enqueued == 0
     assert conn.execute("SELECT count(*) FROM courier.queue").fetchone()[0] == want
+
+
+def test_a_replayed_message_keeps_every_field(spark, archive_dsn, conn):  # noqa: F811
+    from console.pipeline import replay
+
+    picked = conn.execute(
+        "UPDATE courier.archive SET headers = '{\"X-Tenant\": \"acme\"}', metadata = '{\"source\": \"shop\"}', "
+        "ordering_key = 'customer-1', idempotency_key = 'once-' || id, expires_at = created_at + interval '1 day' "
+        "WHERE correlation_id IS NOT NULL AND status = 'completed' AND id % 300 = 0 "
+        "RETURNING id, correlation_id, priority, payload").fetchall()
+    assert len({month for month, in conn.execute(
+        "SELECT DISTINCT date_trunc('month', created_at) FROM courier.archive WHERE id = ANY(%s)",
+        ([id_ for id_, *_ in picked],)).fetchall()}) > 1  # read by several Spark tasks
+    selection = replay.Selection(correlation_ids=tuple(str(c) for _, c, _, _ in picked))
+    assert replay.run(spark, archive_dsn, selection).enqueued == len(picked)
+    queued = conn.execute("SELECT payload, priority, headers, metadata, ordering_key, correlation_id, "
+                          "idempotency_key, expires_at, scheduled_at FROM courier.queue ORDER BY id").fetchall()
+    assert queued == [(payload, priority, {"X-Tenant": "acme"}, {"source": "shop", "replayed_from": id_},
+                       "customer-1", correlation, None, None, None)
+                      for id_, correlation, priority, payload in sorted(picked)]  # one ordering key: archive order
+
+
+def test_replay_predicates_are_typed_on_the_archive_and_on_parquet(spark, archive_dsn, conn, tmp_path):  # noqa: F811
+    from console.pipeline import replay
+
+    conn.execute("INSERT INTO courier.archive (id, endpoint_id, payload, status, completed_at, created_at) "
+                 "SELECT 90000 + n, (SELECT id FROM courier.endpoints WHERE name = 'audit'), "
+                 "jsonb_build_object('total', CASE WHEN n = 1 THEN to_jsonb('10'::text) ELSE to_jsonb(10) END), "
+                 "'completed', timestamptz '2026-08-02', timestamptz '2026-08-02' FROM generate_series(1, 2) n")
+    export.run(spark, archive_dsn, BEFORE, tmp_path)
+    for source in (None, tmp_path):
+        matched = {text: replay.run(spark, archive_dsn, replay.Selection(endpoints=("audit",), where=(text,)),
+                                    source, dry_run=True).matched
+                   for text in ("$.total == 10", '$.total == "10"', "$.total >= 9")}
+        assert matched == {"$.total == 10": 1, '$.total == "10"': 1, "$.total >= 9": 1}, source
+
+
+def test_an_export_killed_mid_run_resumes_and_never_drops_an_unverified_month(spark, archive_dsn, conn, tmp_path):  # noqa: F811
+    """kill -9 of `courier pipeline export --drop` (and its Spark JVM) while September is
+    being written: August stays exported, September is neither published nor dropped, and
+    a second run clears the unverified files and finishes the job."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    per_month = dict(conn.execute(
+        "SELECT to_char(created_at, 'YYYY-MM'), count(*) FROM courier.archive GROUP BY 1").fetchall())
+    out = tmp_path / "cold"
+    command = [sys.executable, "-c", "from console.cli import main; main()", "pipeline", "export", "--dsn",
+               archive_dsn, "--before", "2026-10-01", "--to", str(out), "--drop", "--master", "local[1]"]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(out.glob(".staging-month=2026-09-*")):
+            assert job.poll() is None, "the export finished before it could be killed: " + job.stdout.read().decode()
+            assert time.monotonic() < deadline, "the export never started on September"
+            time.sleep(0.01)
+        os.killpg(job.pid, signal.SIGKILL)  # the CLI and the JVM it started
+        job.wait(timeout=30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.stdout.close()
+
+    exports = {month.strftime("%Y-%m"): (rows, checksum, dropped is not None) for month, rows, checksum, dropped in
+               conn.execute("SELECT month, rows, checksum, dropped_at FROM courier.archive_exports").fetchall()}
+    assert "2026-09" not in exports and not (out / "month=2026-09").exists()
+    assert "archive_2026_09" in _partitions(conn)  # September was never verified, so never dropped
+    manifest = json.loads((out / "month=2026-08" / export.MANIFEST).read_text())
+    assert manifest["rows"] == per_month["2026-08"]
+    assert exports["2026-08"][:2] == (manifest["rows"], manifest["checksum"])
+    assert exports["2026-08"][2] and "archive_2026_08" not in _partitions(conn)  # verified, recorded, dropped
+
+    again = export.run(spark, archive_dsn, BEFORE, out, drop=True)  # what the command runs, in this session
+    assert [(m.month, m.state, m.dropped) for m in again] == [("2026-09", "exported", True)]
+    assert not list(out.glob(".staging-*"))
+    assert "archive_2026_09" not in _partitions(conn)
+    for month in ("2026-08", "2026-09"):
+        assert export.frame_checksum(spark.read.parquet(str(out / f"month={month}")))[0] == per_month[month]

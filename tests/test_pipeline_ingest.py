@@ -4,6 +4,7 @@ good rows enqueued exactly once however often the file is ingested."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 from click.testing import CliRunner
@@ -70,3 +71,30 @@ def test_parquet_rows_and_an_unknown_endpoint(spark, dsn, conn, billing, tmp_pat
     assert conn.execute("SELECT count(DISTINCT payload->>'ref') FROM courier.queue").fetchone()[0] == 25
     missing = _ingest(dsn, str(folder), "--endpoint", "nope")
     assert missing.exit_code == 1 and 'endpoint "nope" does not exist' in str(missing.exception or missing.output)
+
+
+def test_an_ingested_message_keeps_every_field_and_bad_fields_are_reported(spark, dsn, conn, billing, tmp_path):  # noqa: F811
+    correlation = "0b8e4c3a-4a8f-4f58-9a52-2c1f7d6f8b11"
+    full = {"payload": {"order": 1}, "priority": 7, "scheduled_at": "2030-01-01T00:00:00+00:00",
+            "idempotency_key": "order-1", "correlation_id": correlation, "expires_at": "2030-01-02T00:00:00Z",
+            "ordering_key": "customer-9", "headers": {"X-Tenant": "acme"}, "metadata": {"source": "backfill"}}
+    lines = [json.dumps(full), json.dumps({"payload": [1, 2]}),
+             json.dumps({"payload": {}, "priority": 11}),                  # line 3
+             json.dumps({"payload": {}, "correlation_id": "nope"}),        # line 4
+             json.dumps({"payload": {}, "headers": {"X-A": 1}}),           # line 5
+             json.dumps({"payload": {}, "colour": "red"}),                 # line 6
+             json.dumps({"priority": 1})]                                  # line 7
+    path = tmp_path / "messages.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = _ingest(dsn, str(path), "--endpoint", "billing", "--envelope", "--priority", "2")
+    assert result.exit_code == 1, result.output
+    for line, reason in ((3, "priority must be an integer from 0 to 10"), (4, "correlation_id is not a UUID"),
+                         (5, "headers must have string values"), (6, "unknown field colour"),
+                         (7, "payload is missing")):
+        assert f"messages.jsonl:{line}: {reason}" in result.stderr
+    queued = conn.execute("SELECT payload, priority, scheduled_at, idempotency_key, correlation_id::text, expires_at, "
+                          "ordering_key, headers, metadata FROM courier.queue ORDER BY priority DESC").fetchall()
+    assert queued == [
+        ({"order": 1}, 7, datetime(2030, 1, 1, tzinfo=UTC), "order-1", correlation, datetime(2030, 1, 2, tzinfo=UTC),
+         "customer-9", {"X-Tenant": "acme"}, {"source": "backfill"}),
+        ([1, 2], 2, None, None, None, None, None, {}, {})]

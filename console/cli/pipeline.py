@@ -155,15 +155,20 @@ def replay_command(source: Path | None, endpoints: tuple[str, ...], since: datet
 @pipeline_group.command("ingest")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--endpoint", required=True, help="The endpoint to enqueue the rows for.")
-@click.option("--priority", type=click.IntRange(0, 10), default=0, show_default=True)
+@click.option("--priority", type=click.IntRange(0, 10), default=0, show_default=True,
+              help="For rows that do not set their own.")
 @click.option("--format", "file_format", type=click.Choice(["jsonl", "csv", "parquet"]),
               help="Default: from the file name.")
+@click.option("--envelope", is_flag=True,
+              help="Each JSONL line or CSV row is a message: payload plus any of priority, scheduled_at, "
+                   "idempotency_key, correlation_id, expires_at, ordering_key, headers, metadata.")
 @spark_options
 @common_options
-def ingest_command(path: Path, endpoint: str, priority: int, file_format: str | None, master: str,
-                   verbose: bool) -> None:
+def ingest_command(path: Path, endpoint: str, priority: int, file_format: str | None, envelope: bool,
+                   master: str, verbose: bool) -> None:
     """Backfill the queue from a file: each JSONL line, CSV row (an object of its columns)
-    or Parquet row (its payload column, or all columns) is one message.
+    or Parquet row (its payload column, or all columns) is one message. With --envelope (and
+    always for Parquet with a payload column) a row also sets that message's own fields.
 
     Bad rows are reported by line and skipped; good rows are enqueued once, even if the
     same file is ingested again. Exits 1 if any row was bad."""
@@ -173,7 +178,8 @@ def ingest_command(path: Path, endpoint: str, priority: int, file_format: str | 
     dsn = database_url()
     spark = _session(master, verbose)
     with one_line_errors(), progress(spark, "ingesting", enabled=not wants_json()):
-        result = ingest.run(spark, dsn, path, endpoint, priority=priority, file_format=file_format)
+        result = ingest.run(spark, dsn, path, endpoint, priority=priority, file_format=file_format,
+                            envelope=envelope)
 
     def render() -> None:
         for problem in result.errors:

@@ -8,7 +8,9 @@ import csv
 import hashlib
 import json
 import tempfile
+import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +18,7 @@ from sqlkit import analytics as store
 from sqlkit.connection import connect
 
 from .session import PipelineError
+from .source import MESSAGE_FIELDS, in_order
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -82,47 +85,165 @@ def check_payload(text: str, limit: int) -> str | None:
     return None
 
 
-def _jsonl(limit: int) -> Any:
-    def check(item: tuple[str, int]) -> tuple[int, str | None, str | None]:
+# A checked row: its line, the payload's JSON text, why it is bad, and the message fields.
+ROW_SCHEMA = ("line long, payload string, error string, priority int, scheduled_at string, idempotency_key string, "
+              "correlation_id string, expires_at string, ordering_key string, headers string, metadata string")
+ENVELOPE_FIELDS = ("payload", *MESSAGE_FIELDS)
+_NO_FIELDS = (None,) * len(MESSAGE_FIELDS)
+
+
+def _moment(value: Any, name: str) -> str | None:
+    if value is None or isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"{name} is not an ISO 8601 time: {value!r}") from None
+    else:
+        raise ValueError(f"{name} must be an ISO 8601 time, not {type(value).__name__}")
+    if moment is None:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()
+
+
+def _json_object(value: Any, name: str) -> str | None:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f"{name} is not JSON") from None
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object, not {type(value).__name__}")
+    if name == "headers" and not all(isinstance(v, str) for v in value.values()):
+        raise ValueError("headers must have string values")
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _key(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= 255:
+        raise ValueError(f"{name} must be a string of 1 to 255 characters")
+    return value
+
+
+def check_envelope(record: Any, limit: int, *, payload_is_text: bool = False) -> tuple[
+        str | None, str | None, tuple[Any, ...]]:
+    """A message given as an object of ENVELOPE_FIELDS: (payload text, error, fields), each
+    field checked for type and range here so that a bad one is reported with its line. The
+    payload is any JSON value, or (a CSV cell, a Parquet column) its JSON text."""
+    if not isinstance(record, dict):
+        return None, "a message must be a JSON object with a payload", _NO_FIELDS
+    unknown = sorted(set(record) - set(ENVELOPE_FIELDS))
+    if unknown:
+        return None, f"unknown field {', '.join(unknown)} (a message has {', '.join(ENVELOPE_FIELDS)})", _NO_FIELDS
+    if record.get("payload") is None:
+        return None, "payload is missing", _NO_FIELDS
+    payload = record["payload"]
+    text = str(payload) if payload_is_text else json.dumps(payload, ensure_ascii=False)
+    try:
+        priority = record.get("priority")
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                     or not 0 <= priority <= 10):
+            raise ValueError(f"priority must be an integer from 0 to 10, got {priority!r}")
+        scheduled, expires = _moment(record.get("scheduled_at"), "scheduled_at"), _moment(
+            record.get("expires_at"), "expires_at")
+        if scheduled and expires and datetime.fromisoformat(expires) <= datetime.fromisoformat(scheduled):
+            raise ValueError("expires_at is not after scheduled_at")
+        correlation = record.get("correlation_id")
+        if correlation is not None:
+            try:
+                correlation = str(uuid.UUID(str(correlation)))
+            except ValueError:
+                raise ValueError(f"correlation_id is not a UUID: {correlation!r}") from None
+        fields = (priority, scheduled, _key(record.get("idempotency_key"), "idempotency_key"), correlation, expires,
+                  _key(record.get("ordering_key"), "ordering_key"), _json_object(record.get("headers"), "headers"),
+                  _json_object(record.get("metadata"), "metadata"))
+    except ValueError as error:
+        return None, str(error), _NO_FIELDS
+    error = check_payload(text, limit)
+    return (None, error, _NO_FIELDS) if error else (text, None, fields)
+
+
+def _jsonl(limit: int, envelope: bool) -> Any:
+    def check(item: tuple[str, int]) -> tuple[Any, ...] | None:
         text, index = item
         text = text.strip()
         if not text:
-            return index + 1, None, None
+            return None
+        if envelope:
+            try:
+                record = json.loads(text)
+            except ValueError as error:
+                return index + 1, None, f"invalid JSON: {error}", *_NO_FIELDS
+            payload, error, fields = check_envelope(record, limit)
+            return index + 1, payload, error, *fields
         error = check_payload(text, limit)
-        return index + 1, None if error else text, error
+        return index + 1, None if error else text, error, *_NO_FIELDS
     return check
 
 
-def _csv(header: list[str], limit: int) -> Any:
-    def check(item: tuple[str, int]) -> tuple[int, str | None, str | None]:
+def _csv(header: list[str], limit: int, envelope: bool) -> Any:
+    def check(item: tuple[str, int]) -> tuple[Any, ...] | None:
         text, index = item
         if not text.strip():
-            return index + 1, None, None
+            return None
         try:
             values = next(csv.reader([text]))
         except csv.Error as error:
-            return index + 1, None, f"unreadable CSV: {error}"
+            return index + 1, None, f"unreadable CSV: {error}", *_NO_FIELDS
         if len(values) != len(header):
-            return index + 1, None, f"expected {len(header)} fields, got {len(values)}"
-        payload = json.dumps(dict(zip(header, values, strict=True)), ensure_ascii=False)
+            return index + 1, None, f"expected {len(header)} fields, got {len(values)}", *_NO_FIELDS
+        row = dict(zip(header, values, strict=True))
+        if envelope:
+            record: dict[str, Any] = {k: v for k, v in row.items() if v != ""}
+            try:
+                if "priority" in record:
+                    record["priority"] = int(record["priority"])
+            except ValueError:
+                return index + 1, None, f"priority must be an integer from 0 to 10, got {record['priority']!r}", \
+                    *_NO_FIELDS
+            for name in ("headers", "metadata"):
+                if name in record:
+                    record[name] = _parsed(record[name])
+            payload, error, fields = check_envelope(record, limit, payload_is_text=True)
+            return index + 1, payload, error, *fields
+        payload = json.dumps(row, ensure_ascii=False)
         error = check_payload(payload, limit)
-        return index + 1, None if error else payload, error
+        return index + 1, None if error else payload, error, *_NO_FIELDS
     return check
 
 
-def _parquet_row(limit: int) -> Any:
-    def check(item: tuple[Any, int]) -> tuple[int, str | None, str | None]:
+def _parsed(text: str) -> Any:
+    """A CSV cell holding JSON, or the text itself if it is not JSON (check_envelope says why)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _parquet_row(limit: int, fields: list[str]) -> Any:
+    def check(item: tuple[Any, int]) -> tuple[Any, ...]:
         row, index = item
-        text = row[0]
-        if text is None:
-            return index + 1, None, "payload is null"
-        error = check_payload(text, limit)
-        return index + 1, None if error else text, error
+        if not fields:
+            text = row[0]
+            if text is None:
+                return index + 1, None, "payload is null", *_NO_FIELDS
+            error = check_payload(text, limit)
+            return index + 1, None if error else text, error, *_NO_FIELDS
+        record = {name: row[name] for name in ("payload", *fields) if row[name] is not None}
+        payload, error, checked = check_envelope(record, limit, payload_is_text=True)
+        return index + 1, payload, error, *checked
     return check
 
 
 def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: int = 0,
-        file_format: str | None = None, batch_size: int = 1000) -> IngestResult:
+        file_format: str | None = None, batch_size: int = 1000, envelope: bool = False) -> IngestResult:
+    """With envelope, each JSONL line or CSV row is a message object (ENVELOPE_FIELDS); a Parquet
+    file with a payload column always is. `priority` is the default for rows that set none."""
     from pyspark.sql import functions as F
 
     if not path.exists():
@@ -141,8 +262,15 @@ def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: i
     sc = spark.sparkContext
     if kind == "parquet":
         df = spark.read.parquet(str(path))
-        payload = F.col("payload").cast("string") if "payload" in df.columns else F.to_json(F.struct(*df.columns))
-        checked = df.select(payload).rdd.zipWithIndex().map(_parquet_row(limit))
+        if "payload" in df.columns:
+            fields = [name for name in MESSAGE_FIELDS if name in df.columns]
+            types = dict(df.dtypes)
+            columns = [F.col(n) if types[n] in ("string", "int", "bigint", "smallint") else
+                       F.col(n).cast("string") if types[n].startswith("timestamp") else F.to_json(n).alias(n)
+                       for n in ("payload", *fields)]
+            checked = df.select(*columns).rdd.zipWithIndex().map(_parquet_row(limit, fields))
+        else:
+            checked = df.select(F.to_json(F.struct(*df.columns))).rdd.zipWithIndex().map(_parquet_row(limit, []))
     else:
         lines = sc.textFile(str(path)).zipWithIndex()
         if kind == "csv":
@@ -150,12 +278,14 @@ def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: i
             if not first:
                 raise PipelineError(f"{path.name} is empty: a CSV file needs a header line")
             header = next(csv.reader([first[0][0]]))
+            if envelope and "payload" not in header:
+                raise PipelineError(f"{path.name} has no payload column",
+                                    hint="With --envelope the CSV needs a payload column of JSON")
             lines = lines.filter(lambda item: item[1] > 0)
-            checked = lines.map(_csv(header, limit))
+            checked = lines.map(_csv(header, limit, envelope))
         else:
-            checked = lines.map(_jsonl(limit))
-    rows = spark.createDataFrame(checked.filter(lambda r: r[1] is not None or r[2] is not None),
-                                 "line long, payload string, error string").cache()
+            checked = lines.map(_jsonl(limit, envelope))
+    rows = spark.createDataFrame(checked.filter(lambda r: r is not None), ROW_SCHEMA).cache()
     try:
         totals = rows.agg(F.count(F.lit(1)).alias("rows"), F.count("error").alias("bad")).collect()[0]
         errors = [RowError(r["line"], r["error"]) for r in
@@ -164,7 +294,8 @@ def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: i
             already = int(store.value(conn, "ledger_count", {"scope": scope}))
         with tempfile.TemporaryDirectory(prefix="courier-ingest-") as folder:
             report = Path(folder) / "report.json"
-            good = rows.where(F.col("error").isNull()).select(F.col("line").cast("string").alias("key"), "payload")
+            good = in_order(rows.where(F.col("error").isNull()), "line").select(
+                F.col("line").cast("string").alias("key"), "payload", *MESSAGE_FIELDS)
             (good.write.format("courier").mode("append").option("dsn", dsn).option("endpoint", endpoint)
              .option("priority", priority).option("scope", scope).option("batch_size", batch_size)
              .option("report", str(report)).save())

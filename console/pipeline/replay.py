@@ -17,9 +17,15 @@ from sqlkit.connection import connect
 
 from . import predicates
 from .session import PipelineError
+from .source import in_order
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+
+# What a replayed message keeps of the archived one, as replay_range does: not its idempotency
+# key, schedule or expiry, which belonged to the first delivery.
+CARRIED = ("payload", "priority", "headers", "metadata", "ordering_key", "correlation_id")
 
 
 @dataclass(frozen=True)
@@ -51,17 +57,19 @@ class ReplayResult:
 
 
 def select(spark: SparkSession, dsn: str, selection: Selection, source: Path | None) -> DataFrame:
-    """id, endpoint, payload and priority of every selected message."""
+    """id, endpoint and the CARRIED fields of every selected message."""
     from pyspark.sql import functions as F
 
     tests = [predicates.parse(text) for text in selection.where]
     if source is None:
         reader = spark.read.format("courier").option("dsn", dsn).option("table", "archive").option(
-            "columns", "id,endpoint_id,payload,priority,status,correlation_id,created_at")
+            "columns", ",".join(("id", "endpoint_id", "status", "created_at", *CARRIED)))
         if selection.since:
             reader = reader.option("since", selection.since.isoformat())
         if selection.until:
             reader = reader.option("until", selection.until.isoformat())
+        if tests:  # evaluated by PostgreSQL itself: payload @@ jsonpath
+            reader = reader.option("payload_filter", json.dumps([test.jsonpath for test in tests]))
         df = reader.load()
         names = (spark.read.format("courier").option("dsn", dsn).option("table", "endpoints")
                  .option("columns", "id,name").load().withColumnsRenamed({"id": "_endpoint_id", "name": "endpoint"}))
@@ -84,13 +92,23 @@ def select(spark: SparkSession, dsn: str, selection: Selection, source: Path | N
             df = df.where(F.col("created_at") >= F.lit(selection.since))
         if selection.until:
             df = df.where(F.col("created_at") < F.lit(selection.until))
+        if tests:  # the same typed semantics, evaluated in Python over the payload's JSON text
+            df = df.where(predicates.column(tests))
     if selection.statuses:
         df = df.where(F.col("status").isin(list(selection.statuses)))
     if selection.correlation_ids:
         df = df.where(F.col("correlation_id").isin(list(selection.correlation_ids)))
-    for test in tests:
-        df = df.where(test.column())
-    return df.select("id", "endpoint", "payload", "priority")
+    return df.select("id", "endpoint", *CARRIED)
+
+
+def _replayed_from(metadata: Any, archive_id: Any) -> Any:
+    """The archived metadata (a JSON object's text) with replayed_from naming the archive row,
+    as replay_range sets it. A key written last wins in jsonb, so an earlier replayed_from is replaced."""
+    from pyspark.sql import functions as F
+
+    opened = F.regexp_replace(F.coalesce(metadata, F.lit("{}")), r"\}\s*$", "")
+    return F.when(F.trim(opened) == "{", F.format_string('{"replayed_from": %d}', archive_id)) \
+        .otherwise(F.format_string('%s, "replayed_from": %d}', opened, archive_id))
 
 
 def run(spark: SparkSession, dsn: str, selection: Selection, source: Path | None = None, *,
@@ -112,7 +130,10 @@ def run(spark: SparkSession, dsn: str, selection: Selection, source: Path | None
                                 hint="Create or enable it, or narrow the selection with --endpoint")
         with tempfile.TemporaryDirectory(prefix="courier-replay-") as folder:
             report = Path(folder) / "report.json"
-            (chosen.select("endpoint", "payload", "priority", F.col("id").cast("string").alias("key"))
+            (in_order(chosen, "id")
+             .select("endpoint", *(c for c in CARRIED if c != "metadata"),
+                     _replayed_from(F.col("metadata"), F.col("id")).alias("metadata"),
+                     F.col("id").cast("string").alias("key"))
              .write.format("courier").mode("append").option("dsn", dsn).option("scope", selection.scope)
              .option("batch_size", batch_size).option("report", str(report)).save())
             totals: dict[str, Any] = json.loads(report.read_text())

@@ -46,7 +46,9 @@ from pyspark.sql.types import (
 )
 
 TABLES = {"archive": "created_at", "queue": "created_at", "dlq": "failed_at", "endpoints": "created_at"}
-DEFAULT_SLICE_IDS = 250_000
+# Rows per read task: each task costs ~0.1 CPU-second of its own (a Python worker's setup, a
+# connection, a plan), so tasks of a few thousand rows cost more than their rows.
+DEFAULT_SLICE_ROWS = 250_000
 DEFAULT_BATCH = 1000
 BLOCK_BYTES = 8 << 20
 DEFAULT_BACKPRESSURE_WAIT = 300.0
@@ -106,7 +108,9 @@ def _timestamp(text: str | None) -> datetime | None:
 class CourierDataSource(DataSource):
     """Options: dsn (required); table = archive | queue | dlq | endpoints (reading);
     columns (comma-separated, to prune); since / until (ISO times on time_column, which
-    defaults to created_at, failed_at for the DLQ); slice_ids (ids per read task).
+    defaults to created_at, failed_at for the DLQ); payload_filter (a jsonpath predicate, or a
+    JSON list of them, that PostgreSQL applies as `payload @@ path`); slice_rows (rows per read
+    task, by the planner's estimate; default 250,000) or slice_ids (ids per read task).
     Writing: endpoint, priority, scope (the ledger scope deduplicating rows by their `key`
     column), batch_size, backpressure_wait (seconds), report (a file for the totals)."""
 
@@ -185,7 +189,8 @@ class CourierReader(DataSourceReader):
     def partitions(self) -> Sequence[Slice]:
         from sqlkit import analytics, archive
 
-        per_slice = int(self.options.get("slice_ids", DEFAULT_SLICE_IDS))
+        given_ids = self.options.get("slice_ids")
+        per_slice_rows = int(self.options.get("slice_rows", DEFAULT_SLICE_ROWS))
         relations: list[str] = []
         with _connect(self.options["dsn"]) as conn:
             if self.table == "archive":
@@ -204,7 +209,12 @@ class CourierReader(DataSourceReader):
                 if bounds["low"] is None:
                     continue
                 low, high = int(bounds["low"]), int(bounds["high"])
-                count = max(1, math.ceil((high - low + 1) / per_slice))
+                if given_ids:
+                    count = max(1, math.ceil((high - low + 1) / int(given_ids)))
+                else:  # ids interleave across months, so size by the planner's row estimate
+                    estimate = analytics.value(conn, "relation_rows", {"relation": f"courier.{relation}"})
+                    rows = estimate if estimate and estimate > 0 else high - low + 1
+                    count = max(1, math.ceil(rows / per_slice_rows))
                 step = math.ceil((high - low + 1) / count)
                 slices += [Slice(relation, start, min(start + step - 1, high)) for start in range(low, high + 1, step)]
         return slices or [Slice(None)]
@@ -220,6 +230,8 @@ class CourierReader(DataSourceReader):
             where.append(sql.SQL("{} >= {}").format(sql.Identifier(self.time_column), sql.Literal(self.since)))
         if self.until:
             where.append(sql.SQL("{} < {}").format(sql.Identifier(self.time_column), sql.Literal(self.until)))
+        for path in _payload_filters(self.options.get("payload_filter")):
+            where.append(sql.SQL("payload @@ {}::jsonpath").format(sql.Literal(path)))
         for name, op, value in self.pushed:
             column = sql.Identifier(name)
             if op in ("null", "not null"):
@@ -238,42 +250,101 @@ class CourierReader(DataSourceReader):
         if partition.relation is None:
             return
         names = [c.name for c in self.columns]
-        read_options = pacsv.ReadOptions(column_names=names, block_size=BLOCK_BYTES)
+        read_options = pacsv.ReadOptions(column_names=names, block_size=BLOCK_BYTES, use_threads=False)
         convert = pacsv.ConvertOptions(
             column_types={c.name: c.arrow_type for c in self.columns},
             strings_can_be_null=True, quoted_strings_can_be_null=False,
             true_values=["t"], false_values=["f"])
         schema = pa.schema([(c.name, c.arrow_type) for c in self.columns])
-        with _connect(self.options["dsn"]) as conn, conn.cursor() as cur, cur.copy(self._select(partition)) as copy:
-            for block in _blocks(copy):
+        with _connect(self.options["dsn"]) as conn:
+            for block in copy_out_blocks(conn, self._select(partition)):
                 table = pacsv.read_csv(pa.py_buffer(block), read_options=read_options, convert_options=convert)
                 for batch in table.to_batches():
                     yield batch.cast(schema) if batch.schema != schema else batch
 
 
-def _blocks(copy: Any, size: int = BLOCK_BYTES) -> Iterator[bytes]:
-    """COPY's output in blocks of whole rows: PostgreSQL sends each row as one message."""
-    pending: list[bytes] = []
-    held = 0
-    read = copy.read
-    while chunk := read():
-        pending.append(chunk)
-        held += len(chunk)
-        if held >= size:
-            yield b"".join(pending)
-            pending, held = [], 0
-    if pending:
-        yield b"".join(pending)
+def _payload_filters(option: str | None) -> list[str]:
+    """The payload_filter option: one jsonpath predicate, or a JSON list of them."""
+    if not option:
+        return []
+    if option.lstrip().startswith("["):
+        return [str(path) for path in json.loads(option)]
+    return [option]
 
 
-def _first_of_each(chunk: list[tuple[str | None, str]], fresh: set[str]) -> list[tuple[str | None, str]]:
+def copy_out_blocks(conn: Any, statement: Any, size: int = BLOCK_BYTES) -> Iterator[bytearray]:
+    """COPY ... TO STDOUT's output in blocks of whole rows (PostgreSQL sends each row as one
+    message), read straight off libpq into one growing buffer. psycopg's Copy.read() costs a
+    generator round trip per row, and a list of per-row buffers wakes the garbage collector
+    over and over: together they were two thirds of the reader's CPU time."""
+    from psycopg import errors, pq
+
+    pgconn = conn.pgconn
+    pgconn.send_query(statement.as_bytes(conn) if hasattr(statement, "as_bytes") else statement)
+    result = pgconn.get_result()
+    if result is None or result.status != pq.ExecStatus.COPY_OUT:
+        raise errors.error_from_result(result, encoding=conn.info.encoding) if result is not None \
+            else errors.OperationalError(pgconn.get_error_message())
+    read = pgconn.get_copy_data
+    block = bytearray()
+    while True:
+        length, row = read(0)  # waits in libpq for a whole row; -1 once the COPY is over
+        if length < 0:
+            break
+        block += row
+        if len(block) >= size:
+            yield block
+            block = bytearray()
+    while (result := pgconn.get_result()) is not None:  # the COPY's closing result, or its error
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            raise errors.error_from_result(result, encoding=conn.info.encoding)
+    if block:
+        yield block
+
+
+# The per-message fields a written row may carry, besides payload, endpoint and key; each is
+# passed to courier.send_batch_with_options as one array per batch.
+MESSAGE_FIELDS = ("priority", "scheduled_at", "idempotency_key", "correlation_id", "expires_at", "ordering_key",
+                  "headers", "metadata")
+_JSON_FIELDS = ("payload", "headers", "metadata")
+_TIME_FIELDS = ("scheduled_at", "expires_at")
+
+
+def _first_of_each(chunk: list[dict[str, Any]], fresh: set[str]) -> list[dict[str, Any]]:
     """The unkeyed rows, and the first row of each key the ledger had not seen."""
     kept = []
-    for key, payload in chunk:
+    for record in chunk:
+        key = record.get("key")
         if key is None or key in fresh:
-            kept.append((key, payload))
+            kept.append(record)
             fresh.discard(key)  # a key repeated within the selection is enqueued once
     return kept
+
+
+def _message(record: dict[str, Any], default_priority: int) -> dict[str, Any]:
+    """A row as send_batch_with_options' fields: JSON as text, times with their zone, ids as text."""
+    message = {name: record.get(name) for name in ("payload", "key", *MESSAGE_FIELDS)}
+    if message["key"] is not None:
+        message["key"] = str(message["key"])
+    if message["priority"] is None:
+        message["priority"] = default_priority
+    for name in _JSON_FIELDS:
+        if message[name] is not None and not isinstance(message[name], str):
+            message[name] = json.dumps(message[name])
+    for name in _TIME_FIELDS:
+        moment = message[name]
+        if isinstance(moment, datetime):  # Spark hands timestamps over as naive local times
+            message[name] = moment.astimezone(UTC)
+    if message["correlation_id"] is not None:
+        message["correlation_id"] = str(message["correlation_id"])
+    return message
+
+
+def in_order(df: Any, position: str) -> Any:
+    """The rows laid out for writing so that each ordering key keeps its order: all of one
+    endpoint's ordering key in one Spark partition (one transaction), sorted by `position`."""
+    return df.repartition("endpoint", "ordering_key").sortWithinPartitions(position) \
+        if "endpoint" in df.columns else df.repartition("ordering_key").sortWithinPartitions(position)
 
 
 @dataclass
@@ -286,8 +357,9 @@ class Sent(WriterCommitMessage):
 class CourierWriter(DataSourceWriter):
     """Each Spark partition's rows are enqueued in one transaction: a failed or retried task
     leaves nothing behind. Rows need `payload` (JSON text) and, unless the endpoint option is
-    set, `endpoint`; `priority` and `key` are optional. With a scope, a row whose key that
-    scope already enqueued (a re-run, a retried task) is skipped."""
+    set, `endpoint`; they may carry any of MESSAGE_FIELDS (headers and metadata as JSON text),
+    each kept on its message, and `key`. With a scope, a row whose key that scope already
+    enqueued (a re-run, a retried task) is skipped."""
 
     def __init__(self, options: dict[str, str], fields: list[str]) -> None:
         self.options = options
@@ -302,16 +374,13 @@ class CourierWriter(DataSourceWriter):
     def write(self, iterator: Iterator[Any]) -> Sent:
         default_endpoint = self.options.get("endpoint")
         default_priority = int(self.options.get("priority", 0))
-        groups: dict[tuple[str, int], list[tuple[str | None, str]]] = {}
+        groups: dict[str, list[dict[str, Any]]] = {}
         rows = 0
         for row in iterator:
             rows += 1
             record = row.asDict()
-            endpoint = record.get("endpoint") or default_endpoint
-            priority = record.get("priority")
-            key = record.get("key")
-            groups.setdefault((endpoint, default_priority if priority is None else int(priority)), []).append(
-                (None if key is None else str(key), record["payload"]))
+            groups.setdefault(record.get("endpoint") or default_endpoint, []).append(
+                _message(record, default_priority))
         if not rows:
             return Sent(0, 0, 0)
         wait = float(self.options.get("backpressure_wait", DEFAULT_BACKPRESSURE_WAIT))
@@ -327,25 +396,28 @@ class CourierWriter(DataSourceWriter):
                 time.sleep(delay)  # the workers drain the queue meanwhile
                 delay = min(delay * 2, 5.0)
 
-    def _send(self, groups: dict[tuple[str, int], list[tuple[str | None, str]]]) -> int:
+    def _send(self, groups: dict[str, list[dict[str, Any]]]) -> int:
         from sqlkit import analytics
 
         scope = self.options.get("scope")
         size = int(self.options.get("batch_size", DEFAULT_BATCH))
+        carried = [name for name in MESSAGE_FIELDS if name in self.fields]
         sent = 0
         with _connect(self.options["dsn"], autocommit=False) as conn, conn.transaction():
-            for (endpoint, priority), items in groups.items():
+            for endpoint, items in groups.items():
                 for start in range(0, len(items), size):
                     chunk = items[start:start + size]
                     if scope:
-                        keys = [k for k, _ in chunk if k is not None]
+                        keys = [m["key"] for m in chunk if m["key"] is not None]
                         fresh = {row["source_key"] for row in analytics.rows(
                             conn, "ledger_claim", {"scope": scope, "keys": keys})}
                         chunk = _first_of_each(chunk, fresh)
                     if not chunk:
                         continue
-                    analytics.value(conn, "send_batch_with_priority", {
-                        "endpoint": endpoint, "payloads": [p for _, p in chunk], "priority": priority})
+                    fields = {name: [m[name] for m in chunk] if name in carried or name == "priority" else None
+                              for name in MESSAGE_FIELDS}
+                    analytics.value(conn, "send_batch_with_options", {
+                        "endpoint": endpoint, "payloads": [m["payload"] for m in chunk], **fields})
                     sent += len(chunk)
         return sent
 

@@ -75,6 +75,8 @@ GRANT EXECUTE ON FUNCTION
     courier.send_with_options(text, jsonb, integer, timestamptz, text, uuid, timestamptz, text, jsonb, jsonb),
     courier.send_batch(text, jsonb[]),
     courier.send_batch_with_priority(text, jsonb[], integer),
+    courier.send_batch_with_options(text, jsonb[], integer[], timestamptz[], text[], uuid[], timestamptz[], text[],
+                                    jsonb[], jsonb[]),
     courier.enable_fast_mode(),
     courier.enqueue(text, jsonb, text, jsonb, bytea, text, timestamptz),
     courier.dequeue(text, integer, integer),

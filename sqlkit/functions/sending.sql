@@ -352,6 +352,210 @@ BEGIN
 END
 $$;
 
+-- A batch of messages each with its own options: the batch path for replay and ingest, which
+-- must keep every per-message field. Each array holds one element per payload, or is NULL for
+-- the default (priority 0, no key, empty headers and metadata...). Every element is checked as
+-- send_with_options checks one message, and an error names the element; the whole batch is
+-- refused if any element is invalid or if it would push the queue past max_queue_size. An
+-- idempotency key already held for this endpoint by a pending or processing message (or by an
+-- earlier element of the same batch) yields that message's id, or a conflict if the payload
+-- differs. Returns the ids in element order.
+CREATE OR REPLACE FUNCTION courier._message_batch(
+    p_payloads jsonb[], p_priorities integer[], p_scheduled_at timestamptz[], p_idempotency_keys text[],
+    p_correlation_ids uuid[], p_expires_at timestamptz[], p_ordering_keys text[], p_headers jsonb[],
+    p_metadata jsonb[]
+) RETURNS TABLE (ord integer, payload jsonb, priority integer, scheduled_at timestamptz, idempotency_key text,
+                 correlation_id uuid, expires_at timestamptz, ordering_key text, headers jsonb, metadata jsonb)
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT u.ord::integer, u.payload, CASE WHEN p_priorities IS NULL THEN 0 ELSE u.priority END, u.scheduled_at,
+           u.idempotency_key, u.correlation_id, u.expires_at, u.ordering_key, coalesce(u.headers, '{}'),
+           coalesce(u.metadata, '{}')
+    FROM unnest(p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys, p_correlation_ids, p_expires_at,
+                p_ordering_keys, p_headers, p_metadata)
+         WITH ORDINALITY AS u(payload, priority, scheduled_at, idempotency_key, correlation_id, expires_at,
+                              ordering_key, headers, metadata, ord)
+$$;
+
+CREATE OR REPLACE FUNCTION courier._send_messages(
+    p_endpoint_name text, p_payloads jsonb[], p_priorities integer[], p_scheduled_at timestamptz[],
+    p_idempotency_keys text[], p_correlation_ids uuid[], p_expires_at timestamptz[], p_ordering_keys text[],
+    p_headers jsonb[], p_metadata jsonb[]
+) RETURNS bigint[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count integer := coalesce(cardinality(p_payloads), 0);
+    v_limit bigint := courier._max_payload_size();
+    v_bad record;
+    v_largest bigint;
+    v_endpoint_id integer;
+    v_ids bigint[] := array_fill(NULL::bigint, ARRAY[coalesce(cardinality(p_payloads), 0)]);
+    v_left integer[];       -- elements not yet inserted or matched to a held key
+    v_new bigint[];
+    v_done integer[];
+    v_done_ids bigint[];
+    v_sent boolean := false;
+    v_held record;
+    v_text text;
+    v_hint text;
+BEGIN
+    IF EXISTS (SELECT FROM unnest(ARRAY[cardinality(p_priorities), cardinality(p_scheduled_at),
+                                        cardinality(p_idempotency_keys), cardinality(p_correlation_ids),
+                                        cardinality(p_expires_at), cardinality(p_ordering_keys),
+                                        cardinality(p_headers), cardinality(p_metadata)]) n
+               WHERE n <> v_count) THEN
+        RAISE EXCEPTION '[courier] each per-message array must have one element per payload (% payloads)', v_count
+            USING ERRCODE = '22023', HINT = 'Pass NULL instead of an array for a field no message sets';
+    END IF;
+
+    -- The first invalid element, with send_with_options' reason and code.
+    SELECT m.ord, x.code, x.reason INTO v_bad
+    FROM courier._message_batch(p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys, p_correlation_ids,
+                                p_expires_at, p_ordering_keys, p_headers, p_metadata) m
+    CROSS JOIN LATERAL (SELECT * FROM (VALUES
+        (1, '22004', 'payload must not be NULL', m.payload IS NULL),
+        (2, '22023', format('priority must be between 0 and 10, got %s', coalesce(m.priority::text, 'NULL')),
+            m.priority IS NULL OR m.priority NOT BETWEEN 0 AND 10),
+        (3, '22023', format('expires_at %s is not after scheduled_at %s', m.expires_at, m.scheduled_at),
+            m.expires_at <= m.scheduled_at),
+        (4, '22023', 'headers and metadata must be JSON objects',
+            jsonb_typeof(m.headers) <> 'object' OR jsonb_typeof(m.metadata) <> 'object'),
+        (5, '22023', 'metadata is nested more than 32 levels deep',
+            jsonb_typeof(m.metadata) = 'object' AND m.metadata <> '{}'
+            AND jsonb_path_exists(m.metadata, 'strict $.**{32}')),
+        (6, '22023', 'idempotency and ordering keys must be 1 to 255 characters',
+            length(m.idempotency_key) NOT BETWEEN 1 AND 255 OR length(m.ordering_key) NOT BETWEEN 1 AND 255),
+        (7, '54000', format('exceeds max_payload_size (%s bytes)', v_limit), octet_length(m.payload::text) > v_limit)
+    ) AS c(rank, code, reason, failed) WHERE c.failed ORDER BY c.rank LIMIT 1) x
+    ORDER BY m.ord LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION '[courier] batch element %: %', v_bad.ord, v_bad.reason USING ERRCODE = v_bad.code;
+    END IF;
+    -- Header rules live in _check_headers; only a failing batch looks for the element to blame.
+    BEGIN
+        PERFORM courier._check_headers(h) FROM unnest(p_headers) h WHERE h IS NOT NULL AND h <> '{}';
+    EXCEPTION WHEN invalid_parameter_value THEN
+        FOR v_bad IN SELECT o::integer AS ord, h FROM unnest(p_headers) WITH ORDINALITY AS u(h, o)
+                     WHERE h IS NOT NULL AND h <> '{}' ORDER BY o LOOP
+            BEGIN
+                PERFORM courier._check_headers(v_bad.h);
+            EXCEPTION WHEN invalid_parameter_value THEN
+                GET STACKED DIAGNOSTICS v_text = MESSAGE_TEXT, v_hint = PG_EXCEPTION_HINT;
+                RAISE EXCEPTION '[courier] batch element %: %', v_bad.ord, replace(v_text, '[courier] ', '')
+                    USING ERRCODE = '22023', HINT = v_hint;
+            END;
+        END LOOP;
+    END;
+
+    SELECT max(octet_length(u.payload::text)) INTO v_largest FROM unnest(p_payloads) u(payload);
+    LOOP
+        SELECT e.id INTO v_endpoint_id FROM courier.endpoints e, courier.send_limits l
+        WHERE e.name = p_endpoint_name AND e.enabled AND coalesce(v_largest, 0) <= l.max_payload_size
+          AND (l.max_queue_size = 0 OR l.max_queue_size >= v_count + (
+               SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
+               WHERE d.status IN ('pending', 'processing')));
+        EXIT WHEN v_endpoint_id IS NOT NULL;
+        PERFORM courier._send_refusal(p_endpoint_name, v_count, v_largest);
+    END LOOP;
+    IF v_count = 0 THEN
+        RETURN '{}';
+    END IF;
+
+    v_left := ARRAY(SELECT generate_series(1, v_count));
+    WHILE cardinality(v_left) > 0 LOOP
+        -- Ids drawn in element order keep the batch's order in the queue (FIFO by id); an
+        -- element skipped for a held key leaves a gap in the sequence, as any rollback does.
+        v_new := ARRAY(SELECT nextval(pg_get_serial_sequence('courier.queue', 'id'))
+                       FROM generate_series(1, cardinality(v_left)));
+        WITH chosen AS (
+            SELECT m.*, v_new[l.k] AS new_id
+            FROM unnest(v_left) WITH ORDINALITY AS l(ord, k)
+            JOIN courier._message_batch(p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys,
+                                        p_correlation_ids, p_expires_at, p_ordering_keys, p_headers,
+                                        p_metadata) m ON m.ord = l.ord
+        ), inserted AS (
+            INSERT INTO courier.queue (id, endpoint_id, payload, headers, metadata, priority, scheduled_at,
+                                       idempotency_key, payload_hash, correlation_id, expires_at, ordering_key)
+            OVERRIDING SYSTEM VALUE
+            SELECT c.new_id, v_endpoint_id, c.payload, c.headers, c.metadata, c.priority, c.scheduled_at,
+                   c.idempotency_key, CASE WHEN c.idempotency_key IS NOT NULL THEN md5(c.payload::text) END,
+                   c.correlation_id, c.expires_at, c.ordering_key
+            FROM chosen c
+            ORDER BY c.ord
+            ON CONFLICT (endpoint_id, idempotency_key)
+                WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')
+            DO NOTHING
+            RETURNING id
+        )
+        SELECT coalesce(array_agg(c.ord ORDER BY c.ord) FILTER (WHERE i.id IS NULL), '{}'),
+               array_agg(c.ord) FILTER (WHERE i.id IS NOT NULL), array_agg(c.new_id) FILTER (WHERE i.id IS NOT NULL)
+        INTO v_left, v_done, v_done_ids
+        FROM chosen c LEFT JOIN inserted i ON i.id = c.new_id;
+        v_ids := ARRAY(SELECT coalesce(d.id, v_ids[n]) FROM generate_series(1, v_count) n
+                       LEFT JOIN unnest(v_done, v_done_ids) AS d(ord, id) ON d.ord = n ORDER BY n);
+        v_sent := v_sent OR cardinality(v_left) < cardinality(v_new);
+        IF cardinality(v_left) = 0 THEN
+            EXIT;
+        END IF;
+
+        -- Skipped for a key held by a pending or processing message of this endpoint (perhaps
+        -- an earlier element): the same payload yields that message, another is a conflict.
+        SELECT m.ord, m.idempotency_key, q.id INTO v_held
+        FROM courier._message_batch(p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys, p_correlation_ids,
+                                    p_expires_at, p_ordering_keys, p_headers, p_metadata) m
+        JOIN courier.queue q ON q.endpoint_id = v_endpoint_id AND q.idempotency_key = m.idempotency_key
+                            AND q.status IN ('pending', 'processing')
+        WHERE m.ord = ANY (v_left) AND q.payload_hash IS DISTINCT FROM md5(m.payload::text)
+        ORDER BY m.ord LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION '[courier] batch element %: idempotency key ''%'' conflict: same key with different payload',
+                    v_held.ord, v_held.idempotency_key
+                USING ERRCODE = '23505',
+                      HINT = format('Message %s holds this key until it leaves pending/processing', v_held.id);
+        END IF;
+        WITH held AS (
+            SELECT m.ord, q.id
+            FROM courier._message_batch(p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys,
+                                        p_correlation_ids, p_expires_at, p_ordering_keys, p_headers, p_metadata) m
+            JOIN courier.queue q ON q.endpoint_id = v_endpoint_id AND q.idempotency_key = m.idempotency_key
+                                AND q.status IN ('pending', 'processing')
+            WHERE m.ord = ANY (v_left)
+        )
+        SELECT ARRAY(SELECT coalesce(h.id, v_ids[n]) FROM generate_series(1, v_count) n
+                     LEFT JOIN held h ON h.ord = n ORDER BY n),
+               ARRAY(SELECT l FROM unnest(v_left) l WHERE l NOT IN (SELECT ord FROM held) ORDER BY l)
+        INTO v_ids, v_left;  -- what is left lost its holder meanwhile: insert it again
+    END LOOP;
+
+    IF v_sent THEN
+        PERFORM pg_notify('courier_new_msg', v_endpoint_id::text);  -- one per batch, as send_batch does
+    END IF;
+    RETURN v_ids;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.send_batch_with_options(
+    p_endpoint_name    text,
+    p_payloads         jsonb[],
+    p_priorities       integer[]     DEFAULT NULL,
+    p_scheduled_at     timestamptz[] DEFAULT NULL,
+    p_idempotency_keys text[]        DEFAULT NULL,
+    p_correlation_ids  uuid[]        DEFAULT NULL,
+    p_expires_at       timestamptz[] DEFAULT NULL,
+    p_ordering_keys    text[]        DEFAULT NULL,
+    p_headers          jsonb[]       DEFAULT NULL,
+    p_metadata         jsonb[]       DEFAULT NULL
+) RETURNS bigint[]
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    RETURN courier._send_messages(p_endpoint_name, p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys,
+                                  p_correlation_ids, p_expires_at, p_ordering_keys, p_headers, p_metadata);
+END
+$$;
+
 -- Trades up to ~600 ms of committed-but-unflushed WAL on a server crash for faster commits,
 -- for the rest of the caller's transaction only.
 CREATE OR REPLACE FUNCTION courier.enable_fast_mode() RETURNS void
