@@ -326,7 +326,7 @@ def test_the_global_throughput_limit_applies_to_topics_without_their_own(conn, o
 
 def test_push_endpoints_enforce_max_depth_and_ttl_and_refuse_pull_only_keys(conn):
     conn.execute("""SELECT courier.create_endpoint('hook', 'http',
-                    '{"url": "http://127.0.0.1:9/x", "max_depth": 2, "message_ttl_seconds": 30}')""")
+                    '{"url": "https://h.example/x", "max_depth": 2, "message_ttl_seconds": 30}')""")
     first = scalar(conn, "SELECT courier.send('hook', '{}')")
     assert scalar(conn, "SELECT extract(epoch FROM expires_at - created_at) FROM courier.queue WHERE id = %s",
                   (first,)) == 30
@@ -338,14 +338,14 @@ def test_push_endpoints_enforce_max_depth_and_ttl_and_refuse_pull_only_keys(conn
             conn.execute(statement)
         assert refused.value.sqlstate == "53401"
     explicit = scalar(conn, "SELECT courier.send_with_options('hook', '{}', p_expires_at => now() + interval '1 h')"
-                            " FROM (SELECT courier.alter_endpoint('hook', '{\"url\": \"http://127.0.0.1:9/x\"}')) a")
+                            " FROM (SELECT courier.alter_endpoint('hook', '{\"url\": \"https://h.example/x\"}')) a")
     assert scalar(conn, "SELECT extract(epoch FROM expires_at - created_at) FROM courier.queue WHERE id = %s",
                   (explicit,)) == 3600
     for key, fragment in (("throughput_limit", "rate_limit"), ("max_retries", "retry policy"),
                           ("visibility_timeout", "pull topics only")):
         with pytest.raises(psycopg.errors.InvalidParameterValue, match=fragment):
             conn.execute("SELECT courier.create_endpoint('h2', 'http', %s)",
-                         (Jsonb({"url": "http://127.0.0.1:9/x", key: 5}),))
+                         (Jsonb({"url": "https://h.example/x", key: 5}),))
 
 
 def test_the_global_ttl_and_depth_apply_to_push_sends(conn, webhook):

@@ -96,3 +96,30 @@ def test_the_application_role_may_send_a_batch_with_options(conn, webhook, login
                       "p_headers := ARRAY['{\"X-Tenant\": \"acme\"}']::jsonb[])").fetchone()[0]
     assert conn.execute("SELECT headers FROM courier.queue WHERE id = %s", (ids[0],)).fetchone()[0] \
         == {"X-Tenant": "acme"}
+
+
+def test_a_key_delivered_and_archived_turns_its_batch_duplicate_away(conn, webhook):
+    from tests.test_idempotency_scope import deliver_all
+    first = send(conn, [{"n": 1}], keys=["k"])[0]
+    deliver_all(conn)
+    assert conn.execute("SELECT count(*) FROM courier.archive WHERE id = %s", (first,)).fetchone()[0] == 1
+    assert send(conn, [{"n": 1}, {"n": 2}], keys=["k", None])[0] == first  # not a second delivery
+    assert [row[1] for row in stored(conn)] == [{"n": 2}]
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        send(conn, [{"n": 3}], keys=["k"])
+
+
+def test_the_batch_path_respects_max_depth_and_reaches_pull_topics(conn, webhook):
+    conn.execute("SELECT courier.alter_endpoint('webhook', config || '{\"max_depth\": 2}') FROM courier.endpoints"
+                 " WHERE name = 'webhook'")
+    with pytest.raises(psycopg.Error) as refused:
+        send(conn, [{"n": 1}, {"n": 2}, {"n": 3}])
+    assert refused.value.sqlstate == "53401"
+
+    assert stored(conn) == []
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{\"message_ttl_seconds\": 60}')")
+    ids = conn.execute("SELECT courier.send_batch_with_options('orders', ARRAY['{\"n\": 1}', '{\"n\": 2}']::jsonb[])"
+                       ).fetchone()[0]
+    taken = conn.execute("SELECT id, expires_at > now() FROM courier.dequeue('orders', 10) d"
+                         " JOIN courier.queue q USING (id) ORDER BY id").fetchall()
+    assert taken == [(ids[0], True), (ids[1], True)]

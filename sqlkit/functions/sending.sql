@@ -397,6 +397,11 @@ DECLARE
     v_done_ids bigint[];
     v_sent boolean := false;
     v_held record;
+    v_kept record;
+    v_delivered bigint;
+    v_inserted bigint[] := '{}';   -- rows this call inserted (a held key's row is not ours)
+    v_protocol text;
+    v_config jsonb;
     v_text text;
     v_hint text;
 BEGIN
@@ -449,12 +454,18 @@ BEGIN
     END;
 
     SELECT max(octet_length(u.payload::text)) INTO v_largest FROM unnest(p_payloads) u(payload);
+    PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
     LOOP
-        SELECT e.id INTO v_endpoint_id FROM courier.endpoints e, courier.send_limits l
+        SELECT e.id, e.protocol, e.config INTO v_endpoint_id, v_protocol, v_config
+        FROM courier.endpoints e, courier.send_limits l
         WHERE e.name = p_endpoint_name AND e.enabled AND coalesce(v_largest, 0) <= l.max_payload_size
           AND (l.max_queue_size = 0 OR l.max_queue_size >= v_count + (
                SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
-               WHERE d.status IN ('pending', 'processing')));
+               WHERE d.status IN ('pending', 'processing')))
+          AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
+               OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) >= v_count + (
+               SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
+               WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'processing')));
         EXIT WHEN v_endpoint_id IS NOT NULL;
         PERFORM courier._send_refusal(p_endpoint_name, v_count, v_largest);
     END LOOP;
@@ -476,11 +487,14 @@ BEGIN
                                         p_metadata) m ON m.ord = l.ord
         ), inserted AS (
             INSERT INTO courier.queue (id, endpoint_id, payload, headers, metadata, priority, scheduled_at,
-                                       idempotency_key, payload_hash, correlation_id, expires_at, ordering_key)
+                                       idempotency_key, payload_hash, correlation_id, expires_at, ordering_key,
+                                       visible_at)
             OVERRIDING SYSTEM VALUE
             SELECT c.new_id, v_endpoint_id, c.payload, c.headers, c.metadata, c.priority, c.scheduled_at,
                    c.idempotency_key, CASE WHEN c.idempotency_key IS NOT NULL THEN md5(c.payload::text) END,
-                   c.correlation_id, c.expires_at, c.ordering_key
+                   c.correlation_id,
+                   coalesce(c.expires_at, courier._ttl_expires_at(v_config, coalesce(c.scheduled_at, now()))),
+                   c.ordering_key, courier._pull_visible_at(v_protocol, c.scheduled_at)
             FROM chosen c
             ORDER BY c.ord
             ON CONFLICT (endpoint_id, idempotency_key)
@@ -494,6 +508,7 @@ BEGIN
         FROM chosen c LEFT JOIN inserted i ON i.id = c.new_id;
         v_ids := ARRAY(SELECT coalesce(d.id, v_ids[n]) FROM generate_series(1, v_count) n
                        LEFT JOIN unnest(v_done, v_done_ids) AS d(ord, id) ON d.ord = n ORDER BY n);
+        v_inserted := v_inserted || coalesce(v_done_ids, '{}');
         v_sent := v_sent OR cardinality(v_left) < cardinality(v_new);
         IF cardinality(v_left) = 0 THEN
             EXIT;
@@ -526,6 +541,20 @@ BEGIN
                      LEFT JOIN held h ON h.ord = n ORDER BY n),
                ARRAY(SELECT l FROM unnest(v_left) l WHERE l NOT IN (SELECT ord FROM held) ORDER BY l)
         INTO v_ids, v_left;  -- what is left lost its holder meanwhile: insert it again
+    END LOOP;
+
+    -- A key delivered (and perhaps archived) within idempotency_retention_seconds still turns
+    -- its duplicate away, as in _send_one: checked after the insert, in a new snapshot.
+    FOR v_kept IN SELECT m.ord, m.idempotency_key, md5(m.payload::text) AS hash
+                  FROM courier._message_batch(p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys,
+                                              p_correlation_ids, p_expires_at, p_ordering_keys, p_headers,
+                                              p_metadata) m
+                  WHERE m.idempotency_key IS NOT NULL ORDER BY m.ord LOOP
+        v_delivered := courier._delivered_key_holder(p_endpoint_name, v_kept.idempotency_key, v_kept.hash);
+        IF v_delivered IS NOT NULL THEN
+            DELETE FROM courier.queue WHERE id = v_ids[v_kept.ord] AND id = ANY (v_inserted);
+            v_ids[v_kept.ord] := v_delivered;
+        END IF;
     END LOOP;
 
     IF v_sent THEN
