@@ -7,7 +7,7 @@
 --   LonnyMQ:      scheduled messages, served in due-time-then-id order from one index.
 --
 -- Pull messages are rows of courier.queue like any other; what marks them is visible_at
--- (migration 0025), which is never NULL for them and always NULL for push messages. While a
+-- (migration 0019), which is never NULL for them and always NULL for push messages. While a
 -- message is processing, visible_at is the end of its visibility timeout, and the row is due
 -- again once that passes: dequeue and receive take pending rows and such lapsed leases alike,
 -- from queue_pull_due_idx. processing_started_at stays NULL for pull rows so that the push
