@@ -75,7 +75,9 @@ GRANT EXECUTE ON FUNCTION
     courier.send_with_options(text, jsonb, integer, timestamptz, text, uuid, timestamptz, text, jsonb, jsonb),
     courier.send_batch(text, jsonb[]),
     courier.send_batch_with_priority(text, jsonb[], integer),
-    courier.enable_fast_mode()
+    courier.enable_fast_mode(),
+    courier.publish(text, jsonb, text, uuid),
+    courier.publish_batch(text, jsonb[])
 TO courier_application;
 
 -- Monitors see counts, states and health: the counter tables whole, and of the tables that
@@ -93,6 +95,8 @@ GRANT SELECT (id, endpoint_id, status, priority, retry_count, max_retries, sched
               worker_id, completed_at, created_at, archived_at)
     ON courier.archive TO courier_monitor;
 GRANT SELECT (id, event_type, endpoint_id, actor, created_at) ON courier.event_log TO courier_monitor;
+GRANT SELECT (id, name, description, created_at) ON courier.event_types TO courier_monitor;
+GRANT SELECT (id, event_type_id, endpoint_id, created_at) ON courier.subscriptions TO courier_monitor;
 -- The Spark pipeline's results are aggregates: counts, latencies and error classes per hour.
 DO $$
 DECLARE
