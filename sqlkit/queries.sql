@@ -46,6 +46,35 @@ SELECT courier.send_with_options(
 -- name: send_batch_with_priority
 SELECT courier.send_batch_with_priority(%(endpoint)s, %(payloads)s::jsonb[], %(priority)s);
 
+-- name: create_event_type
+SELECT courier.create_event_type(%(name)s, %(description)s);
+
+-- name: drop_event_type
+SELECT courier.drop_event_type(%(name)s, %(force)s);
+
+-- name: list_event_types
+SELECT t.id, t.name, t.description, t.created_at,
+       coalesce(jsonb_agg(jsonb_build_object('endpoint', e.name, 'filter', s.filter) ORDER BY e.name)
+                FILTER (WHERE s.id IS NOT NULL), '[]') AS subscriptions
+FROM courier.event_types t
+LEFT JOIN courier.subscriptions s ON s.event_type_id = t.id
+LEFT JOIN courier.endpoints e ON e.id = s.endpoint_id
+GROUP BY t.id
+ORDER BY t.name;
+
+-- name: subscribe
+SELECT courier.subscribe(%(event_type)s, %(endpoint)s, %(filter)s);
+
+-- name: unsubscribe
+SELECT courier.unsubscribe(%(event_type)s, %(endpoint)s);
+
+-- name: publish
+SELECT courier.publish(%(event_type)s, %(payload)s, p_idempotency_key := %(idempotency_key)s,
+                       p_correlation_id := %(correlation_id)s);
+
+-- name: publish_batch
+SELECT courier.publish_batch(%(event_type)s, %(payloads)s::jsonb[]);
+
 -- name: get_message
 -- A message is in the queue while active and in the archive once finished. Producer headers
 -- may carry credentials: shown redacted, as everywhere else.

@@ -8,6 +8,7 @@ import pytest
 
 from tests import test_roles_and_psql
 from tests.helpers import queue_rows, scalar
+from tests.test_cli import run as cli
 from tests.test_roles_and_psql import psql
 
 login_as = test_roles_and_psql.login_as  # the fixture, for tests here that log in as a role
@@ -197,3 +198,48 @@ def test_admin_manages_event_types_and_monitor_only_reads_them(conn, login_as):
                            "JOIN courier.event_types e ON e.id = s.event_type_id").fetchall() == [("invoice.paid", 1)]
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         monitor.execute("SELECT courier.publish('invoice.paid', '{}')")
+
+
+# The CLI, run as a user runs it ------------------------------------------------------------
+
+def test_cli_creates_subscribes_and_publishes(dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('billing', 'http', %s)", (HOOK,))
+    conn.execute("SELECT courier.create_endpoint('audit', 'noop')")
+    assert cli("event-type", "create", "order.created", "--description", "An order was placed", dsn=dsn).code == 0
+    assert cli("subscribe", "order.created", "billing", "--filter", '{"region": "eu"}', dsn=dsn).code == 0
+    assert cli("subscribe", "order.created", "audit", dsn=dsn).code == 0
+
+    published = cli("publish", "order.created", '{"id": 42, "region": "eu"}', "--json", dsn=dsn)
+    assert published.code == 0 and published.json() == {"event_type": "order.created", "queued": 2}
+    batch = cli("publish", "order.created", "--batch", dsn=dsn, stdin='{"id": 1}\n{"id": 2, "region": "eu"}\n')
+    assert batch.code == 0 and "2 order.created event(s): 3 message(s) queued" in batch.text
+    assert fanned_out(conn) == [("billing", 42), ("audit", 42), ("audit", 1), ("billing", 2), ("audit", 2)]
+
+    listed = cli("event-type", "list", "--json", dsn=dsn).json()
+    assert [(t["name"], t["subscriptions"]) for t in listed] == [
+        ("order.created", [{"endpoint": "audit", "filter": {}}, {"endpoint": "billing", "filter": {"region": "eu"}}])]
+
+    assert cli("unsubscribe", "order.created", "billing", dsn=dsn).code == 0
+    assert cli("event-type", "drop", "order.created", dsn=dsn).code == 1
+    assert cli("event-type", "drop", "order.created", "--force", dsn=dsn).code == 0
+    assert scalar(conn, "SELECT count(*) FROM courier.event_types") == 0
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (("publish", "nope", "{}"), 1, 'error: event type "nope" does not exist (SQLSTATE P0002)'),
+    (("publish", "order.created", "{bad"), 2, "Invalid value for PAYLOAD: not valid JSON"),
+    (("subscribe", "order.created", "billing", "--filter", "[1]"), 2, "--filter: must be a JSON object"),
+    (("subscribe", "order.created", "nowhere"), 1, 'error: endpoint "nowhere" does not exist'),
+    (("event-type", "create", "bad name"), 1, "error: invalid event type name"),
+    (("publish", "order.created", "{}", "--batch", "--idempotency-key", "k"), 2, "--batch takes no"),
+], ids=["unknown-type", "bad-json", "array-filter", "unknown-endpoint", "bad-name", "batch-with-key"])
+def test_cli_bad_arguments_give_one_readable_line(dsn, orders, args, code, message):
+    done = cli(*args, dsn=dsn)
+    assert done.code == code
+    assert message in " ".join(done.err.split())
+    assert "Traceback" not in done.err
+
+
+def test_cli_unreachable_database_is_one_line(orders):
+    done = cli("publish", "order.created", "{}", dsn="postgresql://postgres@127.0.0.1:1/nowhere")
+    assert done.code == 1 and done.err.startswith("error: cannot connect to PostgreSQL")

@@ -66,13 +66,14 @@ def _register() -> None:
         events,
         metrics,
         pipeline,
+        pubsub,
         send,
         status,
         worker,
     )
 
-    for module in (db, endpoint, send, config, worker, status, dlq, archive, metrics, events, bench, demo, console,
-                   pipeline):
+    for module in (db, endpoint, send, pubsub, config, worker, status, dlq, archive, metrics, events, bench, demo,
+                   console, pipeline):
         for command in module.COMMANDS:
             main.add_command(command)
 
