@@ -75,6 +75,26 @@ SELECT courier.publish(%(event_type)s, %(payload)s, p_idempotency_key := %(idemp
 -- name: publish_batch
 SELECT courier.publish_batch(%(event_type)s, %(payloads)s::jsonb[]);
 
+-- name: consumer_dequeue
+SELECT id, lease, payload, payload_binary, body, metadata, key, retry_count, max_retries, created_at, visible_until
+FROM courier.dequeue(%(topic)s, %(count)s, %(visibility_timeout)s);
+
+-- name: consumer_ack
+SELECT id, result FROM courier.ack(%(ids)s::bigint[], %(leases)s::integer[]);
+
+-- name: consumer_nack
+SELECT id, result FROM courier.nack(%(ids)s::bigint[], %(leases)s::integer[], %(error)s);
+
+-- name: consumer_extend_lease
+SELECT id, result, visible_until
+FROM courier.extend_lease(%(ids)s::bigint[], %(leases)s::integer[], %(visibility_timeout)s);
+
+-- name: consumer_peek
+SELECT courier.peek(%(topic)s);
+
+-- name: consumer_receive
+SELECT id, payload, payload_binary, body, metadata, key, created_at FROM courier.receive(%(topic)s, %(count)s);
+
 -- name: get_message
 -- A message is in the queue while active and in the archive once finished. Producer headers
 -- may carry credentials: shown redacted, as everywhere else.
