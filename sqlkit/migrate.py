@@ -29,8 +29,8 @@ _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 # Any fixed key works; this one spells "courier" in the first bytes for pg_locks readers.
 MIGRATION_LOCK_KEY = 0x636F7572696572
 # The order function files are applied in; roles.sql grants on what the others define.
-FUNCTION_AREAS = ("internals", "endpoints", "sending", "claiming", "delivery", "archive",
-                  "observability", "pubsub", "roles")
+FUNCTION_AREAS = ("internals", "endpoints", "sending", "claiming", "delivery", "archive", "pull",
+                  "pubsub", "observability", "roles")
 
 
 def _checksum(sql: str) -> str:

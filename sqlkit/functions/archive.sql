@@ -179,11 +179,11 @@ BEGIN
     INSERT INTO courier.archive (id, endpoint_id, payload, headers, metadata, status, priority, retry_count,
                                  max_retries, scheduled_at, expires_at, idempotency_key, correlation_id,
                                  ordering_key, last_error, error_history, worker_id, response, completed_at,
-                                 created_at)
+                                 created_at, key, payload_binary, body)
     SELECT m.id, m.endpoint_id, m.payload, m.headers, m.metadata, coalesce(p_status, m.status), m.priority,
            m.retry_count, m.max_retries, m.scheduled_at, m.expires_at, m.idempotency_key, m.correlation_id,
            m.ordering_key, m.last_error, m.error_history, m.worker_id, coalesce(r.response, m.response),
-           coalesce(m.completed_at, now()), m.created_at
+           coalesce(m.completed_at, now()), m.created_at, m.key, m.payload_binary, m.body
     FROM moved m
     LEFT JOIN unnest(p_ids, p_responses) AS r(id, response) ON r.id = m.id AND p_responses IS NOT NULL;
     GET DIAGNOSTICS v_moved = ROW_COUNT;
@@ -295,10 +295,13 @@ DECLARE
 BEGIN
     PERFORM courier._require_room(cardinality(p_archive_ids));
     WITH replayed AS (
-        INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, ordering_key, correlation_id)
+        -- A pull message comes back without its key, as without its idempotency key.
+        INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, ordering_key, correlation_id,
+                                   payload_binary, body, visible_at)
         SELECT a.endpoint_id, a.payload, a.headers, a.metadata || jsonb_build_object('replayed_from', a.id),
-               a.priority, a.ordering_key, a.correlation_id
-        FROM courier.archive a
+               a.priority, a.ordering_key, a.correlation_id, a.payload_binary, a.body,
+               courier._pull_visible_at(e.protocol, NULL)
+        FROM courier.archive a JOIN courier.endpoints e ON e.id = a.endpoint_id
         WHERE a.id = ANY (p_archive_ids) AND a.created_at >= p_from_ts AND a.created_at < p_to_ts
         ORDER BY a.id
         RETURNING endpoint_id

@@ -164,10 +164,10 @@ BEGIN
     ),
     requeued AS (
         INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, ordering_key,
-                                   correlation_id, scheduled_at)
+                                   correlation_id, scheduled_at, visible_at, payload_binary, body)
         SELECT d.endpoint_id, d.payload, d.headers, d.metadata, d.priority, d.ordering_key,
-               d.correlation_id, NULL
-        FROM courier.dlq d JOIN picked USING (id)
+               d.correlation_id, NULL, courier._pull_visible_at(e.protocol, NULL), d.payload_binary, d.body
+        FROM courier.dlq d JOIN picked USING (id) JOIN courier.endpoints e ON e.id = d.endpoint_id
         ORDER BY d.original_message_id, d.id
         RETURNING id, correlation_id
     ),

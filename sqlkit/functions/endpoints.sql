@@ -127,11 +127,26 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
-    v_common text[] := ARRAY['rate_limit', 'auto_disable_on_gone', 'concurrency'];
+    -- Push endpoints also take a TTL and a depth limit (enforced at send); the pull-only keys
+    -- are refused on them by name below, with what to use instead.
+    v_common text[] := ARRAY['rate_limit', 'auto_disable_on_gone', 'concurrency', 'message_ttl_seconds', 'max_depth'];
     v_what text := coalesce(p_protocol, '?') || ' config';
 BEGIN
     IF p_config IS NULL OR jsonb_typeof(p_config) <> 'object' THEN
         PERFORM courier._raise_invalid('endpoint config must be a JSON object');
+    END IF;
+    IF p_protocol IS DISTINCT FROM 'pull' THEN
+        IF p_config ? 'max_retries' THEN
+            PERFORM courier._raise_invalid(format('%s: max_retries of a push endpoint is set in its retry policy', v_what),
+                                           'Use retry_policy {"max_retries": N} (`courier endpoint create --retry-policy`)');
+        END IF;
+        IF p_config ? 'throughput_limit' THEN
+            PERFORM courier._raise_invalid(format('%s: throughput_limit applies to pull topics; a push endpoint is limited by rate_limit', v_what),
+                                           'Use "rate_limit": {"rate": per-second, "burst": tokens}');
+        END IF;
+        IF p_config ? 'visibility_timeout' THEN
+            PERFORM courier._raise_invalid(format('%s: visibility_timeout applies to pull topics only', v_what));
+        END IF;
     END IF;
 
     CASE p_protocol
@@ -213,17 +228,18 @@ BEGIN
     WHEN 'noop' THEN
         PERFORM courier._require_keys_within(v_what, p_config, v_common);
     WHEN 'pull' THEN
-        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY[
+        -- A JSON null means "the global default", as a missing key does (queue-ti).
+        PERFORM courier._require_keys_within(v_what, p_config, ARRAY[
             'max_retries', 'message_ttl_seconds', 'max_depth', 'throughput_limit', 'visibility_timeout']);
-        PERFORM courier._require_integer(v_what, p_config, 'max_retries', 0, 1000);
-        PERFORM courier._require_integer(v_what, p_config, 'message_ttl_seconds', 0, 31536000);
-        PERFORM courier._require_integer(v_what, p_config, 'max_depth', 0, 2147483647);
-        PERFORM courier._require_positive_number(v_what, p_config, 'throughput_limit', 0, 1000000);
-        PERFORM courier._require_integer(v_what, p_config, 'visibility_timeout', 1, 43200);
+        PERFORM courier._require_integer(v_what, jsonb_strip_nulls(p_config), 'max_retries', 0, 1000);
+        PERFORM courier._require_positive_number(v_what, jsonb_strip_nulls(p_config), 'throughput_limit', 0, 1000000);
+        PERFORM courier._require_integer(v_what, jsonb_strip_nulls(p_config), 'visibility_timeout', 1, 43200);
     ELSE
         PERFORM courier._raise_invalid(format('unknown protocol %L', p_protocol),
                                        'Protocols: http, redis, amqp, mqtt, nats, noop, pull');
     END CASE;
+    PERFORM courier._require_integer(v_what, jsonb_strip_nulls(p_config), 'message_ttl_seconds', 0, 31536000);
+    PERFORM courier._require_integer(v_what, jsonb_strip_nulls(p_config), 'max_depth', 0, 2147483647);
     IF p_protocol IN ('redis', 'amqp', 'mqtt', 'nats') THEN
         -- Seconds a broker dispatcher waits to connect and for a batch's acknowledgements.
         PERFORM courier._require_positive_number(v_what, p_config, 'timeout', 0.001, 300);

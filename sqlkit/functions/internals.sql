@@ -127,6 +127,11 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 BEGIN
+    -- Keyed upsert (pull topics, queue-ti): a pending message with a key is replaced in place.
+    IF OLD.key IS NOT NULL AND OLD.visible_at IS NOT NULL AND OLD.status = 'pending' AND NEW.status = 'pending'
+       AND OLD.headers IS NOT DISTINCT FROM NEW.headers THEN
+        RETURN NEW;
+    END IF;
     RAISE EXCEPTION '[courier] message % is immutable: payload and headers cannot change once enqueued', OLD.id
         USING ERRCODE = '55000',
               HINT = 'Send a new message instead, or replay the original from the archive.';
@@ -135,7 +140,8 @@ $$;
 
 CREATE OR REPLACE TRIGGER queue_payload_immutable BEFORE UPDATE ON courier.queue
     FOR EACH ROW
-    WHEN (OLD.payload IS DISTINCT FROM NEW.payload OR OLD.headers IS DISTINCT FROM NEW.headers)
+    WHEN (OLD.payload IS DISTINCT FROM NEW.payload OR OLD.headers IS DISTINCT FROM NEW.headers
+          OR OLD.payload_binary IS DISTINCT FROM NEW.payload_binary OR OLD.body IS DISTINCT FROM NEW.body)
     EXECUTE FUNCTION courier._forbid_payload_change();
 
 -- Endpoint configuration -------------------------------------------------------------

@@ -77,19 +77,31 @@ GRANT EXECUTE ON FUNCTION
     courier.send_batch_with_priority(text, jsonb[], integer),
     courier.enable_fast_mode(),
     courier.publish(text, jsonb, text, uuid),
-    courier.publish_batch(text, jsonb[])
+    courier.publish_batch(text, jsonb[]),
+    courier.enqueue(text, jsonb, text, jsonb, bytea, text, timestamptz),
+    courier.dequeue(text, integer, integer),
+    courier.ack(bigint[], integer[]),
+    courier.ack(bigint, integer),
+    courier.nack(bigint[], integer[], text),
+    courier.nack(bigint, integer, text),
+    courier.extend_lease(bigint[], integer[], integer),
+    courier.receive(text, integer),
+    courier.peek(text)
 TO courier_application;
 
 -- Monitors see counts, states and health: the counter tables whole, and of the tables that
 -- hold messages, endpoints and events only the columns that say where things stand.
 GRANT SELECT ON courier.settings, courier.queue_depth, courier.delivery_totals, courier.dlq_depth,
-                courier.workers, courier.replays, courier.schema_migrations, courier.schema_functions
+                courier.workers, courier.replays, courier.schema_migrations, courier.schema_functions,
+                courier.reaper_runs
     TO courier_monitor;
 GRANT SELECT (id, endpoint_id, status, priority, retry_count, max_retries, next_retry_at, scheduled_at,
-              expires_at, worker_id, processing_started_at, completed_at, created_at, updated_at, lease)
+              expires_at, worker_id, processing_started_at, completed_at, created_at, updated_at, lease,
+              visible_at)
     ON courier.queue TO courier_monitor;
 GRANT SELECT (id, original_message_id, endpoint_id, endpoint_name, priority, retry_count, status,
-              scheduled_at, expires_at, original_created_at, failed_at, redriven_at, redriven_message_id)
+              scheduled_at, expires_at, original_created_at, failed_at, redriven_at, redriven_message_id,
+              original_topic, dlq_moved_at)
     ON courier.dlq TO courier_monitor;
 GRANT SELECT (id, endpoint_id, status, priority, retry_count, max_retries, scheduled_at, expires_at,
               worker_id, completed_at, created_at, archived_at)
@@ -121,7 +133,9 @@ GRANT EXECUTE ON FUNCTION
     courier.get_worker_status(),
     courier.health_check(),
     courier.archive_partitions(),
-    courier.count_archive_partition(text)
+    courier.count_archive_partition(text),
+    courier.peek(text),
+    courier.topics()
 TO courier_monitor;
 
 -- Admins run Courier: every function, including the worker primitives, and the rows of every

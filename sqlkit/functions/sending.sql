@@ -56,6 +56,7 @@ BEGIN
             USING ERRCODE = '53400',
                   HINT = 'Retry with client-side backoff, add workers, or raise max_queue_size';
     END IF;
+    PERFORM courier._enforce_max_depth((SELECT id FROM courier.endpoints WHERE name = p_endpoint_name), p_incoming);
 END
 $$;
 
@@ -151,26 +152,39 @@ BEGIN
     LOOP
         IF p_idempotency_key IS NULL THEN
             INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, scheduled_at,
-                                       correlation_id, expires_at, ordering_key)
+                                       correlation_id, expires_at, ordering_key, visible_at)
             SELECT e.id, p_payload, coalesce(p_headers, '{}'), coalesce(p_metadata, '{}'), p_priority,
-                   p_scheduled_at, p_correlation_id, p_expires_at, p_ordering_key
+                   p_scheduled_at, p_correlation_id,
+                   coalesce(p_expires_at, courier._ttl_expires_at(e.config, coalesce(p_scheduled_at, now()))),
+                   p_ordering_key, courier._pull_visible_at(e.protocol, p_scheduled_at)
             FROM courier.endpoints e, courier.send_limits l
             WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
               AND (l.max_queue_size = 0 OR l.max_queue_size >= 1 + (
                    SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
                    WHERE d.status IN ('pending', 'processing')))
+              AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
+                   OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) >= 1 + (
+                   SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
+                   WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'processing')))
             RETURNING id, endpoint_id, (SELECT value::boolean FROM courier.settings WHERE name = 'notify_on_send')
             INTO v_id, v_endpoint_id, v_notify;
         ELSE
             INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, scheduled_at,
-                                       idempotency_key, payload_hash, correlation_id, expires_at, ordering_key)
+                                       idempotency_key, payload_hash, correlation_id, expires_at, ordering_key,
+                                       visible_at)
             SELECT e.id, p_payload, coalesce(p_headers, '{}'), coalesce(p_metadata, '{}'), p_priority,
-                   p_scheduled_at, p_idempotency_key, v_hash, p_correlation_id, p_expires_at, p_ordering_key
+                   p_scheduled_at, p_idempotency_key, v_hash, p_correlation_id,
+                   coalesce(p_expires_at, courier._ttl_expires_at(e.config, coalesce(p_scheduled_at, now()))),
+                   p_ordering_key, courier._pull_visible_at(e.protocol, p_scheduled_at)
             FROM courier.endpoints e, courier.send_limits l
             WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
               AND (l.max_queue_size = 0 OR l.max_queue_size >= 1 + (
                    SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
                    WHERE d.status IN ('pending', 'processing')))
+              AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
+                   OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) >= 1 + (
+                   SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
+                   WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'processing')))
             ON CONFLICT (endpoint_id, idempotency_key)
                 WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')
             DO NOTHING
@@ -270,7 +284,11 @@ BEGIN
         WHERE e.name = p_endpoint_name AND e.enabled AND coalesce(v_largest, 0) <= l.max_payload_size
           AND (l.max_queue_size = 0 OR l.max_queue_size >= v_count + (
                SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
-               WHERE d.status IN ('pending', 'processing')));
+               WHERE d.status IN ('pending', 'processing')))
+          AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
+               OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) >= v_count + (
+               SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
+               WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'processing')));
         EXIT WHEN v_endpoint_id IS NOT NULL;
         PERFORM courier._send_refusal(p_endpoint_name, v_count, v_largest);
     END LOOP;
@@ -279,9 +297,11 @@ BEGIN
     END IF;
 
     WITH inserted AS (
-        INSERT INTO courier.queue (endpoint_id, payload, priority)
-        SELECT v_endpoint_id, payload, p_priority
-        FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord)
+        INSERT INTO courier.queue (endpoint_id, payload, priority, expires_at, visible_at)
+        SELECT v_endpoint_id, payload, p_priority, courier._ttl_expires_at(e.config, now()),
+               courier._pull_visible_at(e.protocol, NULL)
+        FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord), courier.endpoints e
+        WHERE e.id = v_endpoint_id
         ORDER BY ord
         RETURNING id
     )

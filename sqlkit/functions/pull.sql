@@ -1,0 +1,782 @@
+-- Pull topics: endpoints with protocol 'pull', whose consumers take messages themselves.
+--   queue-ti:     enqueue (keyed upsert), dequeue with a visibility timeout and a lease,
+--                 ack / nack / extend_lease fenced by that lease, <topic>.dlq and requeue,
+--                 per-topic max_retries, message_ttl_seconds, max_depth, throughput_limit,
+--                 the expiry and delete reapers.
+--   NServiceBus:  receive, a destructive FIFO read that drops expired messages, and peek.
+--   LonnyMQ:      scheduled messages, served in due-time-then-id order from one index.
+--
+-- Pull messages are rows of courier.queue like any other; what marks them is visible_at
+-- (migration 0025), which is never NULL for them and always NULL for push messages. While a
+-- message is processing, visible_at is the end of its visibility timeout, and the row is due
+-- again once that passes: dequeue and receive take pending rows and such lapsed leases alike,
+-- from queue_pull_due_idx. processing_started_at stays NULL for pull rows so that the push
+-- engine's stale recovery (which counts from it) never takes a message a consumer holds.
+--
+-- Statuses follow queue-ti's lifecycle: pending -> processing -> ack -> completed (queue-ti's
+-- "deleted": gone from the active queue, moved to the archive by the maintenance leader);
+-- nack -> pending, or once past max_retries -> courier.dlq (<topic>.dlq) and the archive as
+-- failed; TTL passed -> expired (reaper), then deleted for good by the delete reaper.
+
+-- Resolving topics and their limits -----------------------------------------------------
+
+-- The pull endpoint named p_topic, or an error that says what is wrong with the name.
+CREATE OR REPLACE FUNCTION courier._pull_topic(p_topic text) RETURNS courier.endpoints
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_endpoint courier.endpoints;
+BEGIN
+    SELECT * INTO v_endpoint FROM courier.endpoints WHERE name = p_topic;
+    IF FOUND AND v_endpoint.protocol = 'pull' THEN
+        RETURN v_endpoint;
+    END IF;
+    IF p_topic LIKE '%.dlq' THEN
+        RAISE EXCEPTION '[courier] topic names ending in ".dlq" are reserved: % holds the dead letters of %',
+                p_topic, left(p_topic, -4)
+            USING ERRCODE = '22023',
+                  HINT = 'Browse them with `courier dlq list`; put one back with courier.requeue(dlq_id)';
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '[courier] topic "%" does not exist', coalesce(p_topic, 'NULL')
+            USING ERRCODE = 'P0002', HINT = 'Create it with `courier topic create` (an endpoint with protocol pull)';
+    END IF;
+    RAISE EXCEPTION '[courier] endpoint "%" is a % endpoint, not a pull topic', p_topic, v_endpoint.protocol
+        USING ERRCODE = '42809', HINT = 'Send to push endpoints with courier.send(); consumers pull from topics';
+END
+$$;
+
+-- An endpoint's own limit p_key from its config, else the global setting p_setting. A JSON
+-- null in the config, like a missing key, means the global default (queue-ti's precedence).
+CREATE OR REPLACE FUNCTION courier._endpoint_limit(p_config jsonb, p_key text, p_setting text) RETURNS numeric
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce((p_config ->> p_key)::numeric, (SELECT value::numeric FROM courier.settings WHERE name = p_setting))
+$$;
+
+CREATE OR REPLACE FUNCTION courier._endpoint_max_retries(p_endpoint courier.endpoints) RETURNS integer
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce((p_endpoint.config ->> 'max_retries')::integer, (p_endpoint.retry_policy ->> 'max_retries')::integer,
+                    (SELECT value::integer FROM courier.settings WHERE name = 'default_max_retries'))
+$$;
+
+-- Raises SQLSTATE 53401 when p_adding more messages would take the endpoint past its max_depth
+-- (its config's, else default_max_depth; 0 is unlimited). A check, not a lock: producers
+-- racing at the limit can overshoot it by one batch each, as with max_queue_size.
+CREATE OR REPLACE FUNCTION courier._enforce_max_depth(p_endpoint_id bigint, p_adding bigint) RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_name text;
+    v_limit numeric;
+    v_active bigint;
+BEGIN
+    SELECT e.name, courier._endpoint_limit(e.config, 'max_depth', 'default_max_depth')
+    INTO v_name, v_limit FROM courier.endpoints e WHERE e.id = p_endpoint_id;
+    IF coalesce(v_limit, 0) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(sum(d.messages), 0) INTO v_active FROM courier.queue_depth d
+    WHERE d.endpoint_id = p_endpoint_id AND d.status IN ('pending', 'processing');
+    IF v_active + p_adding > v_limit THEN
+        RAISE EXCEPTION '[courier] "%" is full: % pending/processing message(s) plus % new would exceed its max_depth %',
+                v_name, v_active, p_adding, v_limit
+            USING ERRCODE = '53401',
+                  HINT = 'Consume to make room and retry with backoff, or raise max_depth (endpoint config or default_max_depth)';
+    END IF;
+END
+$$;
+
+-- When a message sent now to an endpoint of protocol p_protocol and scheduled at p_scheduled_at
+-- becomes visible: NULL for push endpoints, which keeps their rows out of the pull index.
+CREATE OR REPLACE FUNCTION courier._pull_visible_at(p_protocol text, p_scheduled_at timestamptz) RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$ SELECT CASE WHEN p_protocol = 'pull' THEN coalesce(p_scheduled_at, now()) END $$;
+
+-- When a message due at p_due expires under the endpoint's TTL (message_ttl_seconds, else
+-- default_message_ttl; 0: never). The TTL runs from when the message is due, so a scheduled
+-- message never expires before it could be taken.
+CREATE OR REPLACE FUNCTION courier._ttl_expires_at(p_config jsonb, p_due timestamptz) RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$
+    SELECT p_due + make_interval(secs => nullif(courier._endpoint_limit(p_config, 'message_ttl_seconds',
+                                                                         'default_message_ttl'), 0)::double precision)
+$$;
+
+-- throughput_limit (messages per second; its config's, else default_throughput_limit; 0 is
+-- unlimited) as a token bucket holding one second's worth, in the columns the push rate
+-- limit uses. Returns how many of p_wanted may be handed out now and takes them; the caller
+-- gives back what it did not use. Serialises the consumers of a limited topic only.
+CREATE OR REPLACE FUNCTION courier._take_throughput(p_endpoint courier.endpoints, p_wanted integer) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_rate double precision := courier._endpoint_limit(p_endpoint.config, 'throughput_limit', 'default_throughput_limit');
+    v_burst double precision;
+    v_tokens double precision;
+    v_take integer;
+BEGIN
+    IF coalesce(v_rate, 0) = 0 THEN
+        RETURN p_wanted;
+    END IF;
+    v_burst := greatest(v_rate, 1);
+    SELECT least(v_burst, coalesce(rate_tokens, v_burst) + v_rate * extract(epoch FROM now() - coalesce(rate_refilled_at, now())))
+    INTO v_tokens FROM courier.endpoints WHERE id = p_endpoint.id FOR UPDATE;
+    v_take := least(p_wanted, greatest(floor(v_tokens), 0))::integer;
+    UPDATE courier.endpoints SET rate_tokens = v_tokens - v_take, rate_refilled_at = now() WHERE id = p_endpoint.id;
+    RETURN v_take;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._return_throughput(p_endpoint courier.endpoints, p_unused integer) RETURNS void
+LANGUAGE sql
+AS $$
+    UPDATE courier.endpoints SET rate_tokens = rate_tokens + p_unused
+    WHERE id = p_endpoint.id AND p_unused > 0 AND rate_tokens IS NOT NULL
+      AND coalesce(courier._endpoint_limit(p_endpoint.config, 'throughput_limit', 'default_throughput_limit'), 0) > 0
+$$;
+
+CREATE OR REPLACE FUNCTION courier._require_count(p_what text, p_count integer, p_max integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_count IS NULL OR p_count NOT BETWEEN 1 AND p_max THEN
+        RAISE EXCEPTION '[courier] % must be between 1 and %, got %', p_what, p_max, coalesce(p_count::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._require_pull_leases(p_ids bigint[], p_leases integer[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_ids IS NULL OR coalesce(cardinality(p_ids), 0) <> coalesce(cardinality(p_leases), 0)
+       OR array_position(p_ids, NULL) IS NOT NULL OR array_position(p_leases, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION '[courier] every message id needs the lease its dequeue returned (ids and leases of equal length, no NULLs)'
+            USING ERRCODE = '22023', HINT = 'Pass the id and lease columns of courier.dequeue() for each message';
+    END IF;
+    IF cardinality(p_ids) > 10000 THEN
+        RAISE EXCEPTION '[courier] at most 10000 messages per call, got %', cardinality(p_ids) USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- Enqueue ----------------------------------------------------------------------------------
+
+-- Adds a message to a pull topic and returns its id. With p_key, a pending message of the
+-- topic with that key is replaced in place (payload, binary payload, body, metadata, and the
+-- schedule if one is given) and keeps its id; a message with that key in processing is never
+-- touched, and the enqueue is refused (23505) until it is acked, nacked or expires. A binary
+-- payload alone is stored with payload JSON null.
+CREATE OR REPLACE FUNCTION courier.enqueue(
+    p_topic          text,
+    p_payload        jsonb,
+    p_key            text        DEFAULT NULL,
+    p_metadata       jsonb       DEFAULT NULL,
+    p_payload_binary bytea       DEFAULT NULL,
+    p_body           text        DEFAULT NULL,
+    p_scheduled_at   timestamptz DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_topic courier.endpoints := courier._pull_topic(p_topic);
+    v_payload jsonb := coalesce(p_payload, CASE WHEN p_payload_binary IS NOT NULL THEN 'null'::jsonb END);
+    v_metadata jsonb := coalesce(p_metadata, '{}');
+    v_size bigint;
+    v_due timestamptz := coalesce(p_scheduled_at, now());
+    v_id bigint;
+    v_status text;
+BEGIN
+    IF v_payload IS NULL THEN
+        RAISE EXCEPTION '[courier] payload must not be NULL' USING ERRCODE = '22004',
+            HINT = 'Give a JSON payload, a binary payload (p_payload_binary), or both';
+    END IF;
+    IF jsonb_typeof(v_metadata) <> 'object' THEN
+        RAISE EXCEPTION '[courier] metadata must be a JSON object, got %', jsonb_typeof(v_metadata) USING ERRCODE = '22023';
+    END IF;
+    IF v_metadata <> '{}' AND jsonb_path_exists(v_metadata, 'strict $.**{32}') THEN
+        RAISE EXCEPTION '[courier] metadata is nested more than 32 levels deep' USING ERRCODE = '22023';
+    END IF;
+    IF length(p_key) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION '[courier] key must be 1 to 255 characters, got %', length(p_key) USING ERRCODE = '22023';
+    END IF;
+    IF p_scheduled_at = 'infinity' OR p_scheduled_at = '-infinity' THEN
+        RAISE EXCEPTION '[courier] scheduled_at must be a finite time' USING ERRCODE = '22023';
+    END IF;
+    v_size := octet_length(v_payload::text) + coalesce(octet_length(p_payload_binary), 0) + coalesce(octet_length(p_body), 0);
+    -- The endpoint's state, the size and max_queue_size, with send()'s errors.
+    IF NOT v_topic.enabled OR v_size > courier._max_payload_size() OR NOT courier._has_room(1) THEN
+        PERFORM courier._send_refusal(p_topic, 1, v_size);
+    END IF;
+
+    LOOP
+        IF p_key IS NOT NULL THEN
+            UPDATE courier.queue q
+            SET payload = v_payload, payload_binary = p_payload_binary, body = p_body, metadata = v_metadata,
+                scheduled_at = coalesce(p_scheduled_at, q.scheduled_at),
+                visible_at = coalesce(p_scheduled_at, q.visible_at),
+                expires_at = CASE WHEN p_scheduled_at IS NULL THEN q.expires_at
+                                  ELSE courier._ttl_expires_at(v_topic.config, p_scheduled_at) END,
+                updated_at = now()
+            WHERE q.endpoint_id = v_topic.id AND q.key = p_key AND q.status = 'pending'
+            RETURNING q.id INTO v_id;
+            IF v_id IS NOT NULL THEN
+                RETURN v_id;
+            END IF;
+        END IF;
+
+        PERFORM courier._enforce_max_depth(v_topic.id, 1);
+        INSERT INTO courier.queue (endpoint_id, payload, payload_binary, body, metadata, key, scheduled_at,
+                                   visible_at, expires_at)
+        VALUES (v_topic.id, v_payload, p_payload_binary, p_body, v_metadata, p_key, p_scheduled_at,
+                v_due, courier._ttl_expires_at(v_topic.config, v_due))
+        ON CONFLICT (endpoint_id, key) WHERE key IS NOT NULL AND status IN ('pending', 'processing')
+        DO NOTHING
+        RETURNING id INTO v_id;
+        IF v_id IS NOT NULL THEN
+            RETURN v_id;
+        END IF;
+
+        SELECT q.id, q.status INTO v_id, v_status FROM courier.queue q
+        WHERE q.endpoint_id = v_topic.id AND q.key = p_key AND q.status IN ('pending', 'processing');
+        IF v_status = 'processing' THEN
+            RAISE EXCEPTION '[courier] message % with key "%" is being processed and cannot be replaced', v_id, p_key
+                USING ERRCODE = '23505',
+                      HINT = 'Enqueue again once it has been acked or nacked, or its visibility timeout has passed';
+        END IF;
+        -- It went to pending (nacked) or away (acked) meanwhile: go round again.
+    END LOOP;
+END
+$$;
+
+-- Dequeue, ack, nack, leases -------------------------------------------------------------------
+
+-- Moves the given pull messages (locked by the caller) into <topic>.dlq: courier.dlq with
+-- original_topic and dlq_moved_at, retry_count reset and max_retries 0 (queue-ti), and the
+-- error history kept; the queue row goes to the archive as failed. Returns how many.
+CREATE OR REPLACE FUNCTION courier._pull_dead_letter(p_ids bigint[]) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_endpoint_ids integer[];
+BEGIN
+    WITH dead AS (
+        INSERT INTO courier.dlq (original_message_id, endpoint_id, endpoint_name, payload, headers, metadata,
+                                 priority, correlation_id, scheduled_at, expires_at, retry_count, last_error,
+                                 error_history, original_created_at, original_topic, dlq_moved_at, key,
+                                 payload_binary, body, max_retries)
+        SELECT m.id, m.endpoint_id, e.name, m.payload, m.headers, m.metadata, m.priority, m.correlation_id,
+               m.scheduled_at, m.expires_at, 0, m.last_error, m.error_history, m.created_at, e.name, now(), m.key,
+               m.payload_binary, m.body, 0
+        FROM courier.queue m JOIN courier.endpoints e ON e.id = m.endpoint_id
+        WHERE m.id = ANY (p_ids)
+        ORDER BY m.id
+        RETURNING endpoint_id
+    )
+    SELECT array_agg(endpoint_id) INTO v_endpoint_ids FROM dead;
+    PERFORM courier._count_outcomes(v_endpoint_ids, 'dead_lettered');
+    RETURN courier._archive_messages(p_ids, NULL, 'failed');
+END
+$$;
+
+-- Takes up to p_count due messages of the topic (never more), in due-time-then-id order, each
+-- with a new lease, invisible to other consumers for the visibility timeout (p_visibility_
+-- timeout_seconds, else the topic's visibility_timeout, else the setting). Due means pending
+-- and scheduled no later than now, or processing under a lease whose timeout has passed (the
+-- consumer died or overran): taking such a message counts the lost attempt, and one already
+-- past max_retries goes to the DLQ instead of being handed out again. Expired messages are
+-- skipped (the expiry reaper marks them). throughput_limit may return fewer. A disabled
+-- topic hands out nothing.
+CREATE OR REPLACE FUNCTION courier.dequeue(p_topic text, p_count integer DEFAULT 1,
+                                           p_visibility_timeout_seconds integer DEFAULT NULL)
+RETURNS TABLE (id bigint, lease integer, payload jsonb, payload_binary bytea, body text, metadata jsonb, key text,
+               retry_count integer, max_retries integer, created_at timestamptz, visible_until timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_topic courier.endpoints := courier._pull_topic(p_topic);
+    v_timeout integer := coalesce(p_visibility_timeout_seconds, (v_topic.config ->> 'visibility_timeout')::integer,
+                                  courier._setting_int('visibility_timeout'));
+    v_max_retries integer := courier._endpoint_max_retries(v_topic);
+    v_limit integer;
+    v_ids bigint[];
+    v_dead bigint[];
+    v_taken integer;
+BEGIN
+    PERFORM courier._require_count('count', p_count, 10000);
+    IF v_timeout NOT BETWEEN 1 AND 43200 THEN
+        RAISE EXCEPTION '[courier] visibility_timeout_seconds must be between 1 and 43200, got %', v_timeout
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT v_topic.enabled THEN
+        RETURN;
+    END IF;
+    v_limit := courier._take_throughput(v_topic, p_count);
+    IF v_limit < 1 THEN
+        RETURN;
+    END IF;
+
+    SELECT array_agg(c.id ORDER BY c.visible_at, c.id) FILTER (WHERE NOT c.exhausted),
+           array_agg(c.id) FILTER (WHERE c.exhausted)
+    INTO v_ids, v_dead
+    FROM (SELECT q.id, q.visible_at,
+                 q.status = 'processing' AND q.retry_count + 1 > coalesce(q.max_retries, v_max_retries) AS exhausted
+          FROM courier.queue q
+          WHERE q.endpoint_id = v_topic.id AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+            AND q.status IN ('pending', 'processing')
+            AND (q.expires_at IS NULL OR q.expires_at > now())
+          ORDER BY q.visible_at, q.id
+          LIMIT v_limit
+          FOR UPDATE SKIP LOCKED) c;
+
+    IF v_dead IS NOT NULL THEN
+        UPDATE courier.queue q
+        SET retry_count = q.retry_count + 1, updated_at = now(),
+            last_error = format('[PERMANENT] visibility timeout passed without an ack %s times; max_retries (%s) exceeded',
+                                q.retry_count + 1, coalesce(q.max_retries, v_max_retries)),
+            error_history = q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
+                                                                  'outcome', 'lease_expired', 'lease', q.lease)
+        WHERE q.id = ANY (v_dead);
+        PERFORM courier._pull_dead_letter(v_dead);
+    END IF;
+
+    RETURN QUERY
+    WITH taken AS (
+        UPDATE courier.queue q
+        SET status = 'processing', lease = q.lease + 1, visible_at = now() + make_interval(secs => v_timeout),
+            retry_count = q.retry_count + (q.status = 'processing')::integer,
+            last_error = CASE WHEN q.status = 'processing' THEN 'Visibility timeout passed without an ack'
+                              ELSE q.last_error END,
+            error_history = CASE WHEN q.status = 'processing'
+                                 THEN q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
+                                                                            'outcome', 'lease_expired', 'lease', q.lease)
+                                 ELSE q.error_history END,
+            updated_at = now()
+        WHERE q.id = ANY (v_ids)
+        RETURNING q.*
+    )
+    SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
+           coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
+    FROM taken t JOIN unnest(v_ids) WITH ORDINALITY AS o(id, ord) ON o.id = t.id
+    ORDER BY o.ord;
+    GET DIAGNOSTICS v_taken = ROW_COUNT;
+    PERFORM courier._return_throughput(v_topic, v_limit - v_taken);
+END
+$$;
+
+-- Acks messages held under their leases: each leaves the active queue as completed (the
+-- maintenance leader archives it). Per id, in the order given: 'acked'; 'lease_lost' when
+-- the message is still there under another lease (its visibility timeout passed and another
+-- consumer took it: the ack is refused, counted and logged); 'not_found' when nothing is held
+-- under that id and lease (unknown id, already acked, dead-lettered, expired or received).
+CREATE OR REPLACE FUNCTION courier.ack(p_ids bigint[], p_leases integer[])
+RETURNS TABLE (id bigint, result text)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+SET jit = off
+SET plan_cache_mode = force_custom_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_acked bigint[];
+    v_endpoint_ids integer[];
+BEGIN
+    PERFORM courier._require_pull_leases(p_ids, p_leases);
+    WITH acked AS (
+        UPDATE courier.queue q
+        SET status = 'completed', completed_at = now(), updated_at = now()
+        FROM unnest(p_ids, p_leases) AS u(id, lease)
+        WHERE q.id = ANY (p_ids) AND q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
+          AND q.visible_at IS NOT NULL
+        RETURNING q.id, q.endpoint_id
+    )
+    SELECT array_agg(a.id), array_agg(a.endpoint_id) INTO v_acked, v_endpoint_ids FROM acked a;
+    PERFORM courier._count_outcomes(v_endpoint_ids, 'delivered');
+    RETURN QUERY SELECT * FROM courier._lease_results(p_ids, p_leases, v_acked, 'acked', 'ack');
+END
+$$;
+
+-- The per-id results of a fenced call that applied to the ids in p_done.
+CREATE OR REPLACE FUNCTION courier._lease_results(p_ids bigint[], p_leases integer[], p_done bigint[],
+                                                  p_done_result text, p_kind text)
+RETURNS TABLE (id bigint, result text)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_lost bigint[];
+BEGIN
+    RETURN QUERY
+    SELECT u.id,
+           CASE WHEN u.id = ANY (coalesce(p_done, '{}')) THEN p_done_result
+                WHEN q.id IS NOT NULL AND q.lease <> u.lease THEN 'lease_lost'
+                ELSE 'not_found' END
+    FROM unnest(p_ids, p_leases) WITH ORDINALITY AS u(id, lease, ord)
+    LEFT JOIN courier.queue q ON q.id = u.id AND q.visible_at IS NOT NULL
+    ORDER BY u.ord;
+    IF coalesce(cardinality(p_done), 0) < cardinality(p_ids) THEN
+        SELECT array_agg(u.id) INTO v_lost
+        FROM unnest(p_ids, p_leases) AS u(id, lease) JOIN courier.queue q ON q.id = u.id
+        WHERE q.visible_at IS NOT NULL AND q.lease <> u.lease AND u.id <> ALL (coalesce(p_done, '{}'));
+        PERFORM courier._count_stale_reports(p_kind, coalesce(cardinality(v_lost), 0), v_lost);
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.ack(p_id bigint, p_lease integer) RETURNS text
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$ SELECT result FROM courier.ack(ARRAY[p_id], ARRAY[p_lease]) $$;
+
+-- Nacks messages held under their leases, with an error: each goes back to pending at once
+-- ('nacked', its retry_count one higher), or once that passes max_retries (the message's,
+-- else the topic's max_retries, else its retry_policy's, else default_max_retries) to
+-- <topic>.dlq ('dead_lettered'). 'lease_lost' and 'not_found' as for ack().
+CREATE OR REPLACE FUNCTION courier.nack(p_ids bigint[], p_leases integer[], p_error text DEFAULT NULL)
+RETURNS TABLE (id bigint, result text)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+SET jit = off
+SET plan_cache_mode = force_custom_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_error text := left(p_error, 10000);
+    v_nacked bigint[];
+    v_dead bigint[];
+BEGIN
+    PERFORM courier._require_pull_leases(p_ids, p_leases);
+    WITH held AS (
+        SELECT q.id, q.retry_count + 1 > coalesce(q.max_retries, courier._endpoint_max_retries(e)) AS exhausted
+        FROM courier.queue q
+        JOIN unnest(p_ids, p_leases) AS u(id, lease) ON u.id = q.id AND u.lease = q.lease
+        JOIN courier.endpoints e ON e.id = q.endpoint_id
+        WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
+        FOR UPDATE OF q
+    ),
+    nacked AS (
+        UPDATE courier.queue q
+        SET retry_count = q.retry_count + 1, last_error = v_error, updated_at = now(),
+            error_history = q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
+                                                                  'outcome', 'nack', 'error', v_error),
+            status = CASE WHEN h.exhausted THEN q.status ELSE 'pending' END,
+            visible_at = CASE WHEN h.exhausted THEN q.visible_at ELSE now() END
+        FROM held h
+        WHERE q.id = h.id
+        RETURNING q.id, h.exhausted
+    )
+    SELECT array_agg(n.id) FILTER (WHERE NOT n.exhausted), array_agg(n.id) FILTER (WHERE n.exhausted)
+    INTO v_nacked, v_dead FROM nacked n;
+    IF v_dead IS NOT NULL THEN
+        PERFORM courier._pull_dead_letter(v_dead);
+    END IF;
+    RETURN QUERY
+    SELECT r.id, CASE WHEN r.id = ANY (coalesce(v_dead, '{}')) THEN 'dead_lettered' ELSE r.result END
+    FROM courier._lease_results(p_ids, p_leases, v_nacked || v_dead, 'nacked', 'nack') r;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.nack(p_id bigint, p_lease integer, p_error text DEFAULT NULL) RETURNS text
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$ SELECT result FROM courier.nack(ARRAY[p_id], ARRAY[p_lease], p_error) $$;
+
+-- Extends the visibility timeout of held messages to now + p_visibility_timeout_seconds (the
+-- consumer's heartbeat for long work). Per id: 'extended' with the new deadline, or
+-- 'lease_lost' / 'not_found' as for ack().
+CREATE OR REPLACE FUNCTION courier.extend_lease(p_ids bigint[], p_leases integer[], p_visibility_timeout_seconds integer)
+RETURNS TABLE (id bigint, result text, visible_until timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+SET jit = off
+SET plan_cache_mode = force_custom_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_extended bigint[];
+    v_until timestamptz := now() + make_interval(secs => p_visibility_timeout_seconds);
+BEGIN
+    PERFORM courier._require_pull_leases(p_ids, p_leases);
+    IF p_visibility_timeout_seconds IS NULL OR p_visibility_timeout_seconds NOT BETWEEN 1 AND 43200 THEN
+        RAISE EXCEPTION '[courier] visibility_timeout_seconds must be between 1 and 43200, got %',
+                coalesce(p_visibility_timeout_seconds::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    WITH extended AS (
+        UPDATE courier.queue q SET visible_at = v_until
+        FROM unnest(p_ids, p_leases) AS u(id, lease)
+        WHERE q.id = ANY (p_ids) AND q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
+          AND q.visible_at IS NOT NULL
+        RETURNING q.id
+    )
+    SELECT array_agg(x.id) INTO v_extended FROM extended x;
+    RETURN QUERY
+    SELECT r.id, r.result, CASE WHEN r.result = 'extended' THEN v_until END
+    FROM courier._lease_results(p_ids, p_leases, v_extended, 'extended', 'extend_lease') r;
+END
+$$;
+
+-- Receive and peek (NServiceBus) -----------------------------------------------------------------
+
+-- Destructive receive: deletes and returns up to p_count due messages (never more), lowest
+-- due time then id first, skipping rows other receivers hold. The candidates are picked into
+-- an array first and the DELETE matches that array: a DELETE ... USING (SELECT ... LIMIT ...
+-- FOR UPDATE SKIP LOCKED) may evaluate its subquery again and delete more rows than the limit.
+-- Expired messages among them are dropped, not returned, and the receive goes on for the rest.
+CREATE OR REPLACE FUNCTION courier.receive(p_topic text, p_count integer DEFAULT 1)
+RETURNS TABLE (id bigint, payload jsonb, payload_binary bytea, body text, metadata jsonb, key text,
+               created_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_topic courier.endpoints := courier._pull_topic(p_topic);
+    v_limit integer;
+    v_left integer;
+    v_ids bigint[];
+    v_got integer;
+    v_rounds integer := 0;
+BEGIN
+    PERFORM courier._require_count('count', p_count, 10000);
+    IF NOT v_topic.enabled THEN
+        RETURN;
+    END IF;
+    v_limit := courier._take_throughput(v_topic, p_count);
+    v_left := v_limit;
+    WHILE v_left > 0 AND v_rounds < 10 LOOP
+        v_rounds := v_rounds + 1;
+        SELECT array_agg(c.id) INTO v_ids FROM (
+            SELECT q.id FROM courier.queue q
+            WHERE q.endpoint_id = v_topic.id AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+              AND q.status IN ('pending', 'processing')
+            ORDER BY q.visible_at, q.id
+            LIMIT v_left
+            FOR UPDATE SKIP LOCKED) c;
+        EXIT WHEN v_ids IS NULL;
+        RETURN QUERY
+        WITH gone AS (
+            DELETE FROM courier.queue q WHERE q.id = ANY (v_ids) RETURNING q.*
+        )
+        SELECT g.id, g.payload, g.payload_binary, g.body, g.metadata, g.key, g.created_at
+        FROM gone g
+        WHERE g.expires_at IS NULL OR g.expires_at > now()
+        ORDER BY g.visible_at, g.id;
+        GET DIAGNOSTICS v_got = ROW_COUNT;
+        PERFORM courier._add_delivery_totals(v_topic.id, 'delivered', v_got);
+        PERFORM courier._add_delivery_totals(v_topic.id, 'expired', cardinality(v_ids) - v_got);
+        v_left := v_left - v_got;
+        EXIT WHEN v_got = cardinality(v_ids);  -- nothing expired: nothing more is due
+    END LOOP;
+    PERFORM courier._return_throughput(v_topic, v_left);
+END
+$$;
+
+-- A cheap estimate of the topic's due messages, for a consumer deciding whether to receive
+-- (NServiceBus's peek): exact up to 1000 from the due index, beyond that the maintained count
+-- of pending and processing messages. For <topic>.dlq, its dead letters.
+CREATE OR REPLACE FUNCTION courier.peek(p_topic text) RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_topic courier.endpoints;
+    v_due bigint;
+BEGIN
+    IF p_topic LIKE '%.dlq' THEN
+        v_topic := courier._pull_topic(left(p_topic, -4));
+        RETURN (SELECT coalesce(sum(d.messages), 0) FROM courier.dlq_depth d
+                WHERE d.endpoint_id = v_topic.id AND d.status = 'failed');
+    END IF;
+    v_topic := courier._pull_topic(p_topic);
+    SELECT count(*) INTO v_due FROM (
+        SELECT 1 FROM courier.queue q
+        WHERE q.endpoint_id = v_topic.id AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+          AND q.status IN ('pending', 'processing')
+        LIMIT 1000) due;
+    IF v_due < 1000 THEN
+        RETURN v_due;
+    END IF;
+    RETURN greatest(v_due, (SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
+                            WHERE d.endpoint_id = v_topic.id AND d.status IN ('pending', 'processing')));
+END
+$$;
+
+-- <topic>.dlq ----------------------------------------------------------------------------------
+
+-- Puts a dead-lettered pull message back on its original topic as a new pending message with
+-- retry_count 0 and max_retries restored to the topic's configured value; the DLQ entry stays
+-- as 'redriven' for the audit trail. Returns the new message id.
+CREATE OR REPLACE FUNCTION courier.requeue(p_dlq_id bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_row courier.dlq;
+    v_topic courier.endpoints;
+    v_id bigint;
+BEGIN
+    SELECT * INTO v_row FROM courier.dlq WHERE id = p_dlq_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '[courier] DLQ entry % does not exist', coalesce(p_dlq_id::text, 'NULL') USING ERRCODE = 'P0002';
+    END IF;
+    IF v_row.original_topic IS NULL THEN
+        RAISE EXCEPTION '[courier] DLQ entry % is a push message of "%", not a dead-lettered pull message',
+                p_dlq_id, v_row.endpoint_name
+            USING ERRCODE = '22023', HINT = 'Redrive it with courier.redrive_message() or `courier dlq redrive`';
+    END IF;
+    IF v_row.status = 'redriven' THEN
+        RAISE EXCEPTION '[courier] DLQ entry % was already requeued as message %', p_dlq_id, v_row.redriven_message_id
+            USING ERRCODE = '55000';
+    END IF;
+    SELECT * INTO v_topic FROM courier.endpoints WHERE id = v_row.endpoint_id AND protocol = 'pull';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '[courier] topic "%" of DLQ entry % no longer exists', v_row.original_topic, p_dlq_id
+            USING ERRCODE = '55000', HINT = 'Recreate the topic first';
+    END IF;
+    PERFORM courier._enforce_max_depth(v_topic.id, 1);
+    PERFORM courier._require_room(1);
+    BEGIN
+        INSERT INTO courier.queue (endpoint_id, payload, payload_binary, body, headers, metadata, key, correlation_id,
+                                   error_history, visible_at, expires_at)
+        VALUES (v_topic.id, v_row.payload, v_row.payload_binary, v_row.body, v_row.headers, v_row.metadata, v_row.key,
+                v_row.correlation_id, v_row.error_history, now(), courier._ttl_expires_at(v_topic.config, now()))
+        RETURNING id INTO v_id;
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION '[courier] cannot requeue DLQ entry %: another message of "%" with key "%" is active',
+                p_dlq_id, v_topic.name, v_row.key
+            USING ERRCODE = '23505', HINT = 'Requeue it once that message has been acked';
+    END;
+    UPDATE courier.dlq SET status = 'redriven', redriven_at = now(), redriven_message_id = v_id WHERE id = p_dlq_id;
+    PERFORM courier._log_event('dlq.requeue', v_topic.id,
+        jsonb_build_object('dlq_id', p_dlq_id, 'message_id', v_id, 'topic', v_topic.name));
+    RETURN v_id;
+END
+$$;
+
+-- Reapers (queue-ti) -----------------------------------------------------------------------------
+
+-- The expiry reaper: marks messages whose TTL has passed as expired, pending ones of every
+-- endpoint (mark_expired_messages) and, for pull topics, processing ones too. At most
+-- p_batch_size of each per call; returns how many it marked. The maintenance leader runs it
+-- every 60 s, `courier reaper run expiry` on demand.
+CREATE OR REPLACE FUNCTION courier.run_expiry_reaper(p_batch_size integer DEFAULT 10000) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_pending integer;
+    v_endpoint_ids integer[];
+BEGIN
+    PERFORM courier._require_count('batch_size', p_batch_size, 100000);
+    v_pending := courier.mark_expired_messages(p_batch_size);
+    WITH expired AS (
+        UPDATE courier.queue q
+        SET status = 'expired', completed_at = now(), updated_at = now(), last_error = 'Expired while processing'
+        WHERE q.id IN (SELECT id FROM courier.queue
+                       WHERE status = 'processing' AND expires_at <= now() AND visible_at IS NOT NULL
+                       ORDER BY expires_at LIMIT p_batch_size
+                       FOR UPDATE SKIP LOCKED)
+          AND q.status = 'processing'
+        RETURNING q.endpoint_id
+    )
+    SELECT array_agg(endpoint_id) INTO v_endpoint_ids FROM expired;
+    PERFORM courier._count_outcomes(v_endpoint_ids, 'expired');
+    PERFORM courier._record_reaper_run('expiry', v_pending + coalesce(cardinality(v_endpoint_ids), 0));
+    RETURN v_pending + coalesce(cardinality(v_endpoint_ids), 0);
+END
+$$;
+
+-- The delete reaper: permanently deletes expired pull messages, from the queue and from the
+-- archive, at most p_batch_size of each per call; returns how many. The maintenance leader
+-- runs it every delete_reaper_interval seconds (0: never), `courier reaper run delete` on demand.
+CREATE OR REPLACE FUNCTION courier.run_delete_reaper(p_batch_size integer DEFAULT 10000) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_queue integer;
+    v_archive integer;
+    v_topics integer[] := ARRAY(SELECT e.id FROM courier.endpoints e WHERE e.protocol = 'pull');
+BEGIN
+    PERFORM courier._require_count('batch_size', p_batch_size, 100000);
+    DELETE FROM courier.queue q
+    WHERE q.id IN (SELECT id FROM courier.queue
+                   WHERE status = 'expired' AND visible_at IS NOT NULL
+                   ORDER BY id LIMIT p_batch_size FOR UPDATE SKIP LOCKED)
+      AND q.status = 'expired';
+    GET DIAGNOSTICS v_queue = ROW_COUNT;
+    DELETE FROM courier.archive a
+    WHERE (a.id, a.created_at) IN (SELECT x.id, x.created_at FROM courier.archive x
+                                   WHERE x.status = 'expired' AND x.endpoint_id = ANY (v_topics)
+                                   LIMIT p_batch_size);
+    GET DIAGNOSTICS v_archive = ROW_COUNT;
+    PERFORM courier._record_reaper_run('delete', v_queue + v_archive);
+    IF v_queue + v_archive > 0 THEN
+        PERFORM courier._log_event('reaper.deleted', NULL, jsonb_build_object('queue', v_queue, 'archive', v_archive));
+    END IF;
+    RETURN v_queue + v_archive;
+END
+$$;
+
+-- The delete reaper on its schedule: runs it when delete_reaper_interval is set and that long
+-- has passed since its last run (by whichever worker led then); returns how many it deleted.
+CREATE OR REPLACE FUNCTION courier.run_delete_reaper_if_due(p_batch_size integer DEFAULT 10000) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_interval bigint := courier._setting_int('delete_reaper_interval');
+BEGIN
+    IF v_interval = 0 OR EXISTS (SELECT 1 FROM courier.reaper_runs
+                                 WHERE reaper = 'delete' AND last_run_at > now() - make_interval(secs => v_interval)) THEN
+        RETURN 0;
+    END IF;
+    RETURN courier.run_delete_reaper(p_batch_size);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._record_reaper_run(p_reaper text, p_count bigint) RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO courier.reaper_runs (reaper, last_run_at, last_count) VALUES (p_reaper, now(), p_count)
+    ON CONFLICT (reaper) DO UPDATE SET last_run_at = excluded.last_run_at, last_count = excluded.last_count
+$$;
+
+-- Topics at a glance, for `courier topic list` and the console: the maintained counts, the
+-- leased (processing) count and the nearest visibility deadline, and the effective limits.
+CREATE OR REPLACE FUNCTION courier.topics()
+RETURNS TABLE (topic text, enabled boolean, pending bigint, leased bigint, dead_lettered bigint,
+               next_visibility_deadline timestamptz, max_retries integer, message_ttl_seconds numeric,
+               max_depth numeric, throughput_limit numeric, visibility_timeout integer)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT e.name, e.enabled,
+           (SELECT coalesce(sum(d.messages), 0)::bigint FROM courier.queue_depth d
+            WHERE d.endpoint_id = e.id AND d.status = 'pending'),
+           (SELECT coalesce(sum(d.messages), 0)::bigint FROM courier.queue_depth d
+            WHERE d.endpoint_id = e.id AND d.status = 'processing'),
+           (SELECT coalesce(sum(d.messages), 0)::bigint FROM courier.dlq_depth d
+            WHERE d.endpoint_id = e.id AND d.status = 'failed'),
+           (SELECT min(q.visible_at) FROM courier.queue q
+            WHERE q.endpoint_id = e.id AND q.status = 'processing' AND q.visible_at IS NOT NULL),
+           courier._endpoint_max_retries(e),
+           courier._endpoint_limit(e.config, 'message_ttl_seconds', 'default_message_ttl'),
+           courier._endpoint_limit(e.config, 'max_depth', 'default_max_depth'),
+           courier._endpoint_limit(e.config, 'throughput_limit', 'default_throughput_limit'),
+           coalesce((e.config ->> 'visibility_timeout')::integer, courier._setting_int('visibility_timeout'))
+    FROM courier.endpoints e
+    WHERE e.protocol = 'pull'
+    ORDER BY e.name
+$$;
