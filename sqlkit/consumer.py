@@ -8,6 +8,8 @@ courier.peek/receive), with psycopg's asyncio connections.
   `peek_interval`; when messages are waiting it starts receive tasks, at most `concurrency`
   at a time, each a destructive courier.receive of one message in a transaction that commits
   only when the handler returns; a receive that comes back empty sends it back to peeking.
+  A handler that raises rolls its receive back, and the failure is counted in the database
+  (courier.receive_failed): the message waits a growing while, then goes to <topic>.dlq.
 
 Both shut down within a bound: stopping cancels what is still running after the grace
 period, and anything not acked (or not committed) comes back to the topic.
@@ -252,7 +254,9 @@ class ReceiveLoop:
     receives one message in a transaction, awaits `handler(message)` and commits: a handler
     that raises rolls the receive back and the message stays in the topic. A receive that
     comes back empty (another instance got there first) stops the round; when the round's
-    tasks are done it peeks again at once.
+    tasks are done it peeks again at once. A message whose handler raised is put back, held
+    back for a growing while (courier.receive_failed), and dead-lettered to <topic>.dlq past
+    the topic's max_retries, so it never blocks the messages behind it.
     """
 
     def __init__(self, dsn: str, topic: str, handler: Handler, *, peek_interval: float = 1.0,
@@ -359,8 +363,24 @@ class ReceiveLoop:
         except (CourierError, psycopg.Error) as error:
             self.failed += 1
             empty.set()  # back to peek mode, which waits before the next round
-            log.warning("%s: receive failed: %s", self.topic, error)
-        except Exception:
+            log.warning("%s: receive of message %s failed: %s", self.topic, message_id, error)
+        except Exception as error:
             self.failed += 1
-            empty.set()
-            log.exception("%s: handler failed on message %s; it stays in the topic", self.topic, message_id)
+            log.exception("%s: handler failed on message %s", self.topic, message_id)
+            await self._report_failure(message_id, f"{type(error).__name__}: {error}")
+
+    async def _report_failure(self, message_id: int | None, error: str) -> None:
+        """The receive was rolled back, so the message is back in the topic: count the attempt
+        (courier.receive_failed), which holds it back for a while or dead-letters it, so that it
+        never blocks the messages behind it."""
+        if message_id is None:
+            return
+        try:
+            async with self._db.connection() as conn:
+                outcome = await queries.fetch_value_async(conn, "consumer_receive_failed",
+                                                          {"topic": self.topic, "id": message_id, "error": error})
+        except (CourierError, psycopg.Error) as report_error:
+            log.warning("%s: could not record the failure of message %s: %s", self.topic, message_id, report_error)
+            return
+        if outcome == "dead_lettered":
+            log.error("%s: message %s failed past max_retries and went to %s.dlq", self.topic, message_id, self.topic)

@@ -89,6 +89,9 @@ SELECT id, result FROM courier.nack(%(ids)s::bigint[], %(leases)s::integer[], %(
 SELECT id, result, visible_until
 FROM courier.extend_lease(%(ids)s::bigint[], %(leases)s::integer[], %(visibility_timeout)s);
 
+-- name: consumer_receive_failed
+SELECT courier.receive_failed(%(topic)s, %(id)s, %(error)s);
+
 -- name: consumer_peek
 SELECT courier.peek(%(topic)s);
 

@@ -18,7 +18,10 @@ import pytest
 
 from sqlkit.consumer import Consumer, PulledMessage, ReceivedMessage, ReceiveLoop
 from sqlkit.errors import InvalidInput
+from tests import test_roles_and_psql
 from tests.helpers import scalar
+
+login_as = test_roles_and_psql.login_as  # the fixture, for the test that logs in as the application
 
 TOPIC = "orders"
 
@@ -212,27 +215,36 @@ def test_receive_loop_takes_every_message_once_within_its_concurrency(dsn, conn,
     assert scalar(conn, "SELECT courier.peek(%s)", (TOPIC,)) == 0
 
 
-def test_a_failing_handler_leaves_its_message_in_the_topic_and_the_loop_goes_on(dsn, conn, topic):
+def test_a_failing_handler_never_blocks_the_topic_and_its_message_ends_in_the_dlq(dsn, conn):
+    conn.execute("""SELECT courier.create_endpoint(%s, 'pull', '{"max_retries": 1}')""", (TOPIC,))
     ids = enqueue(conn, {"n": 1, "poison": True}, {"n": 2}, {"n": 3})
     handled: list[int] = []
+    attempts: list[int] = []
 
     async def handler(message: ReceivedMessage) -> None:
         if message.payload.get("poison"):
+            attempts.append(message.id)
             raise RuntimeError("cannot handle this one")
         handled.append(message.id)
 
     async def run() -> None:
         loop = ReceiveLoop(dsn, TOPIC, handler, peek_interval=0.1, concurrency=1)
         task = asyncio.create_task(loop.run())
-        deadline = time.monotonic() + 10
-        while len(handled) < 2 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and (len(handled) < 2 or len(attempts) < 2):
             await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
         loop.stop()
         await asyncio.wait_for(task, 15)
 
     asyncio.run(run())
+    # The two behind it went through while the poison message waited out its back-off.
     assert handled == ids[1:]
-    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE id = %s", (ids[0],)) == 1
+    # Tried twice (max_retries 1), then dead-lettered with its error, out of the topic.
+    assert attempts == [ids[0], ids[0]]
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE id = %s", (ids[0],)) == 0
+    assert conn.execute("SELECT original_topic, last_error FROM courier.dlq WHERE original_message_id = %s",
+                        (ids[0],)).fetchone() == (TOPIC, "RuntimeError: cannot handle this one")
 
 
 def test_stopping_the_loop_is_bounded_and_rolls_back_the_unfinished_receive(dsn, conn, topic):
@@ -253,3 +265,37 @@ def test_stopping_the_loop_is_bounded_and_rolls_back_the_unfinished_receive(dsn,
     took = asyncio.run(run())
     assert took < 3
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE id = %s", (message_id,)) == 1
+
+
+def test_an_application_role_runs_both_consumers(dsn, conn, topic, login_as):
+    app_dsn = login_as("courier_application").info.dsn
+    ids = enqueue(conn, {"n": 1}, {"n": 2}, {"n": 3, "poison": True})
+
+    async def consume() -> dict[int, str]:
+        async with Consumer(app_dsn, TOPIC, batch_size=1) as consumer:
+            async for message in consumer:
+                await consumer.extend_leases()
+                return await consumer.ack(message)
+        raise AssertionError("no message")
+
+    received: list[int] = []
+
+    async def handler(message: ReceivedMessage) -> None:
+        if message.payload.get("poison"):
+            raise RuntimeError("no")
+        received.append(message.id)
+
+    async def receive() -> None:
+        loop = ReceiveLoop(app_dsn, TOPIC, handler, peek_interval=0.1, concurrency=1)
+        task = asyncio.create_task(loop.run())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (not received or loop.failed < 1):
+            await asyncio.sleep(0.05)
+        loop.stop()
+        await asyncio.wait_for(task, 10)
+
+    assert asyncio.run(consume()) == {ids[0]: "acked"}
+    asyncio.run(receive())
+    assert received == [ids[1]]
+    assert conn.execute("SELECT retry_count, last_error FROM courier.queue WHERE id = %s", (ids[2],)).fetchone() \
+        == (1, "RuntimeError: no")

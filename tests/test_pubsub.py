@@ -243,3 +243,50 @@ def test_cli_bad_arguments_give_one_readable_line(dsn, orders, args, code, messa
 def test_cli_unreachable_database_is_one_line(orders):
     done = cli("publish", "order.created", "{}", dsn="postgresql://postgres@127.0.0.1:1/nowhere")
     assert done.code == 1 and done.err.startswith("error: cannot connect to PostgreSQL")
+
+
+# Pull topics ----------------------------------------------------------------------------------
+
+def test_publish_reaches_pull_topics_and_push_endpoints_alike(conn, orders):
+    conn.execute("""SELECT courier.create_endpoint('warehouse', 'pull', '{"message_ttl_seconds": 3600}')""")
+    conn.execute("""SELECT courier.subscribe('order.created', 'warehouse', '{"region": "eu"}')""")
+    conn.execute("""SELECT courier.publish_batch('order.created',
+                    ARRAY['{"id": 1, "region": "eu"}', '{"id": 2, "region": "us"}']::jsonb[])""")
+    assert fanned_out(conn) == [("billing", 1), ("audit", 1), ("warehouse", 1), ("audit", 2)]
+
+    # A consumer of the topic dequeues it with a lease and acks it; the push copies are untouched.
+    taken = conn.execute("SELECT id, lease, payload ->> 'id', metadata ->> 'event_type' "
+                         "FROM courier.dequeue('warehouse', 10, 30)").fetchall()
+    assert [(t[2], t[3]) for t in taken] == [("1", "order.created")]
+    assert conn.execute("SELECT result FROM courier.ack(%s, %s)", ([taken[0][0]], [taken[0][1]])).fetchall() \
+        == [("acked",)]
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'pending'") == 3
+    # The topic's TTL applies to what is published to it, as to what is enqueued.
+    assert scalar(conn, "SELECT expires_at - created_at FROM courier.queue WHERE id = %s",
+                  (taken[0][0],)).total_seconds() == pytest.approx(3600, abs=5)
+    # And a destructive receive takes the next one.
+    conn.execute("""SELECT courier.publish('order.created', '{"id": 3, "region": "eu"}')""")
+    assert conn.execute("SELECT payload ->> 'id' FROM courier.receive('warehouse', 5)").fetchall() == [("3",)]
+
+
+def test_a_topic_at_its_max_depth_rejects_the_whole_publish(conn, orders):
+    conn.execute("""SELECT courier.create_endpoint('warehouse', 'pull', '{"max_depth": 2}')""")
+    conn.execute("SELECT courier.subscribe('order.created', 'warehouse')")
+    conn.execute("""SELECT courier.publish('order.created', '{"id": 1, "region": "us"}')""")  # audit + warehouse
+    with pytest.raises(psycopg.Error, match='"warehouse" is full: 1 pending/processing') as refused:
+        conn.execute("""SELECT courier.publish_batch('order.created',
+                        ARRAY['{"id": 2, "region": "us"}', '{"id": 3, "region": "us"}']::jsonb[])""")
+    assert refused.value.sqlstate == "53401"
+    assert fanned_out(conn) == [("audit", 1), ("warehouse", 1)]
+    # One more fits.
+    assert scalar(conn, """SELECT courier.publish('order.created', '{"id": 4, "region": "us"}')""") == 2
+
+
+def test_a_push_endpoint_at_its_max_depth_rejects_the_publish_too(conn, orders):
+    conn.execute("""SELECT courier.alter_endpoint('audit', %s)""",
+                 ('{"url": "http://127.0.0.1:9000/hook", "max_depth": 1}',))
+    conn.execute("""SELECT courier.publish('order.created', '{"id": 1, "region": "us"}')""")
+    with pytest.raises(psycopg.Error, match='"audit" is full') as refused:
+        conn.execute("""SELECT courier.publish('order.created', '{"id": 2, "region": "eu"}')""")
+    assert refused.value.sqlstate == "53401"
+    assert fanned_out(conn) == [("audit", 1)]

@@ -130,9 +130,10 @@ $$;
 -- The fan-out behind publish and publish_batch: every (payload, subscription) pair whose
 -- filter the payload contains becomes one message on the subscription's endpoint. Disabled
 -- endpoints take no sends, so they get none of these either. The whole fan-out is checked
--- against max_queue_size (and each endpoint's own max_depth) before anything is inserted,
--- so one publish is all or nothing. Each message carries the event type and subscription in
--- its metadata and the event's correlation id, shared by every copy of one event.
+-- against max_queue_size and each endpoint's share against its max_depth (53401) before
+-- anything is inserted, so one publish is all or nothing. Each message carries the event
+-- type and subscription in its metadata and the event's correlation id, shared by every copy
+-- of one event.
 CREATE OR REPLACE FUNCTION courier._publish(p_event_type text, p_payloads jsonb[], p_idempotency_key text,
                                             p_correlation_id uuid, p_notify boolean)
 RETURNS integer
@@ -199,6 +200,11 @@ BEGIN
                   HINT = 'Nothing was published; retry with client-side backoff, add workers, or raise max_queue_size';
     END IF;
 
+    FOR v_target IN SELECT t.endpoint_id, count(*) AS adding FROM unnest(v_endpoint_ids) AS t(endpoint_id)
+                    GROUP BY t.endpoint_id ORDER BY t.endpoint_id LOOP
+        PERFORM courier._enforce_max_depth(v_target.endpoint_id, v_target.adding);
+    END LOOP;
+
     IF p_correlation_id IS NOT NULL THEN
         v_correlation_ids := array_fill(p_correlation_id, ARRAY[v_count]);
     ELSE
@@ -208,11 +214,15 @@ BEGIN
         v_hash := md5(p_payloads[1]::text);
     END IF;
 
-    INSERT INTO courier.queue (endpoint_id, payload, metadata, correlation_id, idempotency_key, payload_hash)
+    -- As a send would: the endpoint's TTL, and for a pull topic the time it is due (now).
+    INSERT INTO courier.queue (endpoint_id, payload, metadata, correlation_id, idempotency_key, payload_hash,
+                               expires_at, visible_at)
     SELECT f.endpoint_id, p_payloads[f.ord],
            jsonb_build_object('event_type', v_event_type.name, 'subscription_id', f.subscription_id),
-           v_correlation_ids[f.ord], p_idempotency_key, v_hash
+           v_correlation_ids[f.ord], p_idempotency_key, v_hash,
+           courier._ttl_expires_at(e.config, now()), courier._pull_visible_at(e.protocol, NULL)
     FROM unnest(v_endpoint_ids, v_ords, v_subscription_ids) AS f(endpoint_id, ord, subscription_id)
+    JOIN courier.endpoints e ON e.id = f.endpoint_id
     ORDER BY f.ord, f.subscription_id
     ON CONFLICT (endpoint_id, idempotency_key)
         WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')

@@ -86,6 +86,7 @@ GRANT EXECUTE ON FUNCTION
     courier.nack(bigint, integer, text),
     courier.extend_lease(bigint[], integer[], integer),
     courier.receive(text, integer),
+    courier.receive_failed(text, bigint, text),
     courier.peek(text)
 TO courier_application;
 
