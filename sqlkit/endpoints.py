@@ -34,6 +34,8 @@ class Endpoint:
     updated_at: datetime
     pending_messages: int
     processing_messages: int
+    next_lease_deadline: datetime | None = None
+    """Pull topics: when the first visibility timeout still running ends."""
 
 
 def create(conn: psycopg.Connection, name: str, protocol: str, config: dict[str, Any],

@@ -60,7 +60,7 @@ class WrongState(CourierError):
 
 
 class Backpressure(CourierError):
-    """The queue is at max_queue_size; retry with backoff."""
+    """The queue is at max_queue_size, or an endpoint at its max_depth; retry with backoff."""
 
 
 class PermissionDenied(CourierError):
@@ -73,6 +73,7 @@ class MigrationError(CourierError):
 
 _BY_SQLSTATE: dict[str, type[CourierError]] = {
     "53400": Backpressure,
+    "53401": Backpressure,  # an endpoint's max_depth
     "23505": Conflict,
     "42710": Conflict,
     "P0002": NotFound,

@@ -52,6 +52,11 @@ class Message:
     error_history: list[dict[str, Any]]
     created_at: datetime
     completed_at: datetime | None
+    key: str | None = None
+    lease: int | None = None
+    """Pull messages: the lease of the current (or last) dequeue."""
+    visible_at: datetime | None = None
+    """Pull messages: when it is due, or while processing, when its visibility timeout ends."""
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,22 @@ SELECT e.id, e.name, e.protocol, courier._redact(e.config) AS config, e.retry_po
        e.enabled, e.circuit_state, e.circuit_failure_count, e.last_success_at, e.last_failure_at,
        e.last_error, e.created_at, e.updated_at,
        coalesce(d.pending, 0)::bigint AS pending_messages,
-       coalesce(d.processing, 0)::bigint AS processing_messages
+       coalesce(d.processing, 0)::bigint AS processing_messages,
+       lease.visible_at AS next_lease_deadline
 FROM courier.endpoints e
 LEFT JOIN LATERAL (
     SELECT sum(messages) FILTER (WHERE status = 'pending') AS pending,
            sum(messages) FILTER (WHERE status = 'processing') AS processing
     FROM courier.queue_depth WHERE endpoint_id = e.id
 ) d ON true
+-- A topic's nearest visibility deadline still ahead: the first leased row after now() in
+-- queue_pull_due_idx (only messages scheduled later than it can come before it there).
+LEFT JOIN LATERAL (
+    SELECT q.visible_at FROM courier.queue q
+    WHERE e.protocol = 'pull' AND coalesce(d.processing, 0) > 0
+      AND q.endpoint_id = e.id AND q.visible_at > now() AND q.status = 'processing'
+    ORDER BY q.visible_at LIMIT 1
+) lease ON true
 WHERE %(name)s::text IS NULL OR e.name = %(name)s::text
 ORDER BY e.name;
 
@@ -103,13 +112,15 @@ SELECT id, payload, payload_binary, body, metadata, key, created_at FROM courier
 -- may carry credentials: shown redacted, as everywhere else.
 SELECT q.id, e.name AS endpoint_name, q.payload, courier._redact(q.headers) AS headers, q.metadata, q.status, q.priority,
        q.retry_count, q.next_retry_at, q.scheduled_at, q.expires_at, q.idempotency_key,
-       q.correlation_id, q.ordering_key, q.last_error, q.error_history, q.created_at, q.completed_at
+       q.correlation_id, q.ordering_key, q.last_error, q.error_history, q.created_at, q.completed_at,
+       q.key, CASE WHEN q.visible_at IS NOT NULL THEN q.lease END AS lease, q.visible_at
 FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
 WHERE q.id = %(id)s
 UNION ALL
 SELECT a.id, coalesce(e.name, '#' || a.endpoint_id), a.payload, courier._redact(a.headers), a.metadata, a.status, a.priority,
        a.retry_count, NULL, a.scheduled_at, a.expires_at, a.idempotency_key,
-       a.correlation_id, a.ordering_key, a.last_error, a.error_history, a.created_at, a.completed_at
+       a.correlation_id, a.ordering_key, a.last_error, a.error_history, a.created_at, a.completed_at,
+       a.key, NULL, NULL
 FROM courier.archive a LEFT JOIN courier.endpoints e ON e.id = a.endpoint_id
 WHERE a.id = %(id)s
 LIMIT 1;
@@ -380,6 +391,12 @@ SELECT courier.try_lead_maintenance_v1(%(worker_id)s);
 
 -- name: mark_expired_messages
 SELECT courier.mark_expired_messages(%(batch_size)s);
+
+-- name: run_expiry_reaper
+SELECT courier.run_expiry_reaper(%(batch_size)s);
+
+-- name: run_delete_reaper_if_due
+SELECT courier.run_delete_reaper_if_due(%(batch_size)s);
 
 -- name: archive_finished_messages
 SELECT courier.archive_completed_messages(0, %(batch_size)s);

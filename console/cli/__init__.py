@@ -67,13 +67,14 @@ def _register() -> None:
         metrics,
         pipeline,
         pubsub,
+        pull,
         send,
         status,
         worker,
     )
 
-    for module in (db, endpoint, send, pubsub, config, worker, status, dlq, archive, metrics, events, bench, demo,
-                   console, pipeline):
+    for module in (db, endpoint, send, pubsub, pull, config, worker, status, dlq, archive, metrics, events, bench,
+                   demo, console, pipeline):
         for command in module.COMMANDS:
             main.add_command(command)
 

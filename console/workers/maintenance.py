@@ -44,6 +44,10 @@ class MaintenanceSchedule:
 
     election_interval: float = 2.0
     expiry: float = 10.0
+    expiry_reaper: float = 60.0
+    """queue-ti's expiry reaper: also expires pull messages in processing."""
+    delete_reaper_check: float = 60.0
+    """How often the delete reaper's own schedule (the delete_reaper_interval setting) is checked."""
     stale_recovery: float = 60.0
     archive: float = 2.0
     partitions: float = 3600.0
@@ -59,6 +63,8 @@ class MaintenanceSchedule:
         return [
             MaintenanceJob("stale_recovery", "recover_stale_messages", self.stale_recovery),
             MaintenanceJob("expiry", "mark_expired_messages", self.expiry, batch=10_000),
+            MaintenanceJob("expiry_reaper", "run_expiry_reaper", self.expiry_reaper, batch=10_000),
+            MaintenanceJob("delete_reaper", "run_delete_reaper_if_due", self.delete_reaper_check, batch=10_000),
             MaintenanceJob("archive", "archive_finished_messages", self.archive, batch=5_000),
             MaintenanceJob("partitions", "maintain_archive_partitions", self.partitions),
             MaintenanceJob("archive_retention", "cleanup_old_archive_partitions", self.partitions),

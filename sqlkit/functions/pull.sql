@@ -35,7 +35,7 @@ BEGIN
         RAISE EXCEPTION '[courier] topic names ending in ".dlq" are reserved: % holds the dead letters of %',
                 p_topic, left(p_topic, -4)
             USING ERRCODE = '22023',
-                  HINT = 'Browse them with `courier dlq list`; put one back with courier.requeue(dlq_id)';
+                  HINT = 'Browse them with `courier dlq list`; put one back with `courier topic requeue TOPIC.dlq ID` (courier.requeue)';
     END IF;
     IF NOT FOUND THEN
         RAISE EXCEPTION '[courier] topic "%" does not exist', coalesce(p_topic, 'NULL')
@@ -731,6 +731,7 @@ $$;
 
 -- The delete reaper on its schedule: runs it when delete_reaper_interval is set and that long
 -- has passed since its last run (by whichever worker led then); returns how many it deleted.
+-- Queue and archive each give up to p_batch_size, so a full batch is 2 * p_batch_size at most.
 CREATE OR REPLACE FUNCTION courier.run_delete_reaper_if_due(p_batch_size integer DEFAULT 10000) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
@@ -738,8 +739,10 @@ AS $$
 DECLARE
     v_interval bigint := courier._setting_int('delete_reaper_interval');
 BEGIN
+    -- A run that deleted a full batch left more behind: the next call goes on at once.
     IF v_interval = 0 OR EXISTS (SELECT 1 FROM courier.reaper_runs
-                                 WHERE reaper = 'delete' AND last_run_at > now() - make_interval(secs => v_interval)) THEN
+                                 WHERE reaper = 'delete' AND last_run_at > now() - make_interval(secs => v_interval)
+                                   AND last_count < p_batch_size) THEN
         RETURN 0;
     END IF;
     RETURN courier.run_delete_reaper(p_batch_size);

@@ -14,7 +14,7 @@ from sqlkit import endpoints, observability
 from sqlkit.endpoints import Endpoint
 from sqlkit.observability import DeliveryTotals, EndpointHealth
 
-from ..formatting import count, one_line, rate, since, state_text
+from ..formatting import clock_time, count, one_line, rate, since, state_text
 from ..live import LivePane
 from ..rates import DeliveryRates
 from ..widgets.endpoint_forms import CreateEndpointForm, RetryPolicyForm
@@ -63,9 +63,15 @@ class EndpointsPane(LivePane):
             health = data.health.get(e.name)
             oldest = since(health.oldest_pending_message, now) if health and health.oldest_pending_message else "-"
             state = e.circuit_state if e.enabled else "disabled"
+            note = one_line(e.last_error, 48)
+            if e.protocol == "pull":  # a topic: no circuit; in flight are its leased messages
+                state = "topic" if e.enabled else "disabled"
+                note = f"{count(e.processing_messages)} leased" + (
+                    f", next lease ends {clock_time(e.next_lease_deadline, self.courier.tz)}"
+                    if e.next_lease_deadline else "")
             rows.append((e.name, [e.name, e.protocol, state_text(state, colors), count(e.circuit_failure_count),
                                   count(e.pending_messages), count(e.processing_messages),
-                                  rate(self.rates.of(e.name)), oldest, one_line(e.last_error, 48)]))
+                                  rate(self.rates.of(e.name)), oldest, note]))
         self.query_one(LiveTable).sync(rows)
 
     def _selected(self) -> Endpoint | None:

@@ -34,6 +34,9 @@ def message_detail(message: Message, tz) -> DetailModal:
               ("scheduled", when(message.scheduled_at, tz)), ("next retry", when(message.next_retry_at, tz)),
               ("expires", when(message.expires_at, tz)), ("completed", when(message.completed_at, tz)),
               ("last error", message.last_error)]
+    if message.visible_at is not None:  # a pull topic's message
+        deadline = "visible until" if message.status == "processing" else "due"
+        fields += [("key", message.key), ("lease", message.lease), (deadline, when(message.visible_at, tz))]
     return DetailModal(f"Message {message.id}", fields, message.payload, message.headers, message.error_history)
 
 

@@ -1,0 +1,239 @@
+"""Pull topics from the command line: `courier topic create|list|requeue`, `enqueue`, `dequeue`,
+`ack`, `nack`, `receive`, `peek` and `courier reaper run expiry|delete`."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import datetime
+from typing import Any
+
+import click
+from rich.table import Table
+
+from sqlkit import pull
+
+from .context import common_options, console, emit, open_connection, parse_json, parse_json_object, when
+from .send import Timestamp
+
+MAX_COUNT = 10_000
+
+
+@click.group("topic")
+def topic_group() -> None:
+    """Pull topics: endpoints with protocol pull, whose consumers take messages themselves."""
+
+
+@topic_group.command("create")
+@click.argument("name")
+@click.option("--max-retries", type=click.IntRange(0, 1000), help="Nacks before a message goes to NAME.dlq.")
+@click.option("--ttl", "message_ttl_seconds", type=click.IntRange(0, 31_536_000),
+              help="Seconds a message lives from when it is due; 0: forever.")
+@click.option("--max-depth", type=click.IntRange(0, 2_147_483_647),
+              help="Pending + processing messages allowed; enqueue past it is refused. 0: unlimited.")
+@click.option("--throughput-limit", type=click.FloatRange(0, 1_000_000),
+              help="Messages per second dequeue hands out; beyond it, dequeue returns fewer. 0: unlimited.")
+@click.option("--visibility-timeout", type=click.IntRange(1, 43_200),
+              help="Default seconds a dequeued message stays invisible to other consumers.")
+@click.option("--description", help="Free text shown in the console.")
+@common_options
+def create(name: str, description: str | None, **limits: Any) -> None:
+    """Create topic NAME. A limit left out follows its global setting (courier config)."""
+    config = {key: value for key, value in limits.items() if value is not None}
+    with open_connection() as conn:
+        topic_id = pull.create_topic(conn, name, config, description)
+    emit({"id": topic_id, "topic": name, "config": config},
+         lambda: console.print(f"created topic {name} (id {topic_id})", highlight=False))
+
+
+@topic_group.command("list")
+@common_options
+def list_command() -> None:
+    """Every topic with its pending, leased and dead-lettered counts and effective limits."""
+    with open_connection() as conn:
+        rows = pull.topics(conn)
+
+    def render() -> None:
+        table = Table(title=f"{len(rows)} topic(s)")
+        for column in ("topic", "pending", "leased", "dlq", "next lease ends", "max retries", "ttl s",
+                       "max depth", "msg/s", "visibility s"):
+            table.add_column(column, justify="left" if column in ("topic", "next lease ends") else "right")
+        for row in rows:
+            table.add_row(row.topic + ("" if row.enabled else " (disabled)"), str(row.pending), str(row.leased),
+                          str(row.dead_lettered), when(row.next_visibility_deadline), str(row.max_retries),
+                          _limit(row.message_ttl_seconds), _limit(row.max_depth), _limit(row.throughput_limit),
+                          str(row.visibility_timeout))
+        console.print(table)
+
+    emit(rows, render)
+
+
+def _limit(value: Any) -> str:
+    return "-" if not value else f"{value:g}"
+
+
+@topic_group.command("requeue")
+@click.argument("dlq_topic", metavar="TOPIC.dlq")
+@click.argument("dlq_id", type=click.IntRange(1))
+@common_options
+def requeue(dlq_topic: str, dlq_id: int) -> None:
+    """Put dead-lettered message DLQ_ID of TOPIC.dlq back on TOPIC, with its retries restored."""
+    if not dlq_topic.endswith(".dlq"):
+        raise click.BadParameter(f"{dlq_topic!r} is not a dead-letter topic; name it TOPIC.dlq",
+                                 param_hint="TOPIC.dlq")
+    topic = dlq_topic.removesuffix(".dlq")
+    with open_connection() as conn:
+        source = pull.dlq_topic(conn, dlq_id)
+        if source is not None and source != topic:
+            raise click.BadParameter(f"DLQ entry {dlq_id} belongs to {source}.dlq, not {dlq_topic}",
+                                     param_hint="DLQ_ID")
+        message_id = pull.requeue(conn, dlq_id)
+    emit({"dlq_id": dlq_id, "topic": topic, "id": message_id},
+         lambda: console.print(f"requeued DLQ entry {dlq_id} on {topic} as message {message_id}", highlight=False))
+
+
+@click.command("enqueue")
+@click.argument("topic")
+@click.argument("payload", required=False)
+@click.option("-f", "--file", "file", type=click.File("rb"), help="Read the payload from a file ('-' for stdin).")
+@click.option("--binary", is_flag=True, help="The payload is bytes (stored as bytea), not JSON.")
+@click.option("--key", help="Replace the pending message with this key in place, keeping its id.")
+@click.option("--metadata", help="A JSON object stored with the message.")
+@click.option("--body", help="A human-readable body string stored with the message.")
+@click.option("--scheduled-at", type=Timestamp(), help="Do not hand out before this time.")
+@common_options
+def enqueue(topic: str, payload: str | None, file: Any, binary: bool, key: str | None, metadata: str | None,
+            body: str | None, scheduled_at: datetime | None) -> None:
+    """Add PAYLOAD (JSON, or bytes with --binary) to TOPIC."""
+    if payload is not None and file is not None:
+        raise click.UsageError("give the payload as an argument or with --file, not both")
+    if payload is None and file is None:
+        raise click.UsageError("no payload: pass it as an argument or with --file")
+    data: bytes = file.read() if file is not None else payload.encode()  # type: ignore[union-attr]
+    json_payload: Any = None
+    if not binary:
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise click.BadParameter("is not UTF-8 text; add --binary to store bytes",
+                                     param_hint="PAYLOAD") from None
+        json_payload = parse_json(text, "PAYLOAD" if file is None else "--file")
+    with open_connection() as conn:
+        message_id = pull.enqueue(conn, topic, json_payload, key=key,
+                                  metadata=parse_json_object(metadata, "--metadata") if metadata else None,
+                                  payload_binary=data if binary else None, body=body, scheduled_at=scheduled_at)
+    emit({"topic": topic, "id": message_id},
+         lambda: console.print(f"enqueued message {message_id} on {topic}", highlight=False))
+
+
+def _message_view(message: pull.LeasedMessage | pull.ReceivedMessage) -> dict[str, Any]:
+    view: dict[str, Any] = {field: getattr(message, field) for field in message.__dataclass_fields__}
+    if message.payload_binary is not None:
+        view["payload_binary"] = base64.b64encode(message.payload_binary).decode()
+    return view
+
+
+@click.command("dequeue")
+@click.argument("topic")
+@click.option("--count", type=click.IntRange(1, MAX_COUNT), default=1, show_default=True)
+@click.option("--visibility-timeout", type=click.IntRange(1, 43_200),
+              help="Seconds the messages stay invisible to others (default: the topic's).")
+@common_options
+def dequeue(topic: str, count: int, visibility_timeout: int | None) -> None:
+    """Take up to COUNT messages of TOPIC under a lease; ack or nack each with its id and lease."""
+    with open_connection() as conn:
+        messages = pull.dequeue(conn, topic, count, visibility_timeout)
+
+    def render() -> None:
+        table = Table(title=f"{len(messages)} message(s) from {topic}")
+        for column in ("id", "lease", "tries", "visible until", "key", "payload"):
+            table.add_column(column, overflow="ellipsis", max_width=60 if column == "payload" else None)
+        for m in messages:
+            shown = f"<{len(m.payload_binary)} bytes>" if m.payload_binary is not None else _short(m.payload)
+            table.add_row(str(m.id), str(m.lease), f"{m.retry_count}/{m.max_retries}", when(m.visible_until),
+                          m.key or "", shown)
+        console.print(table)
+
+    emit([_message_view(m) for m in messages], render)
+
+
+def _short(value: Any) -> str:
+    return json.dumps(value)
+
+
+def _report(message_id: int, lease: int, result: str) -> None:
+    emit({"id": message_id, "lease": lease, "result": result},
+         lambda: console.print(f"message {message_id}: {result.replace('_', ' ')}", highlight=False))
+    if result in ("lease_lost", "not_found"):
+        raise SystemExit(1)
+
+
+@click.command("ack")
+@click.argument("message_id", type=click.IntRange(1))
+@click.argument("lease", type=click.IntRange(0))
+@common_options
+def ack(message_id: int, lease: int) -> None:
+    """Ack MESSAGE_ID held under LEASE: it is done. Exit 1 if the lease was lost."""
+    with open_connection() as conn:
+        _report(message_id, lease, pull.ack(conn, [message_id], [lease])[0].result)
+
+
+@click.command("nack")
+@click.argument("message_id", type=click.IntRange(1))
+@click.argument("lease", type=click.IntRange(0))
+@click.option("--error", help="Why it failed, kept in the message's error history.")
+@common_options
+def nack(message_id: int, lease: int, error: str | None) -> None:
+    """Nack MESSAGE_ID held under LEASE: retry it, or past max_retries move it to TOPIC.dlq."""
+    with open_connection() as conn:
+        _report(message_id, lease, pull.nack(conn, [message_id], [lease], error)[0].result)
+
+
+@click.command("receive")
+@click.argument("topic")
+@click.option("--count", type=click.IntRange(1, MAX_COUNT), default=1, show_default=True)
+@common_options
+def receive(topic: str, count: int) -> None:
+    """Take and delete up to COUNT messages of TOPIC, first due first (destructive FIFO)."""
+    with open_connection() as conn:
+        messages = pull.receive(conn, topic, count)
+
+    def render() -> None:
+        table = Table(title=f"{len(messages)} message(s) received from {topic}")
+        for column in ("id", "key", "payload"):
+            table.add_column(column, overflow="ellipsis", max_width=60 if column == "payload" else None)
+        for m in messages:
+            shown = f"<{len(m.payload_binary)} bytes>" if m.payload_binary is not None else _short(m.payload)
+            table.add_row(str(m.id), m.key or "", shown)
+        console.print(table)
+
+    emit([_message_view(m) for m in messages], render)
+
+
+@click.command("peek")
+@click.argument("topic")
+@common_options
+def peek(topic: str) -> None:
+    """An estimate of TOPIC's due messages (TOPIC.dlq: its dead letters)."""
+    with open_connection() as conn:
+        estimate = pull.peek(conn, topic)
+    emit({"topic": topic, "estimate": estimate}, lambda: console.print(str(estimate), highlight=False))
+
+
+@click.group("reaper")
+def reaper_group() -> None:
+    """The reapers the maintenance leader runs on schedule, run now."""
+
+
+@reaper_group.command("run")
+@click.argument("reaper", type=click.Choice(["expiry", "delete"]))
+@common_options
+def run_reaper(reaper: str) -> None:
+    """expiry: mark messages past their TTL expired. delete: delete expired pull messages for good."""
+    with open_connection() as conn:
+        count = pull.run_reaper(conn, reaper)
+    verb = "expired" if reaper == "expiry" else "deleted"
+    emit({"reaper": reaper, "count": count}, lambda: console.print(f"{verb} {count} message(s)", highlight=False))
+
+
+COMMANDS = [topic_group, enqueue, dequeue, ack, nack, receive, peek, reaper_group]

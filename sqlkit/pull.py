@@ -1,0 +1,151 @@
+"""Typed API for pull topics: the SQL functions of sqlkit/functions/pull.sql, one call each."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+
+from .errors import translated
+
+TOPIC_LIMITS = ("max_retries", "message_ttl_seconds", "max_depth", "throughput_limit", "visibility_timeout")
+"""The per-topic overrides of a pull endpoint's config; each falls back to a global setting."""
+
+
+@dataclass(frozen=True)
+class LeasedMessage:
+    """A dequeued message, held under its lease until visible_until."""
+
+    id: int
+    lease: int
+    payload: Any
+    payload_binary: bytes | None
+    body: str | None
+    metadata: dict[str, Any]
+    key: str | None
+    retry_count: int
+    max_retries: int
+    created_at: datetime
+    visible_until: datetime
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    """A message taken by a destructive receive: it is gone from the topic."""
+
+    id: int
+    payload: Any
+    payload_binary: bytes | None
+    body: str | None
+    metadata: dict[str, Any]
+    key: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class LeaseResult:
+    id: int
+    result: str
+
+
+@dataclass(frozen=True)
+class Topic:
+    topic: str
+    enabled: bool
+    pending: int
+    leased: int
+    dead_lettered: int
+    next_visibility_deadline: datetime | None
+    max_retries: int
+    message_ttl_seconds: Decimal
+    max_depth: Decimal
+    throughput_limit: Decimal
+    visibility_timeout: int
+
+
+def create_topic(conn: psycopg.Connection, name: str, limits: dict[str, Any],
+                 description: str | None = None) -> int:
+    with translated():
+        row = conn.execute("SELECT courier.create_endpoint(%s, 'pull', %s, '{}', %s)",
+                           (name, Jsonb(limits), description)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def topics(conn: psycopg.Connection) -> list[Topic]:
+    with translated(), conn.cursor(row_factory=class_row(Topic)) as cur:
+        return cur.execute("SELECT * FROM courier.topics()").fetchall()
+
+
+def enqueue(conn: psycopg.Connection, topic: str, payload: Any, *, key: str | None = None,
+            metadata: dict[str, Any] | None = None, payload_binary: bytes | None = None,
+            body: str | None = None, scheduled_at: datetime | None = None) -> int:
+    with translated():
+        row = conn.execute(
+            "SELECT courier.enqueue(%s, %s, %s, %s, %s, %s, %s)",
+            (topic, None if payload is None else Jsonb(payload), key,
+             None if metadata is None else Jsonb(metadata), payload_binary, body, scheduled_at),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def dequeue(conn: psycopg.Connection, topic: str, count: int = 1,
+            visibility_timeout: int | None = None) -> list[LeasedMessage]:
+    with translated(), conn.cursor(row_factory=class_row(LeasedMessage)) as cur:
+        return cur.execute("SELECT * FROM courier.dequeue(%s, %s, %s)",
+                           (topic, count, visibility_timeout)).fetchall()
+
+
+def ack(conn: psycopg.Connection, ids: Sequence[int], leases: Sequence[int]) -> list[LeaseResult]:
+    with translated(), conn.cursor(row_factory=class_row(LeaseResult)) as cur:
+        return cur.execute("SELECT * FROM courier.ack(%s::bigint[], %s::integer[])",
+                           (list(ids), list(leases))).fetchall()
+
+
+def nack(conn: psycopg.Connection, ids: Sequence[int], leases: Sequence[int],
+         error: str | None = None) -> list[LeaseResult]:
+    with translated(), conn.cursor(row_factory=class_row(LeaseResult)) as cur:
+        return cur.execute("SELECT * FROM courier.nack(%s::bigint[], %s::integer[], %s)",
+                           (list(ids), list(leases), error)).fetchall()
+
+
+def receive(conn: psycopg.Connection, topic: str, count: int = 1) -> list[ReceivedMessage]:
+    with translated(), conn.cursor(row_factory=class_row(ReceivedMessage)) as cur:
+        return cur.execute("SELECT * FROM courier.receive(%s, %s)", (topic, count)).fetchall()
+
+
+def peek(conn: psycopg.Connection, topic: str) -> int:
+    with translated():
+        row = conn.execute("SELECT courier.peek(%s)", (topic,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def requeue(conn: psycopg.Connection, dlq_id: int) -> int:
+    with translated():
+        row = conn.execute("SELECT courier.requeue(%s)", (dlq_id,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def dlq_topic(conn: psycopg.Connection, dlq_id: int) -> str | None:
+    """The topic a DLQ entry was dead-lettered from (None for a push message's entry)."""
+    with translated():
+        row = conn.execute("SELECT original_topic FROM courier.dlq WHERE id = %s", (dlq_id,)).fetchone()
+    return row[0] if row else None
+
+
+def run_reaper(conn: psycopg.Connection, reaper: str, batch_size: int = 10_000) -> int:
+    """Runs the expiry or delete reaper until it has nothing left; returns the total."""
+    function = {"expiry": "courier.run_expiry_reaper", "delete": "courier.run_delete_reaper"}[reaper]
+    total = 0
+    while True:
+        with translated():
+            row = conn.execute(f"SELECT {function}(%s)", (batch_size,)).fetchone()
+        done = int(row[0]) if row else 0
+        total += done
+        if done < batch_size:
+            return total

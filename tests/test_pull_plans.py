@@ -1,0 +1,124 @@
+"""Every dequeue, receive and peek of a pull topic is served by queue_pull_due_idx, never a scan,
+with 100k messages scheduled for the future in the same topic and 100k due in another (LonnyMQ).
+
+Two proofs: the plans of the functions' candidate queries (generic, as plpgsql runs them after a
+few calls, and with their actual row counts), and the server's own scan counters across real
+calls of the functions, which follow the functions whatever their text becomes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.helpers import scalar
+
+DUE = 1000
+FUTURE = 100_000
+OTHER = 100_000
+
+CANDIDATES = """
+    SELECT q.id FROM courier.queue q
+    WHERE q.endpoint_id = $1 AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+      AND q.status IN ('pending', 'processing')
+      AND (q.expires_at IS NULL OR q.expires_at > now())
+    ORDER BY q.visible_at, q.id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED"""
+
+
+def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from nodes(child)
+
+
+def plan_of(conn: psycopg.Connection, statement: str) -> list[dict[str, Any]]:
+    plan = scalar(conn, statement)
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    return list(nodes(plan[0]["Plan"]))
+
+
+@pytest.fixture(scope="module")
+def big_topic(server_dsn, template_name) -> Iterator[str]:
+    """One database for the module: 'orders' with 100k scheduled for tomorrow and 1k due, 'other'
+    with 100k due, and 50k finished rows; analyzed."""
+    from tests.conftest import create_database, drop_database
+
+    name = "courier_plans_" + template_name[-10:]
+    dsn = create_database(server_dsn, name, template=template_name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+        conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
+        conn.execute("SELECT courier.create_endpoint('other', 'pull', '{}')")
+        conn.execute(f"""INSERT INTO courier.queue (endpoint_id, payload, scheduled_at, visible_at)
+                         SELECT 1, jsonb_build_object('n', g), t, t
+                         FROM generate_series(1, {FUTURE}) g,
+                              LATERAL (SELECT now() + interval '1 day' + g * interval '1 ms' AS t) s""")
+        conn.execute(f"""INSERT INTO courier.queue (endpoint_id, payload, visible_at)
+                         SELECT 2, jsonb_build_object('n', g), now() - interval '1 hour'
+                         FROM generate_series(1, {OTHER}) g""")
+        conn.execute("""INSERT INTO courier.queue (endpoint_id, payload, status, visible_at)
+                        SELECT 1, '{}', 'completed', now() - interval '2 hours' FROM generate_series(1, 50000)""")
+        conn.execute(f"""INSERT INTO courier.queue (endpoint_id, payload, visible_at)
+                         SELECT 1, jsonb_build_object('due', g), now() - interval '1 minute'
+                         FROM generate_series(1, {DUE}) g""")
+        conn.execute("VACUUM ANALYZE courier.queue")
+    yield dsn
+    drop_database(server_dsn, name)
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_the_candidate_query_walks_the_due_index(big_topic, mode):
+    with psycopg.connect(big_topic) as conn:
+        conn.execute(f"SET plan_cache_mode = {mode}")
+        conn.execute(f"PREPARE candidates(integer, integer) AS {CANDIDATES}")
+        plan = plan_of(conn, "EXPLAIN (FORMAT JSON) EXECUTE candidates(1, 100)")
+        on_queue = [n for n in plan if n.get("Relation Name") == "queue"]
+        assert [n["Node Type"] for n in on_queue] == ["Index Scan"]
+        assert on_queue[0]["Index Name"] == "queue_pull_due_idx"
+        assert "visible_at" in on_queue[0]["Index Cond"]  # the range stops at now(): tomorrow's rows unread
+        conn.rollback()
+
+
+def test_future_messages_are_never_read(big_topic):
+    with psycopg.connect(big_topic) as conn:
+        plan = plan_of(conn, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                             + CANDIDATES.replace("$1", "1").replace("$2", "100"))
+        [scan] = [n for n in plan if n.get("Relation Name") == "queue"]
+        assert scan["Actual Rows"] == 100 and scan.get("Rows Removed by Filter", 0) == 0
+        assert scan["Shared Hit Blocks"] + scan.get("Shared Read Blocks", 0) < 200  # of thousands of pages
+        conn.rollback()
+
+
+def _queue_scans(conn: psycopg.Connection) -> tuple[int, int]:
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute("""SELECT t.seq_scan, i.idx_scan FROM pg_stat_user_tables t
+                          JOIN pg_stat_user_indexes i ON i.relid = t.relid AND i.indexrelname = 'queue_pull_due_idx'
+                          WHERE t.relid = 'courier.queue'::regclass""").fetchone()
+    return int(row[0]), int(row[1])
+
+
+@pytest.mark.parametrize("call", [
+    "SELECT count(*) FROM courier.dequeue('orders', 100)",
+    "SELECT count(*) FROM courier.dequeue('other', 100)",
+    "SELECT count(*) FROM courier.receive('orders', 100)",
+    "SELECT courier.peek('orders')",
+    "SELECT courier.peek('other')",
+])
+def test_the_functions_never_scan_the_queue(big_topic, call):
+    with psycopg.connect(big_topic, autocommit=True) as conn:
+        if scalar(conn, "SELECT current_setting('server_version_num')::int") < 150000:
+            pytest.skip("pg_stat_force_next_flush() needs PostgreSQL 15")
+        seq_before, idx_before = _queue_scans(conn)
+        with conn.transaction(force_rollback=True):
+            for _ in range(8):  # past plpgsql's switch to a generic plan
+                assert scalar(conn, call) > 0
+        seq_after, idx_after = _queue_scans(conn)
+        assert seq_after == seq_before
+        assert idx_after >= idx_before + 8
