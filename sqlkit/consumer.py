@@ -315,31 +315,40 @@ class ReceiveLoop:
             return int(await queries.fetch_value_async(conn, "consumer_peek", {"topic": self.topic}) or 0)
 
     async def _receive_round(self, attempts: int) -> None:
+        """Up to `attempts` receives, `concurrency` at a time, until one comes back empty;
+        returns when all of them are done, or within the grace period once stop() is called
+        (even while every slot is held by a slow handler)."""
         slots = asyncio.Semaphore(self.concurrency)
         empty = asyncio.Event()
         tasks: set[asyncio.Task[None]] = set()
-        for _ in range(attempts):
-            await slots.acquire()
-            if empty.is_set() or self._stopping.is_set():
-                slots.release()
-                break
-            task = asyncio.create_task(self._receive_one(empty))
-            task.add_done_callback(lambda _t: slots.release())
-            tasks.add(task)
-        if not tasks:
-            return
+
+        async def spawn() -> None:
+            for _ in range(attempts):
+                await slots.acquire()
+                if empty.is_set() or self._stopping.is_set():
+                    slots.release()
+                    break
+                task = asyncio.create_task(self._receive_one(empty))
+                task.add_done_callback(lambda _t: slots.release())
+                tasks.add(task)
+            if tasks:
+                await asyncio.wait(tasks)
+
+        spawner = asyncio.create_task(spawn())
         stop_wait = asyncio.create_task(self._stopping.wait())
         try:
-            done, running = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-            while running - {stop_wait} and stop_wait not in done:
-                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            left = running - {stop_wait}
-            if left:  # stopping: the handlers get the grace period, then are cancelled
-                _, late = await asyncio.wait(left, timeout=self.shutdown_timeout)
-                for task in late:
-                    task.cancel()
-                if late:
-                    await asyncio.wait(late, timeout=self.shutdown_timeout)
+            await asyncio.wait({spawner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if not spawner.done():  # stopping: the handlers get the grace period, then are cancelled
+                spawner.cancel()
+                running = {t for t in tasks if not t.done()}
+                if running:
+                    _, late = await asyncio.wait(running, timeout=self.shutdown_timeout)
+                    for task in late:
+                        task.cancel()
+                    if late:
+                        await asyncio.wait(late, timeout=self.shutdown_timeout)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await spawner
         finally:
             stop_wait.cancel()
 

@@ -248,7 +248,8 @@ def test_a_failing_handler_never_blocks_the_topic_and_its_message_ends_in_the_dl
 
 
 def test_stopping_the_loop_is_bounded_and_rolls_back_the_unfinished_receive(dsn, conn, topic):
-    [message_id] = enqueue(conn, {"n": 1})
+    # Three waiting, one slot: the loop is both inside a handler and waiting for the slot.
+    ids = enqueue(conn, {"n": 1}, {"n": 2}, {"n": 3})
 
     async def slow(_message: ReceivedMessage) -> None:
         await asyncio.sleep(3600)
@@ -256,7 +257,7 @@ def test_stopping_the_loop_is_bounded_and_rolls_back_the_unfinished_receive(dsn,
     async def run() -> float:
         loop = ReceiveLoop(dsn, TOPIC, slow, peek_interval=0.1, concurrency=1, shutdown_timeout=0.5)
         task = asyncio.create_task(loop.run())
-        await asyncio.sleep(1)  # the handler is now sleeping on the message
+        await asyncio.sleep(1)  # the handler is now sleeping on the first message
         began = time.monotonic()
         loop.stop()
         await asyncio.wait_for(task, 10)
@@ -264,7 +265,7 @@ def test_stopping_the_loop_is_bounded_and_rolls_back_the_unfinished_receive(dsn,
 
     took = asyncio.run(run())
     assert took < 3
-    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE id = %s", (message_id,)) == 1
+    assert [row[0] for row in conn.execute("SELECT id FROM courier.queue ORDER BY id")] == ids
 
 
 def test_an_application_role_runs_both_consumers(dsn, conn, topic, login_as):
