@@ -43,7 +43,7 @@ def lapse(conn, message_id: int) -> None:
 # Lifecycle (queue-ti): every transition ------------------------------------------------------
 
 
-def test_pending_dequeued_to_processing_then_acked_to_completed_and_archived(conn, orders):
+def test_pending_dequeued_to_processing_then_acked_and_deleted(conn, orders):
     message_id = enqueue(conn, {"n": 1})
     assert status(conn, message_id) == "pending"
     [held] = dequeue(conn, 1)
@@ -51,11 +51,11 @@ def test_pending_dequeued_to_processing_then_acked_to_completed_and_archived(con
     assert status(conn, message_id) == "processing"
     assert held["visible_until"] > scalar(conn, "SELECT now() + interval '25 seconds'")  # default 30 s
     assert scalar(conn, "SELECT courier.ack(%s, %s)", (message_id, held["lease"])) == "acked"
-    assert status(conn, message_id) == "completed"  # queue-ti's "deleted": out of the active queue
+    assert status(conn, message_id) is None  # queue-ti's "deleted": gone for good
+    assert scalar(conn, "SELECT count(*) FROM courier.archive") == 0
     assert dequeue(conn, 1) == []
-    conn.execute("SELECT courier.archive_completed_messages(0, 100)")
-    assert scalar(conn, "SELECT status FROM courier.archive WHERE id = %s", (message_id,)) == "completed"
-    assert status(conn, message_id) is None
+    assert scalar(conn, "SELECT sum(messages) FROM courier.queue_depth") == 0
+    assert scalar(conn, "SELECT sum(total) FROM courier.delivery_totals WHERE outcome = 'delivered'") == 1
 
 
 def test_nack_with_retries_left_goes_back_to_pending_with_the_error(conn, orders):

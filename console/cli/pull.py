@@ -39,7 +39,9 @@ def topic_group() -> None:
 @common_options
 def create(name: str, description: str | None, **limits: Any) -> None:
     """Create topic NAME. A limit left out follows its global setting (courier config)."""
-    config = {key: value for key, value in limits.items() if value is not None}
+    # 500 stays 500 in the config, not 500.0
+    config = {key: int(value) if isinstance(value, float) and value.is_integer() else value
+              for key, value in limits.items() if value is not None}
     with open_connection() as conn:
         topic_id = pull.create_topic(conn, name, config, description)
     emit({"id": topic_id, "topic": name, "config": config},

@@ -13,8 +13,7 @@
 -- from queue_pull_due_idx. processing_started_at stays NULL for pull rows so that the push
 -- engine's stale recovery (which counts from it) never takes a message a consumer holds.
 --
--- Statuses follow queue-ti's lifecycle: pending -> processing -> ack -> completed (queue-ti's
--- "deleted": gone from the active queue, moved to the archive by the maintenance leader);
+-- Statuses follow queue-ti's lifecycle: pending -> processing -> ack -> deleted (the row goes);
 -- nack -> pending, or once past max_retries -> courier.dlq (<topic>.dlq) and the archive as
 -- failed; TTL passed -> expired (reaper), then deleted for good by the delete reaper.
 
@@ -302,15 +301,24 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_topic courier.endpoints := courier._pull_topic(p_topic);
-    v_timeout integer := coalesce(p_visibility_timeout_seconds, (v_topic.config ->> 'visibility_timeout')::integer,
-                                  courier._setting_int('visibility_timeout'));
-    v_max_retries integer := courier._endpoint_max_retries(v_topic);
-    v_limit integer;
+    v_timeout integer;
+    v_max_retries integer;
+    v_rate numeric;
+    v_limit integer := p_count;
     v_ids bigint[];
     v_dead bigint[];
     v_taken integer;
 BEGIN
     PERFORM courier._require_count('count', p_count, 10000);
+    -- The topic's own values, else the settings, read in one statement.
+    SELECT coalesce(p_visibility_timeout_seconds, (v_topic.config ->> 'visibility_timeout')::integer,
+                    max(value::integer) FILTER (WHERE name = 'visibility_timeout')),
+           coalesce((v_topic.config ->> 'max_retries')::integer, (v_topic.retry_policy ->> 'max_retries')::integer,
+                    max(value::integer) FILTER (WHERE name = 'default_max_retries')),
+           coalesce((v_topic.config ->> 'throughput_limit')::numeric,
+                    max(value::numeric) FILTER (WHERE name = 'default_throughput_limit'))
+    INTO v_timeout, v_max_retries, v_rate
+    FROM courier.settings WHERE name IN ('visibility_timeout', 'default_max_retries', 'default_throughput_limit');
     IF v_timeout NOT BETWEEN 1 AND 43200 THEN
         RAISE EXCEPTION '[courier] visibility_timeout_seconds must be between 1 and 43200, got %', v_timeout
             USING ERRCODE = '22023';
@@ -318,9 +326,11 @@ BEGIN
     IF NOT v_topic.enabled THEN
         RETURN;
     END IF;
-    v_limit := courier._take_throughput(v_topic, p_count);
-    IF v_limit < 1 THEN
-        RETURN;
+    IF v_rate > 0 THEN
+        v_limit := courier._take_throughput(v_topic, p_count);
+        IF v_limit < 1 THEN
+            RETURN;
+        END IF;
     END IF;
 
     SELECT array_agg(c.id ORDER BY c.visible_at, c.id) FILTER (WHERE NOT c.exhausted),
@@ -360,22 +370,26 @@ BEGIN
                                  ELSE q.error_history END,
             updated_at = now()
         WHERE q.id = ANY (v_ids)
-        RETURNING q.*
+        RETURNING q.id, q.lease, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.retry_count,
+                  q.max_retries, q.created_at, q.visible_at
     )
     SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
            coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
     FROM taken t JOIN unnest(v_ids) WITH ORDINALITY AS o(id, ord) ON o.id = t.id
     ORDER BY o.ord;
-    GET DIAGNOSTICS v_taken = ROW_COUNT;
-    PERFORM courier._return_throughput(v_topic, v_limit - v_taken);
+    IF v_rate > 0 THEN
+        GET DIAGNOSTICS v_taken = ROW_COUNT;
+        PERFORM courier._return_throughput(v_topic, v_limit - v_taken);
+    END IF;
 END
 $$;
 
--- Acks messages held under their leases: each leaves the active queue as completed (the
--- maintenance leader archives it). Per id, in the order given: 'acked'; 'lease_lost' when
--- the message is still there under another lease (its visibility timeout passed and another
--- consumer took it: the ack is refused, counted and logged); 'not_found' when nothing is held
--- under that id and lease (unknown id, already acked, dead-lettered, expired or received).
+-- Acks messages held under their leases: each is deleted (queue-ti's "deleted": done, gone for
+-- good; a DELETE touches no index, which keeps a consumer's ack as cheap as the raw claim-and-
+-- delete it replaces). Per id, in the order given: 'acked'; 'lease_lost' when the message is
+-- still there under another lease (its visibility timeout passed and another consumer took it:
+-- the ack is refused, counted and logged); 'not_found' when nothing is held under that id and
+-- lease (unknown id, already acked, dead-lettered, expired or received).
 CREATE OR REPLACE FUNCTION courier.ack(p_ids bigint[], p_leases integer[])
 RETURNS TABLE (id bigint, result text)
 LANGUAGE plpgsql SECURITY DEFINER
@@ -387,18 +401,25 @@ AS $$
 DECLARE
     v_acked bigint[];
     v_endpoint_ids integer[];
+    v_count integer;
 BEGIN
     PERFORM courier._require_pull_leases(p_ids, p_leases);
     WITH acked AS (
-        UPDATE courier.queue q
-        SET status = 'completed', completed_at = now(), updated_at = now()
-        FROM unnest(p_ids, p_leases) AS u(id, lease)
+        DELETE FROM courier.queue q
+        USING unnest(p_ids, p_leases) AS u(id, lease)
+        -- = ANY keeps the DELETE on the primary key (see _archive_delivered).
         WHERE q.id = ANY (p_ids) AND q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
           AND q.visible_at IS NOT NULL
         RETURNING q.id, q.endpoint_id
     )
-    SELECT array_agg(a.id), array_agg(a.endpoint_id) INTO v_acked, v_endpoint_ids FROM acked a;
-    PERFORM courier._count_outcomes(v_endpoint_ids, 'delivered');
+    SELECT array_agg(a.id), array_agg(a.endpoint_id), count(*) INTO v_acked, v_endpoint_ids, v_count FROM acked a;
+    IF v_count > 0 THEN
+        PERFORM courier._count_outcomes(v_endpoint_ids, 'delivered');
+    END IF;
+    IF v_count = cardinality(p_ids) THEN  -- the common case: all acked, no second look needed
+        RETURN QUERY SELECT u.id, 'acked'::text FROM unnest(p_ids) AS u(id);
+        RETURN;
+    END IF;
     RETURN QUERY SELECT * FROM courier._lease_results(p_ids, p_leases, v_acked, 'acked', 'ack');
 END
 $$;
@@ -772,8 +793,10 @@ AS $$
             WHERE d.endpoint_id = e.id AND d.status = 'processing'),
            (SELECT coalesce(sum(d.messages), 0)::bigint FROM courier.dlq_depth d
             WHERE d.endpoint_id = e.id AND d.status = 'failed'),
-           (SELECT min(q.visible_at) FROM courier.queue q
-            WHERE q.endpoint_id = e.id AND q.status = 'processing' AND q.visible_at IS NOT NULL),
+           -- The first lease still running, from queue_pull_due_idx after now() (as the console reads it).
+           (SELECT q.visible_at FROM courier.queue q
+            WHERE q.endpoint_id = e.id AND q.visible_at > now() AND q.status = 'processing'
+            ORDER BY q.visible_at LIMIT 1),
            courier._endpoint_max_retries(e),
            courier._endpoint_limit(e.config, 'message_ttl_seconds', 'default_message_ttl'),
            courier._endpoint_limit(e.config, 'max_depth', 'default_max_depth'),
