@@ -254,6 +254,10 @@ def test_publish_reaches_pull_topics_and_push_endpoints_alike(conn, orders):
                     ARRAY['{"id": 1, "region": "eu"}', '{"id": 2, "region": "us"}']::jsonb[])""")
     assert fanned_out(conn) == [("billing", 1), ("audit", 1), ("warehouse", 1), ("audit", 2)]
 
+    # The topic's TTL applies to what is published to it, as to what is enqueued.
+    ttl = scalar(conn, "SELECT q.expires_at - q.created_at FROM courier.queue q JOIN courier.endpoints e "
+                       "ON e.id = q.endpoint_id WHERE e.name = 'warehouse'")
+    assert ttl.total_seconds() == pytest.approx(3600, abs=5)
     # A consumer of the topic dequeues it with a lease and acks it; the push copies are untouched.
     taken = conn.execute("SELECT id, lease, payload ->> 'id', metadata ->> 'event_type' "
                          "FROM courier.dequeue('warehouse', 10, 30)").fetchall()
@@ -261,9 +265,6 @@ def test_publish_reaches_pull_topics_and_push_endpoints_alike(conn, orders):
     assert conn.execute("SELECT result FROM courier.ack(%s, %s)", ([taken[0][0]], [taken[0][1]])).fetchall() \
         == [("acked",)]
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'pending'") == 3
-    # The topic's TTL applies to what is published to it, as to what is enqueued.
-    assert scalar(conn, "SELECT expires_at - created_at FROM courier.queue WHERE id = %s",
-                  (taken[0][0],)).total_seconds() == pytest.approx(3600, abs=5)
     # And a destructive receive takes the next one.
     conn.execute("""SELECT courier.publish('order.created', '{"id": 3, "region": "eu"}')""")
     assert conn.execute("SELECT payload ->> 'id' FROM courier.receive('warehouse', 5)").fetchall() == [("3",)]
