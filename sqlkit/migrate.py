@@ -30,7 +30,7 @@ _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 MIGRATION_LOCK_KEY = 0x636F7572696572
 # The order function files are applied in; roles.sql grants on what the others define.
 FUNCTION_AREAS = ("internals", "endpoints", "sending", "claiming", "delivery", "archive", "pull",
-                  "observability", "roles")
+                  "consumer", "pubsub", "observability", "roles")
 
 
 def _checksum(sql: str) -> str:

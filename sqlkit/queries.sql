@@ -55,6 +55,58 @@ SELECT courier.send_with_options(
 -- name: send_batch_with_priority
 SELECT courier.send_batch_with_priority(%(endpoint)s, %(payloads)s::jsonb[], %(priority)s);
 
+-- name: create_event_type
+SELECT courier.create_event_type(%(name)s, %(description)s);
+
+-- name: drop_event_type
+SELECT courier.drop_event_type(%(name)s, %(force)s);
+
+-- name: list_event_types
+SELECT t.id, t.name, t.description, t.created_at,
+       coalesce(jsonb_agg(jsonb_build_object('endpoint', e.name, 'filter', s.filter) ORDER BY e.name)
+                FILTER (WHERE s.id IS NOT NULL), '[]') AS subscriptions
+FROM courier.event_types t
+LEFT JOIN courier.subscriptions s ON s.event_type_id = t.id
+LEFT JOIN courier.endpoints e ON e.id = s.endpoint_id
+GROUP BY t.id
+ORDER BY t.name;
+
+-- name: subscribe
+SELECT courier.subscribe(%(event_type)s, %(endpoint)s, %(filter)s);
+
+-- name: unsubscribe
+SELECT courier.unsubscribe(%(event_type)s, %(endpoint)s);
+
+-- name: publish
+SELECT courier.publish(%(event_type)s, %(payload)s, p_idempotency_key := %(idempotency_key)s,
+                       p_correlation_id := %(correlation_id)s);
+
+-- name: publish_batch
+SELECT courier.publish_batch(%(event_type)s, %(payloads)s::jsonb[]);
+
+-- name: consumer_dequeue
+SELECT id, lease, payload, payload_binary, body, metadata, key, retry_count, max_retries, created_at, visible_until
+FROM courier.dequeue(%(topic)s, %(count)s, %(visibility_timeout)s);
+
+-- name: consumer_ack
+SELECT id, result FROM courier.ack(%(ids)s::bigint[], %(leases)s::integer[]);
+
+-- name: consumer_nack
+SELECT id, result FROM courier.nack(%(ids)s::bigint[], %(leases)s::integer[], %(error)s);
+
+-- name: consumer_extend_lease
+SELECT id, result, visible_until
+FROM courier.extend_lease(%(ids)s::bigint[], %(leases)s::integer[], %(visibility_timeout)s);
+
+-- name: consumer_receive_failed
+SELECT courier.receive_failed(%(topic)s, %(id)s, %(error)s);
+
+-- name: consumer_peek
+SELECT courier.peek(%(topic)s);
+
+-- name: consumer_receive
+SELECT id, payload, payload_binary, body, metadata, key, created_at FROM courier.receive(%(topic)s, %(count)s);
+
 -- name: get_message
 -- A message is in the queue while active and in the archive once finished. Producer headers
 -- may carry credentials: shown redacted, as everywhere else.

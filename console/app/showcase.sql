@@ -3,7 +3,7 @@
 -- restarts at 1. Applied to a scratch database only: it truncates Courier's tables.
 
 TRUNCATE courier.queue, courier.dlq, courier.event_log, courier.workers, courier.delivery_totals,
-         courier.endpoints, courier.replays RESTART IDENTITY;
+         courier.endpoints, courier.replays, courier.subscriptions, courier.event_types RESTART IDENTITY;
 
 SELECT courier.create_endpoint('billing', 'http', '{"url": "https://billing.example.com/hooks/courier",
     "headers": {"Authorization": "Bearer sk_live_123"}}', '{"max_retries": 5, "backoff": "exponential"}',

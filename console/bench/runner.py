@@ -11,6 +11,7 @@ from .delivery import dispatch_http, latency, mixed
 from .depth import depth
 from .drain import drain_noop, multi_endpoint
 from .enqueue import enqueue_batch, enqueue_single
+from .pull import pull
 from .result import ScenarioResult
 from .scratch import scratch_database
 from .spark import spark
@@ -32,6 +33,7 @@ SCENARIOS: dict[str, Scenario] = {
     "depth": depth,
     "console": console_panes,
     "churn": churn,
+    "pull": pull,
     "spark": spark,
 }
 

@@ -66,14 +66,15 @@ def _register() -> None:
         events,
         metrics,
         pipeline,
+        pubsub,
         pull,
         send,
         status,
         worker,
     )
 
-    for module in (db, endpoint, send, pull, config, worker, status, dlq, archive, metrics, events, bench, demo,
-                   console, pipeline):
+    for module in (db, endpoint, send, pubsub, pull, config, worker, status, dlq, archive, metrics, events, bench,
+                   demo, console, pipeline):
         for command in module.COMMANDS:
             main.add_command(command)
 

@@ -78,6 +78,8 @@ GRANT EXECUTE ON FUNCTION
     courier.send_batch_with_options(text, jsonb[], integer[], timestamptz[], text[], uuid[], timestamptz[], text[],
                                     jsonb[], jsonb[]),
     courier.enable_fast_mode(),
+    courier.publish(text, jsonb, text, uuid),
+    courier.publish_batch(text, jsonb[]),
     courier.enqueue(text, jsonb, text, jsonb, bytea, text, timestamptz),
     courier.dequeue(text, integer, integer),
     courier.ack(bigint[], integer[]),
@@ -86,6 +88,7 @@ GRANT EXECUTE ON FUNCTION
     courier.nack(bigint, integer, text),
     courier.extend_lease(bigint[], integer[], integer),
     courier.receive(text, integer),
+    courier.receive_failed(text, bigint, text),
     courier.peek(text)
 TO courier_application;
 
@@ -107,6 +110,8 @@ GRANT SELECT (id, endpoint_id, status, priority, retry_count, max_retries, sched
               worker_id, completed_at, created_at, archived_at)
     ON courier.archive TO courier_monitor;
 GRANT SELECT (id, event_type, endpoint_id, actor, created_at) ON courier.event_log TO courier_monitor;
+GRANT SELECT (id, name, description, created_at) ON courier.event_types TO courier_monitor;
+GRANT SELECT (id, event_type_id, endpoint_id, created_at) ON courier.subscriptions TO courier_monitor;
 -- The Spark pipeline's results are aggregates: counts, latencies and error classes per hour.
 DO $$
 DECLARE

@@ -1,0 +1,395 @@
+"""Python consumers of pull topics, over the SQL API (courier.dequeue/ack/nack/extend_lease and
+courier.peek/receive), with psycopg's asyncio connections.
+
+- `Consumer`: an async iterator of leased messages (queue-ti's model). A heartbeat task
+  extends the lease of every message handed out and not yet acked or nacked, so long work is
+  not redelivered to someone else; ack and nack take one message or a batch.
+- `ReceiveLoop`: NServiceBus's peek and receive modes. It peeks (courier.peek) every
+  `peek_interval`; when messages are waiting it starts receive tasks, at most `concurrency`
+  at a time, each a destructive courier.receive of one message in a transaction that commits
+  only when the handler returns; a receive that comes back empty sends it back to peeking.
+  A handler that raises rolls its receive back, and the failure is counted in the database
+  (courier.receive_failed): the message waits a growing while, then goes to <topic>.dlq.
+
+Both shut down within a bound: stopping cancels what is still running after the grace
+period, and anything not acked (or not committed) comes back to the topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from . import queries
+from .connection import NEW_MESSAGE_CHANNEL, AsyncDatabase
+from .errors import CourierError, InvalidInput, translated
+
+log = logging.getLogger("courier.consumer")
+
+PEEK_INTERVAL_RANGE = (0.1, 10.0)
+"""NServiceBus's recommended peek interval range, in seconds; outside it a warning is logged."""
+
+
+@dataclass(eq=False)
+class PulledMessage:
+    """A message dequeued under a lease: ack or nack it with that lease before it runs out."""
+
+    id: int
+    lease: int
+    payload: Any
+    payload_binary: bytes | None
+    body: str | None
+    metadata: dict[str, Any]
+    key: str | None
+    retry_count: int
+    max_retries: int | None
+    created_at: datetime
+    visible_until: datetime
+    lease_lost: bool = field(default=False, repr=False)
+    """Set when a heartbeat found the lease gone: the message is someone else's now."""
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    """A message taken by a destructive receive."""
+
+    id: int
+    payload: Any
+    payload_binary: bytes | None
+    body: str | None
+    metadata: dict[str, Any]
+    key: str | None
+    created_at: datetime
+
+
+def _check_positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidInput(f"{name} must be a positive number, got {value!r}")
+
+
+class Consumer:
+    """Dequeue from `topic` in batches of `batch_size`, leased for `visibility_timeout`
+    seconds and kept leased by a heartbeat every `heartbeat_interval` seconds (a third of
+    the timeout by default) for as long as they are neither acked nor nacked.
+
+        async with Consumer(dsn, "orders") as consumer:
+            async for message in consumer:
+                await work(message.payload)
+                await consumer.ack(message)
+    """
+
+    def __init__(self, dsn: str, topic: str, *, batch_size: int = 10, visibility_timeout: int = 30,
+                 heartbeat_interval: float | None = None, poll_interval: float = 1.0,
+                 shutdown_timeout: float = 5.0) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
+            raise InvalidInput(f"batch_size must be an integer from 1 to 10000, got {batch_size!r}")
+        if isinstance(visibility_timeout, bool) or not isinstance(visibility_timeout, int) \
+                or not 1 <= visibility_timeout <= 43_200:
+            raise InvalidInput(f"visibility_timeout must be whole seconds from 1 to 43200, got {visibility_timeout!r}")
+        heartbeat = visibility_timeout / 3 if heartbeat_interval is None else heartbeat_interval
+        for name, value in (("heartbeat_interval", heartbeat), ("poll_interval", poll_interval),
+                            ("shutdown_timeout", shutdown_timeout)):
+            _check_positive(name, value)
+        if heartbeat >= visibility_timeout:
+            raise InvalidInput(f"heartbeat_interval ({heartbeat:g} s) must be shorter than the visibility "
+                               f"timeout ({visibility_timeout} s), or leases run out between heartbeats")
+        self.topic = topic
+        self.batch_size = batch_size
+        self.visibility_timeout = visibility_timeout
+        self.heartbeat_interval = heartbeat
+        self.poll_interval = poll_interval
+        self.shutdown_timeout = shutdown_timeout
+        # One connection dequeues and acks, one heartbeats (never queued behind a dequeue).
+        self._db = AsyncDatabase(dsn, min_size=2, max_size=2, application_name="courier-consumer")
+        self._in_flight: dict[int, PulledMessage] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+        self.heartbeats = 0
+        """Lease extensions sent so far (one per heartbeat that had messages to extend)."""
+
+    async def __aenter__(self) -> Consumer:
+        await self._db.open()
+        self._tasks = [asyncio.create_task(self._heartbeat(), name=f"courier-heartbeat-{self.topic}"),
+                       asyncio.create_task(self._listen(), name=f"courier-listen-{self.topic}")]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop the heartbeat and listener and close the connections, within shutdown_timeout.
+        Messages still in flight are not acked: they come back when their leases run out."""
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self.shutdown_timeout)
+        self._tasks = []
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._db.close(), self.shutdown_timeout)
+
+    @property
+    def in_flight(self) -> list[PulledMessage]:
+        """Messages handed out (or buffered) and not yet acked or nacked."""
+        return list(self._in_flight.values())
+
+    async def dequeue(self, count: int | None = None) -> list[PulledMessage]:
+        """One courier.dequeue call: up to `count` (default batch_size) messages, now in flight."""
+        async with self._db.connection() as conn:
+            rows = await queries.fetch_all_async(conn, "consumer_dequeue", {
+                "topic": self.topic, "count": count or self.batch_size, "visibility_timeout": self.visibility_timeout})
+        messages = [PulledMessage(**row) for row in rows]
+        for message in messages:
+            self._in_flight[message.id] = message
+        return messages
+
+    async def __aiter__(self) -> AsyncIterator[PulledMessage]:
+        async for batch in self.batches():
+            for message in batch:
+                if message.id in self._in_flight:  # not lost to a failed heartbeat meanwhile
+                    yield message
+
+    async def batches(self) -> AsyncIterator[list[PulledMessage]]:
+        """Each non-empty dequeue as one list, for consumers that work and ack in batches;
+        between empty dequeues it waits for a new-message notification or poll_interval."""
+        while True:
+            self._wake.clear()
+            batch = await self.dequeue()
+            if batch:
+                yield batch
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+
+    async def ack(self, messages: PulledMessage | Iterable[PulledMessage]) -> dict[int, str]:
+        """Ack one message or a batch in one call; returns each id's result: 'acked', or
+        'lease_lost' (redelivered to someone else: not applied) or 'not_found'."""
+        return await self._settle("consumer_ack", messages, {})
+
+    async def nack(self, messages: PulledMessage | Iterable[PulledMessage], error: str | None = None) -> dict[int, str]:
+        """Give messages back for a retry (or the DLQ once out of retries), with the error."""
+        return await self._settle("consumer_nack", messages, {"error": error})
+
+    async def _settle(self, query: str, messages: PulledMessage | Iterable[PulledMessage],
+                      extra: dict[str, Any]) -> dict[int, str]:
+        batch = [messages] if isinstance(messages, PulledMessage) else list(messages)
+        if not batch:
+            return {}
+        for message in batch:  # no more heartbeats for these, whatever the outcome
+            self._in_flight.pop(message.id, None)
+        async with self._db.connection() as conn:
+            rows = await queries.fetch_all_async(conn, query, {
+                "ids": [m.id for m in batch], "leases": [m.lease for m in batch], **extra})
+        results = {row["id"]: row["result"] for row in rows}
+        lost = [i for i, result in results.items() if result == "lease_lost"]
+        if lost:
+            log.warning("%s: %d message(s) had been redelivered to another consumer; not applied: %s",
+                        self.topic, len(lost), lost)
+        return results
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            try:
+                await self.extend_leases()
+            except Exception as error:  # a dropped connection must not end the heartbeats
+                log.warning("%s: lease extension failed, will retry: %s", self.topic, error)
+
+    async def extend_leases(self) -> None:
+        """Extend the lease of every message in flight by the visibility timeout (what the
+        heartbeat does); a message whose lease is gone is dropped from the in-flight set."""
+        batch = list(self._in_flight.values())
+        if not batch:
+            return
+        async with self._db.connection() as conn:
+            rows = await queries.fetch_all_async(conn, "consumer_extend_lease", {
+                "ids": [m.id for m in batch], "leases": [m.lease for m in batch],
+                "visibility_timeout": self.visibility_timeout})
+        self.heartbeats += 1
+        by_id = {m.id: m for m in batch}
+        for row in rows:
+            message = by_id.get(row["id"])
+            if message is None:
+                continue
+            if row["result"] == "extended":
+                message.visible_until = row["visible_until"]
+            elif self._in_flight.pop(row["id"], None) is not None:
+                message.lease_lost = True
+                log.warning("%s: message %d lost its lease (%s); it is another consumer's now",
+                            self.topic, row["id"], row["result"])
+
+    async def _listen(self) -> None:
+        """Wake an idle iterator on new-message notifications (any endpoint's: the topic's id is
+        not the application's to read); polling every poll_interval covers any that are missed."""
+        while True:
+            try:
+                async with self._db.listen(NEW_MESSAGE_CHANNEL) as notes:
+                    async for _ in notes:
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.debug("%s: LISTEN connection lost (%s); polling until it is back", self.topic, error)
+                await asyncio.sleep(self.poll_interval)
+
+
+Handler = Callable[[ReceivedMessage], Awaitable[None]]
+
+
+class ReceiveLoop:
+    """NServiceBus's peek/receive loop over courier.peek and courier.receive.
+
+    In peek mode it asks courier.peek(topic) for the number of pending messages every
+    `peek_interval` seconds (1 s by default; a warning is logged outside 100 ms to 10 s).
+    When some are waiting it switches to receive mode and starts up to that many receive
+    tasks (at most `max_records_to_peek`), at most `concurrency` running at once. Each task
+    receives one message in a transaction, awaits `handler(message)` and commits: a handler
+    that raises rolls the receive back and the message stays in the topic. A receive that
+    comes back empty (another instance got there first) stops the round; when the round's
+    tasks are done it peeks again at once. A message whose handler raised is put back, held
+    back for a growing while (courier.receive_failed), and dead-lettered to <topic>.dlq past
+    the topic's max_retries, so it never blocks the messages behind it.
+    """
+
+    def __init__(self, dsn: str, topic: str, handler: Handler, *, peek_interval: float = 1.0,
+                 max_records_to_peek: int = 100, concurrency: int | None = None,
+                 shutdown_timeout: float = 10.0) -> None:
+        _check_positive("peek_interval", peek_interval)
+        _check_positive("shutdown_timeout", shutdown_timeout)
+        concurrency = max(2, os.cpu_count() or 1) if concurrency is None else concurrency
+        for name, value in (("max_records_to_peek", max_records_to_peek), ("concurrency", concurrency)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000:
+                raise InvalidInput(f"{name} must be an integer from 1 to 10000, got {value!r}")
+        low, high = PEEK_INTERVAL_RANGE
+        if not low <= peek_interval <= high:
+            log.warning("peek_interval %g s is outside the recommended %g-%g s: shorter puts needless load "
+                        "on the database, longer lets messages back up in the topic", peek_interval, low, high)
+        self.topic = topic
+        self.handler = handler
+        self.peek_interval = peek_interval
+        self.max_records_to_peek = max_records_to_peek
+        self.concurrency = concurrency
+        self.shutdown_timeout = shutdown_timeout
+        self._db = AsyncDatabase(dsn, min_size=1, max_size=concurrency + 1, application_name="courier-receiver")
+        self._stopping = asyncio.Event()
+        self.received = 0
+        self.failed = 0
+        self.peeks = 0
+
+    def stop(self) -> None:
+        """Ask run() to finish: no new receives; running handlers get shutdown_timeout."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Peek and receive until stop(); returns within shutdown_timeout of it."""
+        await self._db.open()
+        try:
+            while not self._stopping.is_set():
+                try:
+                    pending = await self._peek()
+                except CourierError as error:  # database away: keep peeking at the interval
+                    log.warning("%s: peek failed: %s", self.topic, error)
+                    pending = 0
+                if pending > 0:
+                    failed_before = self.failed
+                    await self._receive_round(min(pending, self.max_records_to_peek))
+                    if self.failed == failed_before:
+                        continue  # a clean round: peek again at once
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), self.peek_interval)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._db.close(), self.shutdown_timeout)
+
+    async def _peek(self) -> int:
+        self.peeks += 1
+        async with self._db.connection() as conn:
+            return int(await queries.fetch_value_async(conn, "consumer_peek", {"topic": self.topic}) or 0)
+
+    async def _receive_round(self, attempts: int) -> None:
+        """Up to `attempts` receives, `concurrency` at a time, until one comes back empty;
+        returns when all of them are done, or within the grace period once stop() is called
+        (even while every slot is held by a slow handler)."""
+        slots = asyncio.Semaphore(self.concurrency)
+        empty = asyncio.Event()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def spawn() -> None:
+            for _ in range(attempts):
+                await slots.acquire()
+                if empty.is_set() or self._stopping.is_set():
+                    slots.release()
+                    break
+                task = asyncio.create_task(self._receive_one(empty))
+                task.add_done_callback(lambda _t: slots.release())
+                tasks.add(task)
+            if tasks:
+                await asyncio.wait(tasks)
+
+        spawner = asyncio.create_task(spawn())
+        stop_wait = asyncio.create_task(self._stopping.wait())
+        try:
+            await asyncio.wait({spawner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if not spawner.done():  # stopping: the handlers get the grace period, then are cancelled
+                spawner.cancel()
+                running = {t for t in tasks if not t.done()}
+                if running:
+                    _, late = await asyncio.wait(running, timeout=self.shutdown_timeout)
+                    for task in late:
+                        task.cancel()
+                    if late:
+                        await asyncio.wait(late, timeout=self.shutdown_timeout)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await spawner
+        finally:
+            stop_wait.cancel()
+
+    async def _receive_one(self, empty: asyncio.Event) -> None:
+        message_id = None
+        try:
+            async with self._db.connection() as conn, conn.transaction():
+                with translated():
+                    async with conn.cursor(row_factory=dict_row) as cur:
+                        await cur.execute(queries.query("consumer_receive"), {"topic": self.topic, "count": 1})
+                        row = await cur.fetchone()
+                if row is None:
+                    empty.set()
+                    return
+                message = ReceivedMessage(**row)
+                message_id = message.id
+                await self.handler(message)  # raising rolls the receive back: the message stays
+            self.received += 1
+        except asyncio.CancelledError:
+            raise
+        except (CourierError, psycopg.Error) as error:
+            self.failed += 1
+            empty.set()  # back to peek mode, which waits before the next round
+            log.warning("%s: receive of message %s failed: %s", self.topic, message_id, error)
+        except Exception as error:
+            self.failed += 1
+            log.exception("%s: handler failed on message %s", self.topic, message_id)
+            await self._report_failure(message_id, f"{type(error).__name__}: {error}")
+
+    async def _report_failure(self, message_id: int | None, error: str) -> None:
+        """The receive was rolled back, so the message is back in the topic: count the attempt
+        (courier.receive_failed), which holds it back for a while or dead-letters it, so that it
+        never blocks the messages behind it."""
+        if message_id is None:
+            return
+        try:
+            async with self._db.connection() as conn:
+                outcome = await queries.fetch_value_async(conn, "consumer_receive_failed",
+                                                          {"topic": self.topic, "id": message_id, "error": error})
+        except (CourierError, psycopg.Error) as report_error:
+            log.warning("%s: could not record the failure of message %s: %s", self.topic, message_id, report_error)
+            return
+        if outcome == "dead_lettered":
+            log.error("%s: message %s failed past max_retries and went to %s.dlq", self.topic, message_id, self.topic)

@@ -1,0 +1,302 @@
+"""The Python pull consumer (sqlkit.consumer) against a real database: leases kept alive by
+heartbeats, batch ack results, redelivery after a consumer is killed, and the peek/receive
+loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psycopg
+import pytest
+
+from sqlkit.consumer import Consumer, PulledMessage, ReceivedMessage, ReceiveLoop
+from sqlkit.errors import InvalidInput
+from tests import test_roles_and_psql
+from tests.helpers import scalar
+
+login_as = test_roles_and_psql.login_as  # the fixture, for the test that logs in as the application
+
+TOPIC = "orders"
+
+
+@pytest.fixture
+def topic(conn: psycopg.Connection) -> str:
+    conn.execute("SELECT courier.create_endpoint(%s, 'pull', '{}')", (TOPIC,))
+    return TOPIC
+
+
+def enqueue(conn: psycopg.Connection, *payloads: dict) -> list[int]:
+    return [scalar(conn, "SELECT courier.enqueue(%s, %s::jsonb)", (TOPIC, psycopg.types.json.Jsonb(p)))
+            for p in payloads]
+
+
+def dequeue_ids(conn: psycopg.Connection, count: int = 10, visibility: int = 30) -> list[int]:
+    return [row[0] for row in conn.execute("SELECT id FROM courier.dequeue(%s, %s, %s)",
+                                           (TOPIC, count, visibility)).fetchall()]
+
+
+def test_heartbeats_keep_a_long_worked_message_from_being_redelivered(dsn, conn, topic):
+    [message_id] = enqueue(conn, {"n": 1})
+
+    async def work() -> tuple[dict[int, str], list[int], int]:
+        stolen: list[int] = []
+        async with Consumer(dsn, TOPIC, visibility_timeout=2, heartbeat_interval=0.4) as consumer:
+            async for message in consumer:
+                assert message.id == message_id
+                # Work for twice the visibility timeout while another consumer keeps trying.
+                deadline = time.monotonic() + 4
+                while time.monotonic() < deadline:
+                    stolen += await asyncio.to_thread(dequeue_ids, conn, 10, 2)
+                    await asyncio.sleep(0.3)
+                return await consumer.ack(message), stolen, consumer.heartbeats
+        raise AssertionError("no message")
+
+    results, stolen, heartbeats = asyncio.run(work())
+    assert stolen == []
+    assert results == {message_id: "acked"}
+    assert heartbeats >= 5
+
+
+def test_without_heartbeats_the_same_wait_would_have_redelivered_it(dsn, conn, topic):
+    """The control for the test above: a lease left alone for as long is handed on."""
+    [message_id] = enqueue(conn, {"n": 1})
+    assert dequeue_ids(conn, 1, 2) == [message_id]
+    time.sleep(2.5)
+    assert dequeue_ids(conn, 1, 2) == [message_id]
+
+
+def test_batch_ack_reports_each_id(dsn, conn, topic):
+    ids = enqueue(conn, {"n": 1}, {"n": 2}, {"n": 3})
+
+    async def run() -> tuple[dict[int, str], dict[int, str]]:
+        async with Consumer(dsn, TOPIC, batch_size=3) as consumer:
+            first, second, third = await consumer.dequeue()
+            stale = PulledMessage(**{**third.__dict__, "lease": third.lease + 1000})
+            unknown = PulledMessage(**{**third.__dict__, "id": 987_654_321})
+            results = await consumer.ack([first, second, stale, unknown])
+            again = await consumer.ack([first, third])
+            return results, again
+
+    results, again = asyncio.run(run())
+    assert results == {ids[0]: "acked", ids[1]: "acked", ids[2]: "lease_lost", 987_654_321: "not_found"}
+    assert again == {ids[0]: "not_found", ids[2]: "acked"}
+    assert dequeue_ids(conn) == []
+
+
+def test_nack_gives_the_message_back_with_its_error(dsn, conn, topic):
+    [message_id] = enqueue(conn, {"n": 1})
+
+    async def run() -> dict[int, str]:
+        async with Consumer(dsn, TOPIC) as consumer:
+            async for message in consumer:
+                return await consumer.nack(message, "upstream 500")
+        raise AssertionError("no message")
+
+    assert asyncio.run(run()) == {message_id: "nacked"}
+    row = conn.execute("SELECT retry_count, last_error FROM courier.queue WHERE id = %s", (message_id,)).fetchone()
+    assert row == (1, "upstream 500")
+
+
+CONSUMER_SCRIPT = textwrap.dedent("""
+    import asyncio, sys, time
+    from sqlkit.consumer import Consumer
+
+    async def main():
+        async with Consumer(sys.argv[1], "orders", visibility_timeout=2) as consumer:
+            async for message in consumer:
+                print(message.id, message.lease, flush=True)
+                await asyncio.sleep(3600)  # working on it when the kill comes
+
+    asyncio.run(main())
+""")
+
+
+def test_a_consumer_killed_mid_message_sees_it_redelivered(dsn, conn, topic):
+    [message_id] = enqueue(conn, {"n": 1})
+    child = subprocess.Popen([sys.executable, "-c", CONSUMER_SCRIPT, dsn], stdout=subprocess.PIPE, text=True,
+                             cwd=os.path.dirname(os.path.dirname(__file__)))
+    try:
+        line = child.stdout.readline()
+        held_id, held_lease = map(int, line.split())
+        assert held_id == message_id
+        time.sleep(1)  # past a heartbeat: the child was extending its lease
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+    assert dequeue_ids(conn, 1, 30) == []  # still leased to the dead consumer
+    deadline = time.monotonic() + 10
+    redelivered: list = []
+    while not redelivered and time.monotonic() < deadline:
+        time.sleep(0.25)
+        redelivered = conn.execute("SELECT id, lease FROM courier.dequeue(%s, 1, 30)", (TOPIC,)).fetchall()
+    assert [r[0] for r in redelivered] == [message_id]
+    assert redelivered[0][1] != held_lease
+    # The dead consumer's lease is refused; the new holder's ack is applied.
+    assert conn.execute("SELECT result FROM courier.ack(%s, %s)", ([message_id], [held_lease])).fetchall() \
+        == [("lease_lost",)]
+    assert conn.execute("SELECT result FROM courier.ack(%s, %s)", ([message_id], [redelivered[0][1]])).fetchall() \
+        == [("acked",)]
+
+
+def test_consumer_refuses_bad_settings():
+    with pytest.raises(InvalidInput, match="batch_size"):
+        Consumer("postgresql://unused", TOPIC, batch_size=0)
+    with pytest.raises(InvalidInput, match="visibility_timeout"):
+        Consumer("postgresql://unused", TOPIC, visibility_timeout=0)
+    with pytest.raises(InvalidInput, match=r"heartbeat_interval .* must be shorter"):
+        Consumer("postgresql://unused", TOPIC, visibility_timeout=5, heartbeat_interval=5)
+
+
+# The peek/receive loop -----------------------------------------------------------------------
+
+async def _noop(_message: ReceivedMessage) -> None:
+    return None
+
+
+@pytest.mark.parametrize(("interval", "warns"), [(0.05, True), (0.1, False), (1.0, False), (10.0, False),
+                                                 (30.0, True)])
+def test_peek_interval_outside_100ms_to_10s_logs_a_warning(caplog, interval, warns):
+    with caplog.at_level(logging.WARNING, logger="courier.consumer"):
+        loop = ReceiveLoop("postgresql://unused", TOPIC, _noop, peek_interval=interval)
+    assert loop.peek_interval == interval
+    warned = [r.getMessage() for r in caplog.records if "peek_interval" in r.getMessage()]
+    assert bool(warned) == warns
+    if warns:
+        assert "outside the recommended 0.1-10 s" in warned[0]
+
+
+def test_receive_loop_defaults_follow_nservicebus():
+    loop = ReceiveLoop("postgresql://unused", TOPIC, _noop)
+    assert loop.peek_interval == 1.0
+    assert loop.concurrency >= 2
+    with pytest.raises(InvalidInput, match="concurrency"):
+        ReceiveLoop("postgresql://unused", TOPIC, _noop, concurrency=0)
+
+
+def test_receive_loop_takes_every_message_once_within_its_concurrency(dsn, conn, topic):
+    ids = enqueue(conn, *({"n": n} for n in range(30)))
+    seen: list[int] = []
+    running = 0
+    most = 0
+
+    async def handler(message: ReceivedMessage) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.01)
+        seen.append(message.id)
+        running -= 1
+
+    async def run() -> ReceiveLoop:
+        loop = ReceiveLoop(dsn, TOPIC, handler, peek_interval=0.1, concurrency=3, max_records_to_peek=10)
+        task = asyncio.create_task(loop.run())
+        deadline = time.monotonic() + 20
+        while len(seen) < len(ids) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        loop.stop()
+        await asyncio.wait_for(task, 15)
+        return loop
+
+    loop = asyncio.run(run())
+    assert sorted(seen) == ids
+    assert most <= 3
+    assert loop.peeks >= 3  # max_records_to_peek=10: at least three rounds for 30 messages
+    assert scalar(conn, "SELECT courier.peek(%s)", (TOPIC,)) == 0
+
+
+def test_a_failing_handler_never_blocks_the_topic_and_its_message_ends_in_the_dlq(dsn, conn):
+    conn.execute("""SELECT courier.create_endpoint(%s, 'pull', '{"max_retries": 1}')""", (TOPIC,))
+    ids = enqueue(conn, {"n": 1, "poison": True}, {"n": 2}, {"n": 3})
+    handled: list[int] = []
+    attempts: list[int] = []
+
+    async def handler(message: ReceivedMessage) -> None:
+        if message.payload.get("poison"):
+            attempts.append(message.id)
+            raise RuntimeError("cannot handle this one")
+        handled.append(message.id)
+
+    async def run() -> None:
+        loop = ReceiveLoop(dsn, TOPIC, handler, peek_interval=0.1, concurrency=1)
+        task = asyncio.create_task(loop.run())
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and (len(handled) < 2 or len(attempts) < 2):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        loop.stop()
+        await asyncio.wait_for(task, 15)
+
+    asyncio.run(run())
+    # The two behind it went through while the poison message waited out its back-off.
+    assert handled == ids[1:]
+    # Tried twice (max_retries 1), then dead-lettered with its error, out of the topic.
+    assert attempts == [ids[0], ids[0]]
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE id = %s", (ids[0],)) == 0
+    assert conn.execute("SELECT original_topic, last_error FROM courier.dlq WHERE original_message_id = %s",
+                        (ids[0],)).fetchone() == (TOPIC, "RuntimeError: cannot handle this one")
+
+
+def test_stopping_the_loop_is_bounded_and_rolls_back_the_unfinished_receive(dsn, conn, topic):
+    # Three waiting, one slot: the loop is both inside a handler and waiting for the slot.
+    ids = enqueue(conn, {"n": 1}, {"n": 2}, {"n": 3})
+
+    async def slow(_message: ReceivedMessage) -> None:
+        await asyncio.sleep(3600)
+
+    async def run() -> float:
+        loop = ReceiveLoop(dsn, TOPIC, slow, peek_interval=0.1, concurrency=1, shutdown_timeout=0.5)
+        task = asyncio.create_task(loop.run())
+        await asyncio.sleep(1)  # the handler is now sleeping on the first message
+        began = time.monotonic()
+        loop.stop()
+        await asyncio.wait_for(task, 10)
+        return time.monotonic() - began
+
+    took = asyncio.run(run())
+    assert took < 3
+    assert [row[0] for row in conn.execute("SELECT id FROM courier.queue ORDER BY id")] == ids
+
+
+def test_an_application_role_runs_both_consumers(dsn, conn, topic, login_as):
+    app_dsn = login_as("courier_application").info.dsn
+    ids = enqueue(conn, {"n": 1}, {"n": 2}, {"n": 3, "poison": True})
+
+    async def consume() -> dict[int, str]:
+        async with Consumer(app_dsn, TOPIC, batch_size=1) as consumer:
+            async for message in consumer:
+                await consumer.extend_leases()
+                return await consumer.ack(message)
+        raise AssertionError("no message")
+
+    received: list[int] = []
+
+    async def handler(message: ReceivedMessage) -> None:
+        if message.payload.get("poison"):
+            raise RuntimeError("no")
+        received.append(message.id)
+
+    async def receive() -> None:
+        loop = ReceiveLoop(app_dsn, TOPIC, handler, peek_interval=0.1, concurrency=1)
+        task = asyncio.create_task(loop.run())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (not received or loop.failed < 1):
+            await asyncio.sleep(0.05)
+        loop.stop()
+        await asyncio.wait_for(task, 10)
+
+    assert asyncio.run(consume()) == {ids[0]: "acked"}
+    asyncio.run(receive())
+    assert received == [ids[1]]
+    assert conn.execute("SELECT retry_count, last_error FROM courier.queue WHERE id = %s", (ids[2],)).fetchone() \
+        == (1, "RuntimeError: no")
