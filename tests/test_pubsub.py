@@ -13,7 +13,7 @@ from tests.test_roles_and_psql import psql
 
 login_as = test_roles_and_psql.login_as  # the fixture, for tests here that log in as a role
 
-HOOK = '{"url": "http://127.0.0.1:9000/hook"}'
+HOOK = '{"url": "https://hooks.example/hook"}'
 
 
 @pytest.fixture
@@ -111,11 +111,16 @@ def test_idempotency_key_is_carried_per_subscription(conn, orders):
                         p_idempotency_key := 'order-7')""")
     assert queue_rows(conn) == 3
 
-    # Once delivered, the key is free again for that subscriber.
-    conn.execute("UPDATE courier.queue SET status = 'completed', completed_at = now() "
+    # Delivered and archived, the key still turns the event away for that subscriber for
+    # idempotency_retention_seconds, as a send with the key would; with no retention it is free.
+    conn.execute("UPDATE courier.queue SET status = 'completed', completed_at = now() - interval '1 minute' "
                  "WHERE endpoint_id = (SELECT id FROM courier.endpoints WHERE name = 'crm')")
+    assert scalar(conn, "SELECT courier.archive_completed_messages(0, 100)") == 1
     assert scalar(conn, "SELECT courier.publish('order.created', %s, p_idempotency_key := 'order-7')", (event,)) == 3
-    assert queue_rows(conn) == 4
+    assert queue_rows(conn) == 2
+    conn.execute("SELECT courier.set_setting('idempotency_retention_seconds', '0')")
+    assert scalar(conn, "SELECT courier.publish('order.created', %s, p_idempotency_key := 'order-7')", (event,)) == 3
+    assert queue_rows(conn) == 3
 
 
 def test_subscribe_again_is_idempotent_and_a_new_filter_is_refused(conn, orders):
@@ -285,7 +290,7 @@ def test_a_topic_at_its_max_depth_rejects_the_whole_publish(conn, orders):
 
 def test_a_push_endpoint_at_its_max_depth_rejects_the_publish_too(conn, orders):
     conn.execute("""SELECT courier.alter_endpoint('audit', %s)""",
-                 ('{"url": "http://127.0.0.1:9000/hook", "max_depth": 1}',))
+                 ('{"url": "https://hooks.example/hook", "max_depth": 1}',))
     conn.execute("""SELECT courier.publish('order.created', '{"id": 1, "region": "us"}')""")
     with pytest.raises(psycopg.Error, match='"audit" is full') as refused:
         conn.execute("""SELECT courier.publish('order.created', '{"id": 2, "region": "eu"}')""")

@@ -16,12 +16,16 @@ def active_counted(conn) -> int:
                         "WHERE status IN ('pending', 'processing')")
 
 
-@pytest.mark.parametrize("send_sql", [
-    "SELECT courier.send('doomed', '{\"n\": 1}')",
-    "SELECT courier.send_batch('doomed', ARRAY['{\"n\": 1}', '{\"n\": 2}']::jsonb[])",
+@pytest.mark.parametrize("protocol, send_sql", [
+    ("noop", "SELECT courier.send('doomed', '{\"n\": 1}')"),
+    ("noop", "SELECT courier.send_batch('doomed', ARRAY['{\"n\": 1}', '{\"n\": 2}']::jsonb[])"),
+    ("noop", "SELECT courier.send_batch_with_options('doomed', ARRAY['{\"n\": 1}']::jsonb[])"),
+    ("noop", "SELECT courier.publish('doomed.event', '{\"n\": 1}')"),
+    ("pull", "SELECT courier.enqueue('doomed', '{\"n\": 1}')"),
 ])
-def test_a_drop_waits_for_a_send_under_way_and_takes_its_messages(dsn, conn, send_sql):
-    conn.execute("SELECT courier.create_endpoint('doomed', 'noop', '{}')")
+def test_a_drop_waits_for_a_send_under_way_and_takes_its_messages(dsn, conn, protocol, send_sql):
+    conn.execute("SELECT courier.create_endpoint('doomed', %s, '{}')", (protocol,))
+    conn.execute("SELECT courier.create_event_type('doomed.event'), courier.subscribe('doomed.event', 'doomed')")
     with psycopg.connect(dsn) as sender, ThreadPoolExecutor(1) as pool:
         sender.execute(send_sql)  # in a transaction not yet committed
         dropping = pool.submit(conn.execute, "SELECT courier.drop_endpoint('doomed', true)")

@@ -155,6 +155,8 @@ DECLARE
     v_inserted integer;
     v_conflict record;
     v_targets integer[];
+    v_new_ids bigint[];
+    v_new_endpoints integer[];
 BEGIN
     IF p_payloads IS NULL THEN
         RAISE EXCEPTION '[courier] payloads must not be NULL' USING ERRCODE = '22004';
@@ -200,8 +202,11 @@ BEGIN
                   HINT = 'Nothing was published; retry with client-side backoff, add workers, or raise max_queue_size';
     END IF;
 
-    FOR v_target IN SELECT t.endpoint_id, count(*) AS adding FROM unnest(v_endpoint_ids) AS t(endpoint_id)
-                    GROUP BY t.endpoint_id ORDER BY t.endpoint_id LOOP
+    FOR v_target IN SELECT t.endpoint_id, e.name, count(*) AS adding FROM unnest(v_endpoint_ids) AS t(endpoint_id)
+                    JOIN courier.endpoints e ON e.id = t.endpoint_id
+                    GROUP BY t.endpoint_id, e.name ORDER BY t.endpoint_id LOOP
+        -- Held until commit, as a send holds its endpoint: a drop waits for this publish.
+        PERFORM courier._hold_endpoint_for_send(v_target.name);
         PERFORM courier._enforce_max_depth(v_target.endpoint_id, v_target.adding);
     END LOOP;
 
@@ -215,6 +220,7 @@ BEGIN
     END IF;
 
     -- As a send would: the endpoint's TTL, and for a pull topic the time it is due (now).
+    WITH inserted AS (
     INSERT INTO courier.queue (endpoint_id, payload, metadata, correlation_id, idempotency_key, payload_hash,
                                expires_at, visible_at)
     SELECT f.endpoint_id, p_payloads[f.ord],
@@ -226,8 +232,11 @@ BEGIN
     ORDER BY f.ord, f.subscription_id
     ON CONFLICT (endpoint_id, idempotency_key)
         WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')
-    DO NOTHING;
-    GET DIAGNOSTICS v_inserted = ROW_COUNT;
+    DO NOTHING
+    RETURNING id, endpoint_id)
+    SELECT coalesce(array_agg(id), '{}'), coalesce(array_agg(endpoint_id), '{}')
+    INTO v_new_ids, v_new_endpoints FROM inserted;
+    v_inserted := cardinality(v_new_ids);
 
     IF v_inserted < v_projected THEN
         -- Only a publish with an idempotency key skips rows: an endpoint already holds a
@@ -243,6 +252,16 @@ BEGIN
                       HINT = format('Message %s on endpoint id %s holds this key until it leaves pending/processing; nothing was published',
                                     v_conflict.id, v_conflict.endpoint_id);
         END IF;
+    END IF;
+
+    IF p_idempotency_key IS NOT NULL THEN
+        -- A subscriber that delivered this event within idempotency_retention_seconds (perhaps
+        -- archived already) does not get it again, as a send with the key would not.
+        FOR v_target IN SELECT DISTINCT e.id, e.name FROM courier.endpoints e WHERE e.id = ANY (v_new_endpoints) LOOP
+            IF courier._delivered_key_holder(v_target.name, p_idempotency_key, v_hash) IS NOT NULL THEN
+                DELETE FROM courier.queue WHERE id = ANY (v_new_ids) AND endpoint_id = v_target.id;
+            END IF;
+        END LOOP;
     END IF;
 
     IF v_inserted > 0 AND p_notify THEN

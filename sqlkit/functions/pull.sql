@@ -182,7 +182,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
-    v_topic courier.endpoints := courier._pull_topic(p_topic);
+    v_topic courier.endpoints;
     v_payload jsonb := coalesce(p_payload, CASE WHEN p_payload_binary IS NOT NULL THEN 'null'::jsonb END);
     v_metadata jsonb := coalesce(p_metadata, '{}');
     v_size bigint;
@@ -190,6 +190,9 @@ DECLARE
     v_id bigint;
     v_status text;
 BEGIN
+    -- As a send does: a drop of the topic waits for this enqueue (read the topic after it).
+    PERFORM courier._hold_endpoint_for_send(p_topic);
+    v_topic := courier._pull_topic(p_topic);
     IF v_payload IS NULL THEN
         RAISE EXCEPTION '[courier] payload must not be NULL' USING ERRCODE = '22004',
             HINT = 'Give a JSON payload, a binary payload (p_payload_binary), or both';
