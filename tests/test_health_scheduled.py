@@ -26,3 +26,15 @@ def test_a_scheduled_message_is_old_from_when_it_fell_due(conn):
     status, age = oldest_pending(conn)
     assert status == "warning" and 590 < age < 700
     assert scalar(conn, "SELECT oldest_pending_message IS NOT NULL FROM courier.get_endpoint_health('later')")
+
+
+def test_messages_waiting_on_a_pull_topic_do_not_call_for_workers(conn):
+    def workers() -> str:
+        return scalar(conn, "SELECT status FROM courier.health_check() WHERE check_name = 'workers'")
+
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
+    conn.execute("SELECT courier.enqueue('orders', '{}')")
+    assert workers() == "warning"  # was critical: no worker would ever take it
+    conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")
+    conn.execute("SELECT courier.send('hook', '{}')")
+    assert workers() == "critical"

@@ -196,6 +196,10 @@ BEGIN
 
     SELECT count(*) FILTER (WHERE w.alive), coalesce(bool_or(w.alive AND w.maintenance_leader), false)
     INTO v_alive, v_leader FROM courier.get_worker_status() w;
+    -- Only pushed messages wait for a worker; a pull topic's consumers take their own.
+    SELECT coalesce(sum(d.messages), 0) INTO v_pending
+    FROM courier.queue_depth d JOIN courier.endpoints e ON e.id = d.endpoint_id AND e.protocol <> 'pull'
+    WHERE d.status = 'pending';
     check_name := 'workers';
     value := v_alive;
     status := CASE WHEN v_alive > 0 THEN 'ok' WHEN v_pending > 0 THEN 'critical' ELSE 'warning' END;
