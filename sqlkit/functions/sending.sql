@@ -166,7 +166,8 @@ BEGIN
                                        correlation_id, expires_at, ordering_key, visible_at)
             SELECT e.id, p_payload, coalesce(p_headers, '{}'), coalesce(p_metadata, '{}'), p_priority,
                    p_scheduled_at, p_correlation_id,
-                   coalesce(p_expires_at, courier._ttl_expires_at(e.config, coalesce(p_scheduled_at, now()))),
+                   coalesce(p_expires_at, coalesce(p_scheduled_at, now()) + make_interval(secs => nullif(
+                       coalesce((e.config ->> 'message_ttl_seconds')::numeric, l.default_message_ttl), 0))),
                    p_ordering_key, courier._pull_visible_at(e.protocol, p_scheduled_at)
             FROM courier.endpoints e, courier.send_limits l
             WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
@@ -185,7 +186,8 @@ BEGIN
                                        visible_at)
             SELECT e.id, p_payload, coalesce(p_headers, '{}'), coalesce(p_metadata, '{}'), p_priority,
                    p_scheduled_at, p_idempotency_key, v_hash, p_correlation_id,
-                   coalesce(p_expires_at, courier._ttl_expires_at(e.config, coalesce(p_scheduled_at, now()))),
+                   coalesce(p_expires_at, coalesce(p_scheduled_at, now()) + make_interval(secs => nullif(
+                       coalesce((e.config ->> 'message_ttl_seconds')::numeric, l.default_message_ttl), 0))),
                    p_ordering_key, courier._pull_visible_at(e.protocol, p_scheduled_at)
             FROM courier.endpoints e, courier.send_limits l
             WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
@@ -283,6 +285,8 @@ DECLARE
     v_null_at bigint;  -- also reused for the first oversized element
     v_endpoint_id integer;
     v_ids bigint[];
+    v_expires_at timestamptz;
+    v_visible_at timestamptz;
 BEGIN
     PERFORM courier._check_priority(p_priority);
     SELECT max(octet_length(payload::text)), min(ord) FILTER (WHERE payload IS NULL)
@@ -301,7 +305,9 @@ BEGIN
 
     PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
     LOOP
-        SELECT e.id INTO v_endpoint_id FROM courier.endpoints e, courier.send_limits l
+        SELECT e.id, courier._ttl_expires_at(e.config, now()), courier._pull_visible_at(e.protocol, NULL)
+        INTO v_endpoint_id, v_expires_at, v_visible_at
+        FROM courier.endpoints e, courier.send_limits l
         WHERE e.name = p_endpoint_name AND e.enabled AND coalesce(v_largest, 0) <= l.max_payload_size
           AND (l.max_queue_size = 0 OR l.max_queue_size >= v_count + (
                SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
@@ -317,12 +323,11 @@ BEGIN
         RETURN '{}';
     END IF;
 
+    -- The TTL and due time are the batch's, computed once above: per row they halved the rate.
     WITH inserted AS (
         INSERT INTO courier.queue (endpoint_id, payload, priority, expires_at, visible_at)
-        SELECT v_endpoint_id, payload, p_priority, courier._ttl_expires_at(e.config, now()),
-               courier._pull_visible_at(e.protocol, NULL)
-        FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord), courier.endpoints e
-        WHERE e.id = v_endpoint_id
+        SELECT v_endpoint_id, payload, p_priority, v_expires_at, v_visible_at
+        FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord)
         ORDER BY ord
         RETURNING id
     )
