@@ -32,6 +32,7 @@ from psycopg.rows import dict_row
 from . import queries
 from .connection import NEW_MESSAGE_CHANNEL, AsyncDatabase
 from .errors import CourierError, InvalidInput, translated
+from .pull import ReceivedMessage
 
 log = logging.getLogger("courier.consumer")
 
@@ -56,19 +57,6 @@ class PulledMessage:
     visible_until: datetime
     lease_lost: bool = field(default=False, repr=False)
     """Set when a heartbeat found the lease gone: the message is someone else's now."""
-
-
-@dataclass(frozen=True)
-class ReceivedMessage:
-    """A message taken by a destructive receive."""
-
-    id: int
-    payload: Any
-    payload_binary: bytes | None
-    body: str | None
-    metadata: dict[str, Any]
-    key: str | None
-    created_at: datetime
 
 
 def _check_positive(name: str, value: float) -> None:

@@ -275,6 +275,37 @@ $$;
 
 -- One INSERT for the whole batch and one NOTIFY; the whole batch is rejected if any part of
 -- it is invalid or if it would push the queue past max_queue_size.
+-- The enabled endpoint with room for p_count more messages of at most p_largest bytes each
+-- (max_payload_size, max_queue_size and its own max_depth), held against a concurrent drop
+-- until commit; raises send()'s error when it has none. The batch send paths start here.
+CREATE OR REPLACE FUNCTION courier._endpoint_with_room(p_endpoint_name text, p_count bigint, p_largest bigint)
+RETURNS courier.endpoints
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_endpoint courier.endpoints;
+BEGIN
+    PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
+    LOOP
+        SELECT e.* INTO v_endpoint
+        FROM courier.endpoints e, courier.send_limits l
+        WHERE e.name = p_endpoint_name AND e.enabled AND coalesce(p_largest, 0) <= l.max_payload_size
+          AND (l.max_queue_size = 0 OR l.max_queue_size >= p_count + (
+               SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
+               WHERE d.status IN ('pending', 'processing')))
+          AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
+               OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) >= p_count + (
+               SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
+               WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'processing')));
+        IF FOUND THEN
+            RETURN v_endpoint;
+        END IF;
+        -- Raises the reason; returns only when the refusal went away meanwhile: look again.
+        PERFORM courier._send_refusal(p_endpoint_name, p_count, p_largest);
+    END LOOP;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION courier._send_batch(p_endpoint_name text, p_payloads jsonb[], p_priority integer)
 RETURNS bigint[]
 LANGUAGE plpgsql
@@ -285,6 +316,7 @@ DECLARE
     v_null_at bigint;  -- also reused for the first oversized element
     v_endpoint_id integer;
     v_ids bigint[];
+    v_endpoint courier.endpoints;
     v_expires_at timestamptz;
     v_visible_at timestamptz;
 BEGIN
@@ -303,22 +335,10 @@ BEGIN
             USING ERRCODE = '54000', HINT = 'Send a reference to the data instead, or raise max_payload_size';
     END IF;
 
-    PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
-    LOOP
-        SELECT e.id, courier._ttl_expires_at(e.config, now()), courier._pull_visible_at(e.protocol, NULL)
-        INTO v_endpoint_id, v_expires_at, v_visible_at
-        FROM courier.endpoints e, courier.send_limits l
-        WHERE e.name = p_endpoint_name AND e.enabled AND coalesce(v_largest, 0) <= l.max_payload_size
-          AND (l.max_queue_size = 0 OR l.max_queue_size >= v_count + (
-               SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
-               WHERE d.status IN ('pending', 'processing')))
-          AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
-               OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) >= v_count + (
-               SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
-               WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'processing')));
-        EXIT WHEN v_endpoint_id IS NOT NULL;
-        PERFORM courier._send_refusal(p_endpoint_name, v_count, v_largest);
-    END LOOP;
+    v_endpoint := courier._endpoint_with_room(p_endpoint_name, v_count, v_largest);
+    v_endpoint_id := v_endpoint.id;
+    v_expires_at := courier._ttl_expires_at(v_endpoint.config, now());
+    v_visible_at := courier._pull_visible_at(v_endpoint.protocol, NULL);
     IF v_count = 0 THEN
         RETURN '{}';
     END IF;
@@ -405,6 +425,7 @@ DECLARE
     v_kept record;
     v_delivered bigint;
     v_inserted bigint[] := '{}';   -- rows this call inserted (a held key's row is not ours)
+    v_endpoint courier.endpoints;
     v_protocol text;
     v_config jsonb;
     v_text text;
@@ -459,21 +480,10 @@ BEGIN
     END;
 
     SELECT max(octet_length(u.payload::text)) INTO v_largest FROM unnest(p_payloads) u(payload);
-    PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
-    LOOP
-        SELECT e.id, e.protocol, e.config INTO v_endpoint_id, v_protocol, v_config
-        FROM courier.endpoints e, courier.send_limits l
-        WHERE e.name = p_endpoint_name AND e.enabled AND coalesce(v_largest, 0) <= l.max_payload_size
-          AND (l.max_queue_size = 0 OR l.max_queue_size >= v_count + (
-               SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
-               WHERE d.status IN ('pending', 'processing')))
-          AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
-               OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) >= v_count + (
-               SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
-               WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'processing')));
-        EXIT WHEN v_endpoint_id IS NOT NULL;
-        PERFORM courier._send_refusal(p_endpoint_name, v_count, v_largest);
-    END LOOP;
+    v_endpoint := courier._endpoint_with_room(p_endpoint_name, v_count, v_largest);
+    v_endpoint_id := v_endpoint.id;
+    v_protocol := v_endpoint.protocol;
+    v_config := v_endpoint.config;
     IF v_count = 0 THEN
         RETURN '{}';
     END IF;
