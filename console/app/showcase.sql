@@ -12,6 +12,7 @@ SELECT courier.create_endpoint('inventory', 'http', '{"url": "https://inventory.
 SELECT courier.create_endpoint('search-index', 'http', '{"url": "https://search.example.com/ingest"}');
 SELECT courier.create_endpoint('crm-legacy', 'http', '{"url": "https://crm.example.com/webhook"}');
 SELECT courier.create_endpoint('audit-noop', 'noop', '{}');
+SELECT courier.create_endpoint('warehouse', 'pull', '{"max_depth": 10000, "visibility_timeout": 60}');
 
 UPDATE courier.endpoints SET created_at = '2026-10-01 09:00+00', updated_at = '2026-11-02 11:40+00';
 UPDATE courier.endpoints SET circuit_state = 'open', circuit_failure_count = 7,
@@ -54,6 +55,17 @@ ORDER BY g;
 UPDATE courier.queue SET status = 'processing', worker_id = 'api-1:4242:7f3a2c',
        processing_started_at = '2026-11-02 11:59:57+00'
 WHERE id IN (1, 4, 9);
+
+-- A pull topic: consumers take its messages; two are leased until their visibility deadline.
+INSERT INTO courier.queue (endpoint_id, payload, key, created_at, updated_at, visible_at)
+SELECT e.id, jsonb_build_object('pick_list', 500 + g, 'bin', 'A-' || g), 'pick-' || (500 + g),
+       '2026-11-02 11:58:00+00'::timestamptz + g * interval '5 seconds', '2026-11-02 11:59:00+00',
+       '2026-11-02 11:58:00+00'::timestamptz + g * interval '5 seconds'
+FROM generate_series(1, 8) g JOIN courier.endpoints e ON e.name = 'warehouse'
+ORDER BY g;
+UPDATE courier.queue SET status = 'processing', lease = 1,
+       visible_at = '2026-11-02 12:00:40+00'::timestamptz + (id - 61) * interval '5 seconds'
+WHERE id IN (61, 62);
 
 -- Dead letters.
 INSERT INTO courier.dlq (original_message_id, endpoint_id, endpoint_name, payload, headers, priority, ordering_key,
