@@ -97,3 +97,20 @@ def test_a_drop_waits_for_a_redrive_or_replay_under_way(dsn, conn, requeue):
         dropping.result(timeout=10)
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE endpoint_id = %s", (endpoint,)) == 0
     assert active_counted(conn) == 0
+
+
+def test_a_drop_waits_for_a_pull_requeue_under_way(dsn, conn):
+    topic = scalar(conn, "SELECT courier.create_endpoint('doomed', 'pull', '{\"max_retries\": 0}')")
+    message = scalar(conn, "SELECT courier.enqueue('doomed', '{}')")
+    lease = scalar(conn, "SELECT lease FROM courier.dequeue('doomed', 1)")
+    assert scalar(conn, "SELECT courier.nack(%s::bigint, %s::integer, 'boom')", (message, lease)) == "dead_lettered"
+    dead = scalar(conn, "SELECT id FROM courier.dlq WHERE original_message_id = %s", (message,))
+    with psycopg.connect(dsn) as operator, ThreadPoolExecutor(1) as pool:
+        operator.execute("SELECT courier.requeue(%s)", (dead,))  # not yet committed
+        dropping = pool.submit(conn.execute, "SELECT courier.drop_endpoint('doomed', true)")
+        time.sleep(0.5)
+        assert not dropping.done()  # was not waiting: the requeued message outlived its topic
+        operator.commit()
+        dropping.result(timeout=10)
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE endpoint_id = %s", (topic,)) == 0
+    assert active_counted(conn) == 0

@@ -663,7 +663,8 @@ BEGIN
         RAISE EXCEPTION '[courier] DLQ entry % was already requeued as message %', p_dlq_id, v_row.redriven_message_id
             USING ERRCODE = '55000';
     END IF;
-    SELECT * INTO v_topic FROM courier.endpoints WHERE id = v_row.endpoint_id AND protocol = 'pull';
+    -- Held until commit, as _redrive holds its endpoints: a concurrent drop waits for this.
+    SELECT * INTO v_topic FROM courier.endpoints WHERE id = v_row.endpoint_id AND protocol = 'pull' FOR KEY SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION '[courier] topic "%" of DLQ entry % no longer exists', v_row.original_topic, p_dlq_id
             USING ERRCODE = '55000', HINT = 'Recreate the topic first';
