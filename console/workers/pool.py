@@ -15,7 +15,7 @@ import os
 import socket
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from sqlkit import queries
@@ -107,6 +107,10 @@ class WorkerPool:
         self._dispatchers: dict[str, Dispatcher | None] = {}
         self._in_flight: dict[int, ClaimedMessage] = {}
         self._in_flight_by_endpoint: dict[int, int] = defaultdict(int)
+        # Claimed ahead for endpoints dispatched one message at a time (HTTP): a freed slot
+        # takes its next message from here at once instead of waiting for a claim's round
+        # trip, and claims come in batches instead of a few freed slots at a time.
+        self._buffered: dict[int, deque[ClaimedMessage]] = defaultdict(deque)
         self._dispatch_tasks: set[asyncio.Task[None]] = set()
         self._capacity = asyncio.Condition()
         self._reports: list[tuple[ClaimedMessage, Outcome]] = []
@@ -204,6 +208,7 @@ class WorkerPool:
                         await asyncio.wait_for(self._heartbeat("draining"), 1.0)
                     await self._wake_all_loops()
                     await asyncio.gather(*self._loops.values(), return_exceptions=True)
+                    await self._release_all_buffered()
                     await self._drain(deadline)
                     self._report_wake.set()
                     await reporter
@@ -324,8 +329,8 @@ class WorkerPool:
             if dispatcher.batched:
                 self._start_dispatch_batch(target, claimed)
             else:
-                for message in claimed:
-                    self._start_dispatch(target, message)
+                self._buffered[target.id].extend(claimed)
+                self._pump(target)
 
     def _current(self, target: Target) -> bool:
         return not self._stopping.is_set() and self._targets.get(target.id) == target
@@ -339,21 +344,31 @@ class WorkerPool:
     async def _room(self, target: Target) -> int:
         """Wait until this endpoint may take at least one more message; return how many
         (0 when the pool is stopping). An endpoint with failures not yet reported gets no
-        room, so that a circuit they open stops its next claim, not the one after."""
+        room, so that a circuit they open stops its next claim, not the one after.
+
+        An endpoint dispatched one message at a time may also hold a prefetch of claimed
+        messages beyond its in-flight limit (see _buffered); it claims again when half of
+        that prefetch is gone, so a busy webhook pays one round trip per half batch."""
         async with self._capacity:
             while not self._stopping.is_set():
                 # Read on every wake-up: resize() changes the pool's concurrency, which is
                 # also the default limit of an endpoint without its own config.concurrency.
-                limit = int(target.config.get("concurrency", self._default_limit(target)))
+                limit = self._limit(target)
+                prefetch = self._prefetch(target, limit)
                 # Slots reserved by claims on their way count as taken.
-                in_flight = self._in_flight_by_endpoint[target.id] + self._claiming_by_endpoint[target.id]
+                held = (self._in_flight_by_endpoint[target.id] + self._claiming_by_endpoint[target.id]
+                        + len(self._buffered[target.id]))
                 room = min(self.settings.batch_size,
-                           self.settings.concurrency - len(self._in_flight) - self._claiming,
-                           limit - in_flight)
-                # A claim for one freed slot costs a round trip per message: while the
-                # endpoint is busy, wait until a quarter of its budget (or a batch) is free.
-                enough = 1 if in_flight == 0 else max(1, min(self.settings.batch_size, limit // 4,
-                                                               self.settings.concurrency // 4))
+                           self.settings.concurrency + prefetch - len(self._in_flight) - self._claiming
+                           - self._buffered_total(),
+                           limit + prefetch - held)
+                if prefetch:
+                    enough = 1 if held == 0 else max(1, prefetch // 2)
+                else:
+                    # A claim for one freed slot costs a round trip per message: while the
+                    # endpoint is busy, wait until a quarter of its budget (or a batch) is free.
+                    enough = 1 if held == 0 else max(1, min(self.settings.batch_size, limit // 4,
+                                                            self.settings.concurrency // 4))
                 if (room >= enough and self._unreported_failures[target.id] == 0
                         and self._unreported() < self.settings.max_unreported):
                     self._claiming += room
@@ -361,6 +376,22 @@ class WorkerPool:
                     return room
                 await self._capacity.wait()
             return 0
+
+    def _limit(self, target: Target) -> int:
+        return int(target.config.get("concurrency", self._default_limit(target)))
+
+    def _prefetch(self, target: Target, limit: int) -> int:
+        """How many claimed messages an endpoint may hold beyond its in-flight limit: none for
+        a batched dispatcher (it takes whole claims), else up to a batch: enough to cover a
+        claim's round trip at full speed, but at most four times its limit, so that an
+        endpoint allowed one request at a time holds four more, not a hundred."""
+        dispatcher = self._dispatchers.get(target.protocol)
+        if dispatcher is None or dispatcher.batched:
+            return 0
+        return max(0, min(self.settings.batch_size, 4 * limit))
+
+    def _buffered_total(self) -> int:
+        return sum(len(buffered) for buffered in self._buffered.values())
 
     def _unreserve(self, endpoint_id: int, room: int) -> None:
         """Give back the slots _room reserved for a claim, now that its messages (if any)
@@ -496,6 +527,57 @@ class WorkerPool:
         self._report_wake.set()
         self._in_flight.pop(message.id, None)
         self._in_flight_by_endpoint[target.id] -= 1
+        self._pump(target)
+        if self._buffered_total() and len(self._in_flight) < self.settings.concurrency:
+            # The pool's limit, not this endpoint's, may be what held another endpoint back.
+            for endpoint_id in [e for e, buffered in self._buffered.items() if buffered and e != target.id]:
+                other = self._targets.get(endpoint_id)
+                if other is not None:
+                    self._pump(other)
+
+    def _pump(self, target: Target) -> None:
+        """Start the endpoint's prefetched messages while it and the pool have room. If the
+        endpoint has a failure SQL has not seen yet, or it is stopping or being reconfigured,
+        give them back instead: a circuit that failure opens must stop them, and a changed
+        endpoint is delivered with its new configuration."""
+        buffered = self._buffered.get(target.id)
+        if not buffered:
+            return
+        if self._unreported_failures[target.id] or not self._current(target):
+            self._release_buffered(target.id)
+            return
+        limit = self._limit(target)
+        while (buffered and self._in_flight_by_endpoint[target.id] < limit
+               and len(self._in_flight) < self.settings.concurrency):
+            self._start_dispatch(target, buffered.popleft())
+
+    def _release_buffered(self, endpoint_id: int) -> None:
+        """Give an endpoint's prefetched messages back to the queue, pending with no attempt
+        counted, in the background; if that fails their leases run out and stale recovery
+        takes them back."""
+        messages = list(self._buffered.pop(endpoint_id, ()))
+        if not messages:
+            return
+        for message in messages:
+            self._leased_at.pop(message.id, None)
+        self._wake[endpoint_id].set()
+        self._loop_soon(self._notify_capacity)
+        self._loop_soon(lambda: self._release_quietly(messages))
+
+    async def _release_all_buffered(self) -> None:
+        messages = [message for buffered in self._buffered.values() for message in buffered]
+        self._buffered.clear()
+        for message in messages:
+            self._leased_at.pop(message.id, None)
+        if messages:
+            await self._release_quietly(messages)
+
+    async def _release_quietly(self, messages: list[ClaimedMessage]) -> None:
+        try:
+            await self._call_with_retry(lambda: self._release(messages), attempts=3)
+        except Exception as error:
+            log.warning("releasing prefetched messages failed; stale recovery will take them back",
+                        extra={"count": len(messages), "error": _one_line(error)})
 
     async def _report_loop(self) -> None:
         failures = 0
@@ -619,7 +701,8 @@ class WorkerPool:
         if renew_after is None:
             renew_after = float(self._db_settings.get("stale_recovery_timeout", "60")) / 3
         due = time.monotonic() - renew_after
-        held = list(self._in_flight.values()) + [message for message, _ in list(self._reports)]
+        held = [*self._in_flight.values(), *(m for buffered in self._buffered.values() for m in buffered),
+                *(message for message, _ in list(self._reports))]
         renew = [m for m in held if self._leased_at.get(m.id, due) < due]
         if not renew:
             return
