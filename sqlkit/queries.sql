@@ -475,3 +475,29 @@ SELECT partition_name, state FROM courier.archive_partitions_past_retention(%(re
 -- name: cleanup_old_archive_partitions_for
 SELECT courier.cleanup_old_archive_partitions(%(retention_months)s);
 
+
+-- name: may_vacuum_hot_tables
+-- VACUUM skips, with only a warning, a table its caller does not own (before PostgreSQL 17's
+-- MAINTAIN privilege): a leader logged in as a role outside courier_owner leaves it to autovacuum.
+SELECT pg_has_role(current_user, 'courier_owner', 'USAGE')
+       OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user);
+
+-- name: hot_tables_to_vacuum
+SELECT relname AS table_name
+FROM pg_stat_user_tables
+WHERE schemaname = 'courier' AND relname = ANY (%(tables)s::text[])
+  AND n_dead_tup > %(threshold)s AND n_dead_tup > n_live_tup / 10
+ORDER BY n_dead_tup DESC;
+
+-- name: short_lock_timeout
+-- A maintenance statement waits this long for a lock, then gives up until its next run.
+SET lock_timeout = '100ms';
+
+-- name: vacuum_queue
+VACUUM courier.queue;
+
+-- name: vacuum_queue_depth
+VACUUM courier.queue_depth;
+
+-- name: vacuum_delivery_totals
+VACUUM courier.delivery_totals;

@@ -23,6 +23,7 @@ from sqlkit import queries
 from sqlkit.archive_retention import LOCK_NOT_AVAILABLE, drop_expired_partitions
 from sqlkit.connection import connect, connect_async
 from sqlkit.errors import CourierError, DatabaseUnavailable
+from sqlkit.hot_table_vacuum import vacuum_hot_tables
 
 log = logging.getLogger("courier.maintenance")
 
@@ -60,6 +61,8 @@ class MaintenanceSchedule:
     dlq_cleanup: float = 3600.0
     event_log_cleanup: float = 3600.0
     counter_compaction: float = 60.0
+    hot_table_vacuum: float = 5.0
+    """How often the leader looks for dead rows in the hot tables (see sqlkit.hot_table_vacuum)."""
     months_ahead: int = 3
     """Archive partitions kept ready beyond the current month."""
     job_time_budget: float = 5.0
@@ -79,6 +82,7 @@ class MaintenanceSchedule:
             MaintenanceJob("event_log_cleanup", "cleanup_event_log", self.event_log_cleanup),
             MaintenanceJob("counter_compaction", "compact_queue_depth", self.counter_compaction),
             MaintenanceJob("worker_pruning", "prune_workers", self.counter_compaction),
+            MaintenanceJob("hot_table_vacuum", "", self.hot_table_vacuum, runner=_vacuum_hot_tables),
         ]
 
 
@@ -179,6 +183,11 @@ class MaintenanceLeader:
 def _drop_expired_partitions(dsn: str, budget: float) -> int:
     with connect(dsn, application_name=LEADER_APPLICATION_NAME) as conn:
         return drop_expired_partitions(conn, budget=budget)
+
+
+def _vacuum_hot_tables(dsn: str, budget: float) -> int:
+    with connect(dsn, application_name=LEADER_APPLICATION_NAME) as conn:
+        return vacuum_hot_tables(conn)
 
 
 async def _sleep_unless(event: asyncio.Event, seconds: float) -> None:
