@@ -109,22 +109,25 @@ def test_scale_changes_concurrency_live_in_the_same_process(conn, pool, sink):
     send(conn, "slow", 400)
     pool.start(concurrency=8)
     pid = pool.state.pid
-    wait_for(lambda: processing(conn) == 8)
+    # A webhook holds up to four times its limit claimed ahead of its requests in flight, so
+    # the queue shows up to five times the pool's concurrency in processing.
+    wait_for(lambda: processing(conn) > 8)
     pool.scale(2)
     # Sent at once, not at the next 5-second heartbeat.
     wait_for(lambda: heartbeat(conn, pool.worker_id)["concurrency"] == 2, timeout=2.5)
-    # In-flight deliveries finish; no new claim until the pool is under its new limit.
-    wait_for(lambda: processing(conn) <= 2, timeout=5)
+    # In-flight deliveries finish and what was claimed ahead is delivered; no new claim until
+    # the pool is under its new limit and prefetch.
+    wait_for(lambda: processing(conn) <= 2 + 8, timeout=10)
     samples = []
     for _ in range(30):
         samples.append(processing(conn))
         time.sleep(0.05)
     # A finished delivery stays 'processing' until its outcome is reported, some milliseconds
-    # after the pool already claimed the next one: so the table shows up to twice the limit
-    # for a moment, and the limit most of the time.
-    assert sorted(samples)[len(samples) // 2] <= 2 and max(samples) <= 4, samples
+    # after the pool already claimed the next one: so the table may show a little more.
+    assert sorted(samples)[len(samples) // 2] <= 10 and max(samples) <= 12, samples
     pool.scale(6)
-    wait_for(lambda: processing(conn) == 6, timeout=5)
+    wait_for(lambda: processing(conn) > 10, timeout=5)
+    assert max(processing(conn) for _ in range(10)) <= 6 + 24 + 6
     assert heartbeat(conn, pool.worker_id) == {"pid": pid, "concurrency": 6, "state": "running"}
     assert pool.state.pid == pid and pool.state.concurrency == 6
 
@@ -144,7 +147,7 @@ def test_stop_drains_in_flight_messages_and_ends_the_process(conn, pool, sink):
     send(conn, "slow", 40)
     pool.start()
     pid = pool.state.pid
-    wait_for(lambda: processing(conn) == 4)
+    wait_for(lambda: processing(conn) >= 4)  # in flight, and more claimed ahead
     began = time.monotonic()
     pool.stop()
     took = time.monotonic() - began

@@ -61,8 +61,9 @@ class PoolSettings:
     poll_interval: float = 1.0
     """Seconds between claims of an idle endpoint when no notification arrives."""
     report_interval: float = 0.005
-    """Seconds outcomes may wait to be reported together. Under load the next claim carries
-    them first (report_and_claim), so this bounds the delivery latency of a quiet pool."""
+    """Seconds outcomes may wait for an endpoint's next claim to carry them (report_and_claim)
+    while some endpoint's claims come back full; otherwise they are reported at once, and
+    outcomes that arrive during a report go together in the next."""
     drain_timeout: float = 30.0
     """Seconds a graceful stop waits for in-flight deliveries before releasing them."""
     refresh_interval: float = 2.0
@@ -585,7 +586,10 @@ class WorkerPool:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._report_wake.wait(), 1.0)
             self._report_wake.clear()
-            await asyncio.sleep(self.settings.report_interval)  # let a batch gather
+            if not self._stopping.is_set() and any(busy.is_set() for busy in self._busy.values()):
+                # A busy endpoint claims again within moments, and its claim carries these
+                # outcomes in the same round trip; a quiet pool reports them at once.
+                await asyncio.sleep(self.settings.report_interval)
             while self._reports:
                 batch = self._take_reports()
                 try:
