@@ -119,3 +119,23 @@ def test_a_failure_gives_the_prefetch_back_so_the_opening_circuit_stops_it(dsn, 
     run_pool_until(dsn, lambda: scalar(conn, "SELECT circuit_state FROM courier.endpoints") == "open", timeout=20)
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE retry_count > 0") == 2
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'pending' AND retry_count = 0") == 8
+
+
+def test_a_rate_limited_webhook_claims_nothing_ahead(dsn, conn, slow_sink):
+    """Its tokens are spent at the claim: what it claimed ahead while slow would go out in one
+    burst later, past the limit."""
+    conn.execute("SELECT courier.create_endpoint('hook', 'http', %s::jsonb)", (json.dumps(
+        {"url": slow_sink.url, "allow_internal": True, "concurrency": 2, "rate_limit": {"rate": 50, "burst": 10}}),))
+    _send(conn, 30)
+    most_claimed = 0
+
+    def done() -> bool:
+        nonlocal most_claimed
+        most_claimed = max(most_claimed, scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'"))
+        return scalar(conn, "SELECT count(*) FROM courier.archive") == 30
+
+    run_pool_until(dsn, done, timeout=30)
+    assert slow_sink.most_at_once <= 2
+    # Two in flight, and for a moment a third claimed while a finished one's outcome is on its
+    # way; claiming ahead would have taken the whole burst of ten.
+    assert most_claimed <= 3

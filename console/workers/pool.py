@@ -387,7 +387,9 @@ class WorkerPool:
         claim's round trip at full speed, but at most four times its limit, so that an
         endpoint allowed one request at a time holds four more, not a hundred."""
         dispatcher = self._dispatchers.get(target.protocol)
-        if dispatcher is None or dispatcher.batched:
+        if dispatcher is None or dispatcher.batched or target.config.get("rate_limit"):
+            # A rate limit's tokens are taken at the claim: messages claimed ahead while the
+            # endpoint was slow would go out together later, past its burst.
             return 0
         return max(0, min(self.settings.batch_size, 4 * limit))
 
