@@ -289,7 +289,6 @@ SET jit = off
 AS $$
 DECLARE
     v_endpoint courier.endpoints;
-    v_cooldown interval := make_interval(secs => courier._setting_int('circuit_breaker_cooldown'));
     v_limit integer := p_batch_size;
     v_rate double precision;
     v_burst double precision;
@@ -313,7 +312,8 @@ BEGIN
         v_limit := 1;
     ELSIF v_endpoint.circuit_state = 'half_open' THEN
         UPDATE courier.endpoints SET circuit_half_open_at = now()
-        WHERE id = p_endpoint_id AND circuit_state = 'half_open' AND circuit_half_open_at <= now() - v_cooldown;
+        WHERE id = p_endpoint_id AND circuit_state = 'half_open'
+          AND circuit_half_open_at <= now() - make_interval(secs => courier._setting_int('circuit_breaker_cooldown'));
         IF NOT FOUND THEN
             RETURN;
         END IF;
