@@ -7,6 +7,7 @@ parameters bound, so the test follows the function as it evolves.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,8 +44,16 @@ def busy_queue(conn, webhook):
     return conn
 
 
-def claim_body(conn, worker: str, batch: int, endpoint: str) -> str:
+def claim_query(conn) -> str:
+    """The query of _claim_due (a plpgsql function whose body is RETURN QUERY <query>)."""
     body = scalar(conn, "SELECT prosrc FROM pg_proc WHERE proname = '_claim_due'")
+    match = re.fullmatch(r"\s*BEGIN\s+RETURN QUERY\s+(.*?);\s*END\s*", body, re.DOTALL)
+    assert match, body
+    return match[1]
+
+
+def claim_body(conn, worker: str, batch: int, endpoint: str) -> str:
+    body = claim_query(conn)
     return (body.replace("p_worker_id", f"'{worker}'").replace("p_batch_size", str(batch))
             .replace("p_endpoint_id", endpoint))
 
@@ -101,8 +110,7 @@ def deep_queue(conn, webhook):
 def test_the_claims_update_uses_the_primary_key_even_with_a_generic_plan(deep_queue):
     """The planner cannot see how few rows LIMIT p_batch_size leaves; the UPDATE must not
     join the candidates to the queue by a scan of it (it did: 24 ms at 100k pending)."""
-    body = scalar(deep_queue, "SELECT prosrc FROM pg_proc WHERE proname = '_claim_due'")
-    nodes = generic_claim_plan(deep_queue, body)
+    nodes = generic_claim_plan(deep_queue, claim_query(deep_queue))
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "queue"]
     assert "queue_pkey" in {n.get("Index Name") for n in nodes}
 

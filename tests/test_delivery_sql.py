@@ -147,6 +147,66 @@ def test_success_completes_and_counts(conn, hook):
     assert scalar(conn, "SELECT last_success_at IS NOT NULL FROM courier.endpoints")
 
 
+def test_an_all_success_report_archives_responses_and_counts_per_endpoint(conn, hook):
+    """The all-success path (_report_delivered): captured responses, delivery totals and
+    last_success_at of every endpoint in the batch, and a stale lease left alone."""
+    conn.execute("SELECT courier.create_endpoint('other', 'noop', '{}')")
+    other = endpoint_id(conn, "other")
+    ids = send(conn, 2) + send(conn, 1, "other")
+    held = {row[0]: row[1] for row in conn.execute(
+        "SELECT id, lease FROM courier.claim_batch_v3('w', 10, %s) UNION ALL "
+        "SELECT id, lease FROM courier.claim_batch_v3('w', 10, %s)", (hook, other))}
+    stale = send(conn, 1)[0]
+    held[stale] = 0  # never claimed: pending, and its report is a stale one
+    reported = [*ids, stale]
+    row = conn.execute("SELECT * FROM courier.report_outcomes_v2(%s, %s, %s, %s, NULL, %s::jsonb[])",
+                       (reported, [held[i] for i in reported], ["success"] * 4, [None] * 4,
+                        ['{"status": 200}', None, '{"status": 202}', None])).fetchone()
+    assert row == (3, 0, 0, 1)
+    archived = dict(conn.execute("SELECT id, response FROM courier.archive WHERE status = 'completed'").fetchall())
+    assert archived == {ids[0]: {"status": 200}, ids[1]: None, ids[2]: {"status": 202}}
+    assert status_of(conn, stale) == "pending"
+    totals = dict(conn.execute("SELECT endpoint_id, sum(total)::int FROM courier.delivery_totals "
+                               "WHERE outcome = 'delivered' GROUP BY endpoint_id").fetchall())
+    assert totals == {hook: 2, other: 1}
+    assert scalar(conn, "SELECT bool_and(last_success_at IS NOT NULL) FROM courier.endpoints")
+    depth = dict(conn.execute("SELECT status, sum(messages)::int FROM courier.queue_depth GROUP BY status").fetchall())
+    assert depth.get("processing", 0) == 0 and depth["pending"] == 1
+
+
+def test_an_all_success_report_closes_a_half_open_circuit(conn, hook):
+    open_circuit(conn, hook)
+    conn.execute("UPDATE courier.endpoints SET circuit_half_open_at = now() - interval '1 second'")
+    make_due(conn)
+    (probe,) = claim(conn, hook)
+    assert circuit(conn)[0] == "half_open"
+    assert report(conn, [probe], "success", None) == (1, 0, 0)
+    assert circuit(conn) == ("closed", 0)
+
+
+def test_an_all_success_report_finds_its_rows_by_primary_key(conn, hook):
+    """Analyzed while nothing was in processing, the planner thought the processing index held
+    one row; the cached generic plan of the report must still look the ids up by primary key."""
+    conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+    send(conn, 5000)
+    conn.execute("ANALYZE courier.queue")
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute("SET auto_explain.log_min_duration = 0")
+    conn.execute("SET auto_explain.log_nested_statements = on")
+    conn.execute("SET auto_explain.log_format = 'json'")
+    plans: list[str] = []
+    conn.add_notice_handler(lambda notice: plans.append(notice.message_primary))
+    conn.execute("SET client_min_messages = log")
+    for _ in range(7):  # past the point where a plan cache settles on its plan
+        ids = claim(conn, hook, 100)
+        assert report(conn, ids, "success", None) == (100, 0, 0)
+    conn.execute("SET client_min_messages = notice")
+    deletes = [plan for plan in plans if "DELETE FROM courier.queue q" in plan and "archived AS" in plan]
+    assert len(deletes) == 7
+    assert all("queue_pkey" in plan and "queue_processing_started_idx" not in plan for plan in deletes)
+    assert not any("Nested Loop" in plan for plan in deletes)  # the ids are joined by hash
+
+
 def test_a_late_report_after_recovery_changes_nothing(conn, hook):
     (message,) = send(conn)
     claim(conn, hook)

@@ -1,12 +1,16 @@
 -- Internal machinery shared by the public API: typed settings, depth counters, the event
 -- log with secret redaction, and the immutability of what a producer enqueued.
+-- plpgsql, not SQL: a SQL function that reads a table cannot be inlined, and PostgreSQL 15
+-- parses and plans its query on every call (issue 13: these helpers and the counters below
+-- were a tenth of the worker's hot path in perf, most of it the parser and the planner); a
+-- plpgsql function plans once per connection.
 CREATE OR REPLACE FUNCTION courier._setting_int(p_name text) RETURNS bigint
-LANGUAGE sql STABLE
-AS $$ SELECT value::bigint FROM courier.settings WHERE name = p_name $$;
+LANGUAGE plpgsql STABLE
+AS $$ BEGIN RETURN (SELECT value::bigint FROM courier.settings WHERE name = p_name); END $$;
 
 CREATE OR REPLACE FUNCTION courier._setting_bool(p_name text) RETURNS boolean
-LANGUAGE sql STABLE
-AS $$ SELECT value::boolean FROM courier.settings WHERE name = p_name $$;
+LANGUAGE plpgsql STABLE
+AS $$ BEGIN RETURN (SELECT value::boolean FROM courier.settings WHERE name = p_name); END $$;
 
 -- Replaces the value of every key that looks like a secret, at any depth, and the password
 -- of any URL with credentials in it (amqp://user:password@host).
@@ -113,12 +117,15 @@ CREATE OR REPLACE TRIGGER queue_count_truncate AFTER TRUNCATE ON courier.queue
 
 CREATE OR REPLACE FUNCTION courier._add_delivery_totals(p_endpoint_id integer, p_outcome text, p_count bigint)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
-    SELECT p_endpoint_id, p_outcome, pg_backend_pid(), p_count
-    WHERE p_count > 0
-    ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
+BEGIN
+    IF p_count > 0 THEN
+        INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
+        VALUES (p_endpoint_id, p_outcome, pg_backend_pid(), p_count)
+        ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total;
+    END IF;
+END
 $$;
 
 -- Immutability ---------------------------------------------------------------------------
@@ -138,7 +145,11 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE TRIGGER queue_payload_immutable BEFORE UPDATE ON courier.queue
+-- Only updates that name one of these columns can change them, so only those are checked:
+-- claims, reports, releases and renewals never name them, and skip the per-row trigger and
+-- the jsonb comparison of its WHEN clause altogether (issue 13).
+CREATE OR REPLACE TRIGGER queue_payload_immutable BEFORE UPDATE OF payload, headers, payload_binary, body
+    ON courier.queue
     FOR EACH ROW
     WHEN (OLD.payload IS DISTINCT FROM NEW.payload OR OLD.headers IS DISTINCT FROM NEW.headers
           OR OLD.payload_binary IS DISTINCT FROM NEW.payload_binary OR OLD.body IS DISTINCT FROM NEW.body)
@@ -312,12 +323,14 @@ $$;
 -- Adds one to outcome p_outcome's counter of each endpoint, once per element of p_endpoint_ids
 -- (an endpoint per message): the counters behind metrics()' *_total series.
 CREATE OR REPLACE FUNCTION courier._count_outcomes(p_endpoint_ids integer[], p_outcome text) RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
+BEGIN
     INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
     SELECT endpoint_id, p_outcome, pg_backend_pid(), count(*)
     FROM unnest(p_endpoint_ids) AS endpoint_id GROUP BY endpoint_id
-    ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
+    ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total;
+END
 $$;
 
 -- Folds the counter rows of backends that have exited into backend_pid 0, so the counter
