@@ -15,7 +15,7 @@ from .context import FiniteFloatRange, database_url, dsn_option, require_current
 
 @click.command("worker")
 @click.option("--concurrency", type=click.IntRange(1, 10_000), default=default_concurrency(), show_default=True,
-              help="Messages in flight at once (default: 128 per core, up to 8 cores); also the limit "
+              help="Messages in flight at once (default: 512 per core, up to 8 cores); also the limit "
                    "of an endpoint without its own config concurrency.")
 @click.option("--batch-size", type=click.IntRange(1, 10_000), default=PoolSettings.batch_size, show_default=True,
               help="Most messages one claim takes.")

@@ -45,10 +45,17 @@ _REPORT_COUNTS = ("delivered", "retried", "dead_lettered", "stale")
 
 
 def default_concurrency() -> int:
-    """Messages in flight by default: two claims of 100 ahead per core, so a claim of a full
-    batch is always possible while the previous batch is still being delivered (a pool of 16
-    took claims of 16, and paid a round trip for every 16 messages)."""
-    return 128 * max(1, min(os.cpu_count() or 1, 8))
+    """Messages in flight by default: two claims of a full batch ahead per core, so a claim of
+    a full batch is always possible while the previous one is being delivered and reported.
+    Draining no-op messages on two cores, claims of 500 with 1,024 in flight measured about
+    twice the rate of claims of 100 with 256 (0.002 round trips per message instead of 0.01);
+    a webhook still gets at most HTTP_DEFAULT_CONCURRENCY requests at once."""
+    return 512 * max(1, min(os.cpu_count() or 1, 8))
+
+
+PREFETCH = 100
+"""Most messages an endpoint dispatched one at a time (HTTP) holds claimed beyond its free
+slots: enough to cover a claim's round trip at several thousand requests a second."""
 
 
 @dataclass
@@ -56,7 +63,7 @@ class PoolSettings:
     concurrency: int = field(default_factory=default_concurrency)
     """Messages in flight at once across all endpoints; also the limit of an endpoint
     without its own config.concurrency."""
-    batch_size: int = 100
+    batch_size: int = 500
     """Most messages one claim takes."""
     poll_interval: float = 1.0
     """Seconds between claims of an idle endpoint when no notification arrives."""
@@ -383,15 +390,15 @@ class WorkerPool:
 
     def _prefetch(self, target: Target, limit: int) -> int:
         """How many claimed messages an endpoint may hold beyond its in-flight limit: none for
-        a batched dispatcher (it takes whole claims), else up to a batch: enough to cover a
-        claim's round trip at full speed, but at most four times its limit, so that an
-        endpoint allowed one request at a time holds four more, not a hundred."""
+        a batched dispatcher (it takes whole claims), else up to PREFETCH, but at most four
+        times its limit, so that an endpoint allowed one request at a time holds four more,
+        not a hundred."""
         dispatcher = self._dispatchers.get(target.protocol)
         if dispatcher is None or dispatcher.batched or target.config.get("rate_limit"):
             # A rate limit's tokens are taken at the claim: messages claimed ahead while the
             # endpoint was slow would go out together later, past its burst.
             return 0
-        return max(0, min(self.settings.batch_size, 4 * limit))
+        return max(0, min(PREFETCH, self.settings.batch_size, 4 * limit))
 
     def _buffered_total(self) -> int:
         return sum(len(buffered) for buffered in self._buffered.values())
