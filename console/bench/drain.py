@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from console.workers.pool import PoolSettings
 from sqlkit.connection import connect
 
 from .pgbench import run_script
@@ -37,10 +38,10 @@ CREATE TABLE public.bench_drain_archive (LIKE courier.queue INCLUDING DEFAULTS);
 ALTER TABLE public.bench_drain_archive ADD PRIMARY KEY (id);
 """
 
-# Claims 100 into processing; the next step finishes them. Two transactions per batch, as the
-# ceiling always had.
+# Claims a batch (100, as BENCHMARKS.md defines the ceiling) into processing; the next step
+# finishes them. Two transactions per batch, as the ceiling always had.
 _CEILING_CLAIM = """
-WITH picked AS (SELECT id FROM public.bench_drain WHERE status = 'pending' ORDER BY id LIMIT 100
+WITH picked AS (SELECT id FROM public.bench_drain WHERE status = 'pending' ORDER BY id LIMIT :batch
                 FOR UPDATE SKIP LOCKED),
      claimed AS (UPDATE public.bench_drain q SET status = 'processing' FROM picked WHERE q.id = picked.id
                  RETURNING q.id)
@@ -150,7 +151,8 @@ def _drain_with_worker(dsn: str, messages: int, names: list[str]) -> WorkerDrain
     return WorkerDrain(messages / elapsed, trips / messages if trips > 0 else None)
 
 
-def _drain_with_pgbench(dsn: str, messages: int, clients: int, script: str = CEILING_SCRIPT) -> Measurement:
+def _drain_with_pgbench(dsn: str, messages: int, clients: int, script: str = CEILING_SCRIPT,
+                        batch: int = 100) -> Measurement:
     """The bare-SQL lifecycle over `messages` rows; finished rows are those in the archive
     table (CEILING_SCRIPT) or completed in place (IN_PLACE_SCRIPT)."""
     with connect(dsn) as conn:
@@ -158,9 +160,9 @@ def _drain_with_pgbench(dsn: str, messages: int, clients: int, script: str = CEI
         conn.execute("INSERT INTO public.bench_drain (endpoint_id, payload) "
                      "SELECT 1, jsonb_build_object('n', g) FROM generate_series(1, %s::int) g", (messages,))
         conn.execute("VACUUM ANALYZE public.bench_drain")
-    per_client = -(-messages // (100 * clients)) + 1
+    per_client = -(-messages // (batch * clients)) + 1
     started = time.perf_counter()
-    run_script(dsn, script, clients=clients, transactions=per_client)
+    run_script(dsn, script, clients=clients, transactions=per_client, defines={"batch": str(batch)})
     elapsed = time.perf_counter() - started
     with connect(dsn) as conn:
         done = conn.execute("SELECT (SELECT count(*) FROM public.bench_drain_archive)"
@@ -199,18 +201,21 @@ def drain_noop(dsn: str, *, clients: int, seconds: float, rounds: int, messages:
     measured = measure_rounds({
         "ceiling": lambda: _drain_with_pgbench(dsn, messages, clients),
         "in place": lambda: _drain_with_pgbench(dsn, messages, clients, IN_PLACE_SCRIPT),
+        "at the worker's batch": lambda: _drain_with_pgbench(dsn, messages, clients, batch=PoolSettings.batch_size),
         "sql path": lambda: _sql_path_with_pgbench(dsn, messages, clients),
         "courier": courier,
     }, rounds)
     sql_path = measured["sql path"].rate
     in_place = measured["in place"].rate
+    at_batch = measured["at the worker's batch"].rate
     return ScenarioResult(
         scenario="drain-noop", variant=f"{messages:,} msgs, `courier worker` defaults", unit="msg/s",
         courier=measured["courier"], ceiling=measured["ceiling"], target_ratio=0.5,
         notes=f"`courier worker` with no flags, in its own process, vs pgbench ({clients} clients) claiming 100 "
               f"into processing and moving them to an archive table with one DELETE ... RETURNING (completing "
               f"them in place instead, the ceiling before issue 13: {in_place:,.0f} msg/s = "
-              f"{in_place / measured['ceiling'].rate:.2f}x this one). "
+              f"{in_place / measured['ceiling'].rate:.2f}x this one; in batches of {PoolSettings.batch_size}, as the "
+              f"worker claims: {at_batch:,.0f} msg/s, the worker {measured['courier'].rate / at_batch:.2f} of it). "
               f"SQL path (Courier's report_and_claim_v1 of 100 under pgbench): "
               f"{sql_path:,.0f} msg/s = {sql_path / measured['ceiling'].rate:.2f} of the ceiling; the worker "
               f"reached {measured['courier'].rate / sql_path:.2f} of its SQL path"
