@@ -77,17 +77,23 @@ def _send(conn, count: int) -> None:
                  "FROM generate_series(1, %s) g))", (count,))
 
 
-def test_the_endpoint_never_sees_more_requests_than_its_limit_while_more_are_claimed(dsn, conn, slow_sink):
-    _webhook(conn, slow_sink.url, concurrency=3)
-    _send(conn, 60)
+def _deliver_counting_claims(dsn, conn, count: int) -> int:
+    """Run a pool until `count` messages are delivered; the most it had claimed at once."""
     most_claimed = 0
 
     def done() -> bool:
         nonlocal most_claimed
         most_claimed = max(most_claimed, scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'"))
-        return scalar(conn, "SELECT count(*) FROM courier.archive WHERE status = 'completed'") == 60
+        return scalar(conn, "SELECT count(*) FROM courier.archive WHERE status = 'completed'") == count
 
     run_pool_until(dsn, done, timeout=30)
+    return most_claimed
+
+
+def test_the_endpoint_never_sees_more_requests_than_its_limit_while_more_are_claimed(dsn, conn, slow_sink):
+    _webhook(conn, slow_sink.url, concurrency=3)
+    _send(conn, 60)
+    most_claimed = _deliver_counting_claims(dsn, conn, 60)
     assert slow_sink.received == 60
     assert slow_sink.most_at_once == 3
     # Claimed ahead of the three slots, but never more than four times the limit beyond them.
@@ -127,14 +133,7 @@ def test_a_rate_limited_webhook_claims_nothing_ahead(dsn, conn, slow_sink):
     conn.execute("SELECT courier.create_endpoint('hook', 'http', %s::jsonb)", (json.dumps(
         {"url": slow_sink.url, "allow_internal": True, "concurrency": 2, "rate_limit": {"rate": 50, "burst": 10}}),))
     _send(conn, 30)
-    most_claimed = 0
-
-    def done() -> bool:
-        nonlocal most_claimed
-        most_claimed = max(most_claimed, scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'"))
-        return scalar(conn, "SELECT count(*) FROM courier.archive") == 30
-
-    run_pool_until(dsn, done, timeout=30)
+    most_claimed = _deliver_counting_claims(dsn, conn, 30)
     assert slow_sink.most_at_once <= 2
     # Two in flight, and for a moment a third claimed while a finished one's outcome is on its
     # way; claiming ahead would have taken the whole burst of ten.
