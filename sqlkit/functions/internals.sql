@@ -138,7 +138,10 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE TRIGGER queue_payload_immutable BEFORE UPDATE ON courier.queue
+-- Fires only for updates that name one of these columns: claims, dequeues and reports never
+-- do, and evaluating the WHEN clause (comparing payloads) on each of their rows cost about 3%
+-- of a dequeue. An update that does not name a column cannot change it.
+CREATE OR REPLACE TRIGGER queue_payload_immutable BEFORE UPDATE OF payload, headers, payload_binary, body ON courier.queue
     FOR EACH ROW
     WHEN (OLD.payload IS DISTINCT FROM NEW.payload OR OLD.headers IS DISTINCT FROM NEW.headers
           OR OLD.payload_binary IS DISTINCT FROM NEW.payload_binary OR OLD.body IS DISTINCT FROM NEW.body)
