@@ -212,6 +212,7 @@ AS $$
                  FROM courier.queue q
                  WHERE q.endpoint_id = e.id
                    AND q.status = 'pending' AND q.scheduled_at IS NULL AND q.next_retry_at IS NULL
+                   AND q.visible_at IS NULL  -- push messages only, as queue_ready_idx holds (0021)
                    AND (q.expires_at IS NULL OR q.expires_at > now())
                    AND (q.ordering_key IS NULL OR (
                          NOT EXISTS (SELECT 1 FROM courier.queue q2
@@ -228,6 +229,7 @@ AS $$
                  FROM courier.queue q
                  WHERE q.endpoint_id = e.id
                    AND q.status = 'pending' AND (q.scheduled_at IS NOT NULL OR q.next_retry_at IS NOT NULL)
+                   AND q.visible_at IS NULL  -- push messages only, as queue_due_idx holds (0021)
                    AND greatest(q.scheduled_at, q.next_retry_at) <= now()
                    AND (q.expires_at IS NULL OR q.expires_at > now())
                    AND (q.ordering_key IS NULL OR (
