@@ -108,6 +108,10 @@ def _queue_scans(conn: psycopg.Connection) -> tuple[int, int]:
     "SELECT count(*) FROM courier.dequeue('orders', 100)",
     "SELECT count(*) FROM courier.dequeue('other', 100)",
     "SELECT count(*) FROM courier.receive('orders', 100)",
+    # ack finds its rows by primary key; the dequeue before it walks the due index
+    "WITH d AS MATERIALIZED (SELECT id, lease FROM courier.dequeue('other', 100)) "
+    "SELECT count(*) FROM courier.ack((SELECT array_agg(id) FROM d), (SELECT array_agg(lease) FROM d)) "
+    "WHERE result = 'acked'",
     "SELECT courier.peek('orders')",
     "SELECT courier.peek('other')",
 ])
