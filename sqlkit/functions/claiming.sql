@@ -90,7 +90,7 @@ BEGIN
         SELECT q.id, coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
                               v_default_max_retries) AS max_retries
         FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
-        WHERE q.status = 'processing'
+        WHERE q.status = 'processing' AND q.visible_at IS NULL  -- queue_processing_started_idx (0021)
           AND q.processing_started_at < now() - make_interval(
                 secs => coalesce(p_timeout_seconds, courier._setting_int('stale_recovery_timeout')))
         ORDER BY q.id
@@ -217,6 +217,7 @@ AS $$
                    AND (q.ordering_key IS NULL OR (
                          NOT EXISTS (SELECT 1 FROM courier.queue q2
                                      WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                       AND q2.visible_at IS NULL  -- always, on a push endpoint (0021)
                                        AND q2.endpoint_id = q.endpoint_id)
                      AND NOT EXISTS (SELECT 1 FROM courier.queue q2
                                      WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
@@ -235,6 +236,7 @@ AS $$
                    AND (q.ordering_key IS NULL OR (
                          NOT EXISTS (SELECT 1 FROM courier.queue q2
                                      WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                       AND q2.visible_at IS NULL  -- always, on a push endpoint (0021)
                                        AND q2.endpoint_id = q.endpoint_id)
                      AND NOT EXISTS (SELECT 1 FROM courier.queue q2
                                      WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
