@@ -7,7 +7,7 @@ CourierError carrying its SQLSTATE.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import psycopg
 from psycopg import sql
@@ -86,7 +86,9 @@ class AsyncDatabase:
     """The asyncio twin of Database, plus LISTEN for new-message notifications."""
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8,
-                 application_name: str = APPLICATION_NAME) -> None:
+                 application_name: str = APPLICATION_NAME,
+                 configure: Callable[[psycopg.AsyncConnection], Awaitable[None]] | None = None) -> None:
+        """`configure` runs on each new connection of the pool (to register loaders, say)."""
         self.dsn = dsn
         self._application_name = application_name
         self._pool = AsyncConnectionPool(
@@ -94,6 +96,7 @@ class AsyncDatabase:
             min_size=min_size,
             max_size=max_size,
             kwargs={"autocommit": True},
+            configure=configure,
             open=False,
         )
 

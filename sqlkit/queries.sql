@@ -127,7 +127,8 @@ LIMIT 1;
 
 -- name: search_messages
 -- Active messages in the order the queue works through them: in flight first (oldest claim
--- first, on queue_processing_started_idx), then pending in claim order, priority DESC then
+-- first, on queue_processing_started_idx, then pull messages under a lease, which have no
+-- claim time, by id on queue_pull_leased_idx), then pending in claim order, priority DESC then
 -- FIFO by id (one probe of queue_claim_idx per endpoint, as the claim does), then
 -- finished rows not archived yet, newest first (queue_finished_idx). The status gates are
 -- one-time filters, so a branch the status rules out is never run.
@@ -141,8 +142,17 @@ FROM (
     (SELECT 0 AS part, q.processing_started_at AS claimed_at, q.id, w.name AS endpoint_name, q.status, q.priority,
             q.retry_count, q.ordering_key, q.correlation_id, q.created_at, q.scheduled_at, q.next_retry_at, q.last_error
      FROM courier.queue q JOIN wanted w ON w.id = q.endpoint_id
-     WHERE q.status = 'processing' AND (%(status)s::text IS NULL OR %(status)s::text = 'processing')
+     WHERE q.status = 'processing' AND q.visible_at IS NULL
+       AND (%(status)s::text IS NULL OR %(status)s::text = 'processing')
      ORDER BY q.processing_started_at, q.id
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT 0, NULL, q.id, w.name, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id,
+            q.created_at, q.scheduled_at, q.next_retry_at, q.last_error
+     FROM courier.queue q JOIN wanted w ON w.id = q.endpoint_id
+     WHERE q.status = 'processing' AND q.visible_at IS NOT NULL
+       AND (%(status)s::text IS NULL OR %(status)s::text = 'processing')
+     ORDER BY q.id
      LIMIT %(limit)s)
     UNION ALL
     (SELECT 1, NULL, p.id, w.name, p.status, p.priority, p.retry_count, p.ordering_key, p.correlation_id,

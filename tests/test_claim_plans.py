@@ -144,3 +144,27 @@ def test_a_claim_never_reads_messages_scheduled_for_later(conn, webhook):
     assert sum(n.get("Actual Rows", 0) for n in scans if n.get("Index Name") in ("queue_ready_idx", "queue_due_idx")) \
         == 50
     assert conn.execute("SELECT count(*) FROM courier.claim_batch_v3('w', 100, 1)").fetchone()[0] == 50
+
+
+def test_pull_messages_stay_out_of_the_push_claim_indexes(conn, webhook):
+    """queue_ready_idx and queue_due_idx hold push messages only (0021): enqueues and nacks of a
+    pull topic add nothing to them, and a claim across every endpoint never takes a pull message.
+    That the claims still read both indexes, the tests above show on their larger queues."""
+    conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+    conn.execute("SELECT courier.create_endpoint('topic', 'pull', '{}')")
+    conn.execute("SELECT courier.enqueue('topic', jsonb_build_object('n', g)) FROM generate_series(1, 300) g")
+    conn.execute("SELECT courier.enqueue('topic', '{}', p_scheduled_at => now() - interval '1 minute') "
+                 "FROM generate_series(1, 200) g")
+    taken = conn.execute("SELECT array_agg(id), array_agg(lease) FROM courier.dequeue('topic', 50, 60)").fetchone()
+    conn.execute("SELECT * FROM courier.nack(%s, %s, 'again')", taken)
+    conn.execute("INSERT INTO courier.queue (endpoint_id, payload) SELECT 1, '{}' FROM generate_series(1, 30)")
+    conn.execute("INSERT INTO courier.queue (endpoint_id, payload, next_retry_at) "
+                 "SELECT 1, '{}', now() - interval '1 second' FROM generate_series(1, 20)")
+    conn.execute("VACUUM ANALYZE courier.queue")  # sets each index's reltuples to its exact entry count
+    entries = dict(conn.execute("SELECT relname, reltuples::bigint FROM pg_class "
+                                "WHERE relname IN ('queue_ready_idx', 'queue_due_idx')").fetchall())
+    assert entries == {"queue_ready_idx": 30, "queue_due_idx": 20}
+
+    claimed = conn.execute("SELECT endpoint_id, count(*) FROM courier._claim_due('w', 1000) GROUP BY 1").fetchall()
+    assert claimed == [(1, 50)]
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE visible_at IS NOT NULL AND status = 'pending'") == 500

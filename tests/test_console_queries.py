@@ -438,3 +438,17 @@ def test_dlq_summary_reads_counters_and_probes_not_every_entry(deep_dlq):
     assert on_dlq and {n.get("Index Name") for n in on_dlq} == {"dlq_endpoint_failed_at_idx"}
     assert [(s.endpoint_name, s.failed_count, s.redriven_count) for s in dlq.summary(deep_dlq)] == [
         ("other", 1000, 99000), ("webhook", 13333, 6667)]
+
+
+def test_search_lists_leased_pull_messages_after_the_pushed_ones_in_flight(searchable):
+    """Pull messages under a lease have no claim time: in flight, after every pushed message in
+    processing, by id (they come from their own index since migration 0021)."""
+    conn, m, _ = searchable
+    conn.execute("SELECT courier.create_endpoint('topic', 'pull', '{}')")
+    pulled = [conn.execute("SELECT courier.enqueue('topic', %s::jsonb)", (f'{{"n": {i}}}',)).fetchone()[0]
+              for i in range(3)]
+    leased = sorted(row[0] for row in conn.execute("SELECT id FROM courier.dequeue('topic', 2)").fetchall())
+    assert search_ids(conn, status="processing") == [m[6], *leased]
+    assert search_ids(conn, endpoint="topic") == [*leased, pulled[2]]
+    assert search_ids(conn, endpoint="topic", status="processing") == leased
+    assert search_ids(conn)[:3] == [m[6], *leased]

@@ -5,6 +5,7 @@ loop."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -300,3 +301,49 @@ def test_an_application_role_runs_both_consumers(dsn, conn, topic, login_as):
     assert received == [ids[1]]
     assert conn.execute("SELECT retry_count, last_error FROM courier.queue WHERE id = %s", (ids[2],)).fetchone() \
         == (1, "RuntimeError: no")
+
+
+JSON_VALUES = [
+    {}, {"n": 1}, [], [1, 2.5, -3e-7, 10**30], "text", "", 0, -1.25, True, False, None,
+    {"nested": {"deep": [{"a": None}, {"b": [True, "é\u00e9\u2603\U0001F600"]}]}, "quote\"back\\slash": "\n\t\u0001"},
+    {"big": 12345678901234567890, "float": 1.0000000000000002, "neg": -0.0, "exp": 1e300},
+    {"spaces in key": " lead and trail ", "{}": "{}", "[]": []},
+]
+
+
+@pytest.mark.parametrize("mode", ["consumer", "receive loop"])
+def test_payloads_and_metadata_come_back_as_the_database_holds_them(dsn, conn, topic, mode):
+    """Every JSON shape, through the consumer's own jsonb decoding, equals what json.loads makes
+    of the database's text for the same value: payloads of every type, empty and set metadata."""
+    ids = []
+    for i, value in enumerate(JSON_VALUES):
+        metadata = {} if i % 2 else {"trace": i, "tags": ["a", "ü"]}
+        ids.append(scalar(conn, "SELECT courier.enqueue(%s, %s::jsonb, p_metadata => %s::jsonb)",
+                          (TOPIC, psycopg.types.json.Jsonb(value), psycopg.types.json.Jsonb(metadata))))
+    expected = {row[0]: (json.loads(row[1]), json.loads(row[2])) for row in conn.execute(
+        "SELECT id, payload::text, metadata::text FROM courier.queue WHERE id = ANY (%s)", (ids,)).fetchall()}
+
+    async def consume() -> dict[int, tuple[object, object]]:
+        got: dict[int, tuple[object, object]] = {}
+        if mode == "consumer":
+            async with Consumer(dsn, TOPIC, batch_size=100) as consumer:
+                batch = await consumer.dequeue()
+                assert all(isinstance(m, PulledMessage) and m.lease >= 1 for m in batch)
+                got = {m.id: (m.payload, m.metadata) for m in batch}
+                assert set((await consumer.ack(batch)).values()) == {"acked"}
+            return got
+
+        async def handler(message: ReceivedMessage) -> None:
+            got[message.id] = (message.payload, message.metadata)
+            if len(got) == len(ids):
+                loop.stop()
+
+        loop = ReceiveLoop(dsn, TOPIC, handler, peek_interval=0.1, concurrency=2)
+        await asyncio.wait_for(loop.run(), 30)
+        return got
+
+    got = asyncio.run(consume())
+    assert got == expected
+    # Equal and of the same types (1 == 1.0 == True in Python, so compare the JSON text too).
+    assert {i: json.dumps(v, sort_keys=True) for i, v in got.items()} == \
+        {i: json.dumps(v, sort_keys=True) for i, v in expected.items()}

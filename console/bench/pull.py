@@ -1,9 +1,24 @@
-"""pull: drain a preloaded topic with dequeue(100) + one batch ack per dequeue, through SQL
-(pgbench) and through the Python consumer (sqlkit.consumer), each against the raw ceiling
-measured in the same run: SKIP LOCKED claim-and-delete of 100 rows from a bare table.
+"""pull: drain a preloaded topic through every way a consumer takes messages, each against the
+raw SQL that does the same job on a bare table, measured in the same run.
 
-Every figure is messages drained per second over the same number of preloaded messages, so
-the three drain the same amount of work from a table of the same size."""
+- dequeue + ack (leased; two transactions per batch: take under a lease, then delete by id
+  and lease), batches of 10 and 100. Ceiling: the same lease protocol as bare SQL on a bare
+  table of courier.queue's shape: one statement claims a batch with SKIP LOCKED and sets its
+  lease and visibility deadline, a second deletes the batch by id and lease.
+- receive (destructive; one statement per batch). Ceiling: one bare
+  `DELETE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n) RETURNING`.
+
+Each path is measured through SQL (pgbench, against ceilings driven by pgbench too, so the
+ratio measures the database work) and through the Python clients (sqlkit.consumer's Consumer
+and ReceiveLoop), whose ceilings are the same pgbench figures: what the consumer costs on top
+of its SQL shows as the gap between its line and the SQL line beside it.
+
+The ReceiveLoop receives one message per transaction (its handler runs inside it), so its
+ceiling is the raw single DELETE of one row per transaction, and both drain a tenth of the
+messages: a transaction per message is commit-bound.
+
+Every figure is messages drained per second; a Courier figure and its ceiling drain the same
+number of preloaded messages from a table of the same size."""
 
 from __future__ import annotations
 
@@ -11,32 +26,32 @@ import asyncio
 import time
 
 from sqlkit.connection import connect
-from sqlkit.consumer import Consumer
+from sqlkit.consumer import Consumer, ReceiveLoop
 
 from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
 
 TOPIC = "bench-pull"
-BATCH = 100
+BATCHES = (10, 100)
+RECEIVE_BATCH = 100
 
+# A bare table of courier.queue's shape: its columns, defaults and storage settings (fillfactor,
+# autovacuum), with only the primary key and the one index a pull queue needs.
 CEILING_TABLE = """
 DROP TABLE IF EXISTS public.bench_pull;
-CREATE TABLE public.bench_pull (LIKE courier.queue INCLUDING DEFAULTS INCLUDING IDENTITY) WITH (fillfactor = 70);
+CREATE TABLE public.bench_pull (LIKE courier.queue INCLUDING DEFAULTS INCLUDING IDENTITY);
 ALTER TABLE public.bench_pull ADD PRIMARY KEY (id);
 CREATE INDEX ON public.bench_pull (endpoint_id, visible_at, id) WHERE status IN ('pending', 'processing');
 """
 
-CEILING_SCRIPT = f"""
-DELETE FROM public.bench_pull WHERE id IN (SELECT id FROM public.bench_pull ORDER BY id LIMIT {BATCH}
-                                           FOR UPDATE SKIP LOCKED)
-RETURNING id, payload;
-"""
+_RAW_DUE = ("SELECT id FROM public.bench_pull WHERE endpoint_id = 1 AND status IN ('pending', 'processing') "
+            "AND visible_at <= now() ORDER BY visible_at, id LIMIT {batch} FOR UPDATE SKIP LOCKED")
 
-# Where the loss is: the lease protocol itself (claim to processing under a lease, then a
-# fenced delete by id and lease, two transactions) as bare SQL on the bare table.
-LEASED_SCRIPT = f"""
-WITH picked AS (SELECT id FROM public.bench_pull WHERE endpoint_id = 1 AND status IN ('pending', 'processing')
-                  AND visible_at <= now() ORDER BY visible_at, id LIMIT {BATCH} FOR UPDATE SKIP LOCKED),
+
+def raw_leased_script(batch: int) -> str:
+    """The lease protocol as bare SQL: claim a batch under a new lease, then delete it by id and lease."""
+    return f"""
+WITH picked AS ({_RAW_DUE.format(batch=batch)}),
      taken AS (UPDATE public.bench_pull q SET status = 'processing', lease = q.lease + 1,
                       visible_at = now() + interval '60 seconds'
                FROM picked WHERE q.id = picked.id RETURNING q.id, q.lease, q.payload)
@@ -45,11 +60,25 @@ DELETE FROM public.bench_pull q USING unnest(:ids::bigint[], :leases::integer[])
 WHERE q.id = u.id AND q.lease = u.lease;
 """
 
-SQL_SCRIPT = f"""
+
+def raw_delete_script(batch: int) -> str:
+    """A destructive take as bare SQL: one DELETE of the first due rows nobody else holds."""
+    return f"""
+DELETE FROM public.bench_pull WHERE id IN ({_RAW_DUE.format(batch=batch)})
+RETURNING id, payload, metadata;
+"""
+
+
+def sql_dequeue_script(batch: int) -> str:
+    return f"""
 SELECT coalesce(array_agg(id), '{{}}') AS ids, coalesce(array_agg(lease), '{{}}') AS leases
-FROM courier.dequeue('{TOPIC}', {BATCH}, 60) \\gset
+FROM courier.dequeue('{TOPIC}', {batch}, 60) \\gset
 SELECT count(*) FROM courier.ack(:ids::bigint[], :leases::integer[]);
 """
+
+
+def sql_receive_script(batch: int) -> str:
+    return f"SELECT id, payload, metadata FROM courier.receive('{TOPIC}', {batch});\n"
 
 
 def _preload(dsn: str, table: str, messages: int) -> None:
@@ -70,30 +99,32 @@ def _preload(dsn: str, table: str, messages: int) -> None:
         conn.execute("VACUUM ANALYZE courier.queue_depth")
 
 
-def _drain_with_pgbench(dsn: str, table: str, script: str, messages: int, clients: int) -> Measurement:
+def _left(dsn: str, table: str) -> int:
+    with connect(dsn) as conn:
+        if table == "courier.queue":
+            return conn.execute("SELECT count(*) FROM courier.queue WHERE status IN ('pending', 'processing')"
+                                ).fetchone()[0]
+        return conn.execute("SELECT count(*) FROM public.bench_pull").fetchone()[0]
+
+
+def _drain_with_pgbench(dsn: str, table: str, script: str, batch: int, messages: int, clients: int) -> Measurement:
     _preload(dsn, table, messages)
-    per_client = -(-messages // (BATCH * clients)) + 1
+    per_client = -(-messages // (batch * clients)) + 1
     started = time.perf_counter()
     run = run_script(dsn, script, clients=clients, transactions=per_client)
     elapsed = time.perf_counter() - started
-    with connect(dsn) as conn:
-        if table == "courier.queue":
-            left = conn.execute("SELECT count(*) FROM courier.queue WHERE status IN ('pending', 'processing')"
-                                ).fetchone()[0]
-        else:
-            left = conn.execute("SELECT count(*) FROM public.bench_pull").fetchone()[0]
-    return Measurement((messages - left) / elapsed, run.latency_ms)
+    return Measurement((messages - _left(dsn, table)) / elapsed, run.latency_ms)
 
 
-def _drain_with_consumer(dsn: str, messages: int, clients: int) -> Measurement:
+def _drain_with_consumer(dsn: str, batch: int, messages: int, clients: int) -> Measurement:
     _preload(dsn, "courier.queue", messages)
     drained = 0
 
     async def consume(done: asyncio.Event) -> None:
         nonlocal drained
-        async with Consumer(dsn, TOPIC, batch_size=BATCH, visibility_timeout=60, poll_interval=0.05) as consumer:
-            async for batch in consumer.batches():
-                results = await consumer.ack(batch)
+        async with Consumer(dsn, TOPIC, batch_size=batch, visibility_timeout=60, poll_interval=0.05) as consumer:
+            async for messages_ in consumer.batches():
+                results = await consumer.ack(messages_)
                 drained += sum(1 for r in results.values() if r == "acked")
                 if drained >= messages:
                     done.set()
@@ -118,32 +149,82 @@ def _drain_with_consumer(dsn: str, messages: int, clients: int) -> Measurement:
     return Measurement(drained / elapsed)
 
 
+def _drain_with_receive_loop(dsn: str, messages: int, clients: int) -> Measurement:
+    _preload(dsn, "courier.queue", messages)
+
+    async def main() -> tuple[float, int]:
+        loop: ReceiveLoop | None = None
+        received = 0
+
+        async def handler(_message: object) -> None:
+            nonlocal received
+            received += 1
+            if received >= messages and loop is not None:
+                loop.stop()
+
+        loop = ReceiveLoop(dsn, TOPIC, handler, peek_interval=0.1, max_records_to_peek=1000, concurrency=clients)
+        started = time.perf_counter()
+        await loop.run()
+        return time.perf_counter() - started, loop.received
+
+    elapsed, received = asyncio.run(main())
+    return Measurement(received / elapsed)
+
+
 def pull(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 100_000) -> list[ScenarioResult]:
     with connect(dsn) as conn:
         conn.execute(CEILING_TABLE)
+        options = conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'courier.queue'::regclass").fetchone()[0]
+        if options:
+            conn.execute(f"ALTER TABLE public.bench_pull SET ({', '.join(options)})")
         if not conn.execute("SELECT 1 FROM courier.endpoints WHERE name = %s", (TOPIC,)).fetchone():
             conn.execute("SELECT courier.create_endpoint(%s, 'pull', '{}')", (TOPIC,))
         conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
-    measured = measure_rounds({
-        "ceiling": lambda: _drain_with_pgbench(dsn, "public.bench_pull", CEILING_SCRIPT, messages, clients),
-        "leased": lambda: _drain_with_pgbench(dsn, "public.bench_pull", LEASED_SCRIPT, messages, clients),
-        "sql": lambda: _drain_with_pgbench(dsn, "courier.queue", SQL_SCRIPT, messages, clients),
-        "consumer": lambda: _drain_with_consumer(dsn, messages, clients),
-    }, rounds)
-    ceiling = measured["ceiling"]
-    return [
-        ScenarioResult(
-            scenario="pull", variant="reference: bare leased claim + delete", unit="msg/s",
-            courier=measured["leased"], ceiling=ceiling,
-            notes="not Courier: the same two-transaction lease protocol as bare SQL on the bare table, "
-                  "to show how much of the gap the protocol itself costs and how much Courier's queue table"),
-        ScenarioResult(
-            scenario="pull", variant=f"SQL dequeue({BATCH}) + ack, {messages:,} msgs", unit="msg/s",
-            courier=measured["sql"], ceiling=ceiling, target_ratio=0.8,
-            notes=f"pgbench ({clients} clients): courier.dequeue then courier.ack of the batch, two transactions, "
-                  f"vs one DELETE of {BATCH} SKIP LOCKED rows from a bare table"),
-        ScenarioResult(
-            scenario="pull", variant=f"Python consumer, batches of {BATCH}", unit="msg/s",
-            courier=measured["consumer"], ceiling=ceiling, target_ratio=0.5,
-            notes=f"{clients} sqlkit.consumer.Consumer instances in one asyncio process, batches() + ack(batch)"),
-    ]
+    singles = max(messages // 10, 1)
+    bare, queue = "public.bench_pull", "courier.queue"
+    runs = {}
+    for batch in BATCHES:
+        runs[f"raw leased {batch}"] = (
+            lambda b=batch: _drain_with_pgbench(dsn, bare, raw_leased_script(b), b, messages, clients))
+        runs[f"sql dequeue {batch}"] = (
+            lambda b=batch: _drain_with_pgbench(dsn, queue, sql_dequeue_script(b), b, messages, clients))
+        runs[f"consumer {batch}"] = lambda b=batch: _drain_with_consumer(dsn, b, messages, clients)
+    runs["raw delete"] = lambda: _drain_with_pgbench(
+        dsn, bare, raw_delete_script(RECEIVE_BATCH), RECEIVE_BATCH, messages, clients)
+    runs["sql receive"] = lambda: _drain_with_pgbench(
+        dsn, queue, sql_receive_script(RECEIVE_BATCH), RECEIVE_BATCH, messages, clients)
+    runs["raw delete 1"] = lambda: _drain_with_pgbench(dsn, bare, raw_delete_script(1), 1, singles, clients)
+    runs["receive loop"] = lambda: _drain_with_receive_loop(dsn, singles, clients)
+    m = measure_rounds(runs, rounds)
+
+    single_delete = f"{m['raw delete'].rate:,.0f}"
+    results = []
+    for batch in BATCHES:
+        ceiling = m[f"raw leased {batch}"]
+        results.append(ScenarioResult(
+            scenario="pull", variant=f"SQL dequeue({batch}) + ack, {messages:,} msgs", unit="msg/s",
+            courier=m[f"sql dequeue {batch}"], ceiling=ceiling, target_ratio=0.8,
+            notes=f"pgbench ({clients} clients): courier.dequeue({batch}) then courier.ack of the batch, two "
+                  f"transactions; ceiling: the same lease protocol as bare SQL on a bare table (claim {batch} "
+                  f"with SKIP LOCKED setting lease and deadline, then DELETE by id and lease). Not the single "
+                  f"DELETE of {RECEIVE_BATCH} (receive's ceiling, {single_delete} msg/s): that takes no lease, "
+                  f"so it does half the writes and no second transaction"))
+        results.append(ScenarioResult(
+            scenario="pull", variant=f"Python Consumer, batches of {batch}", unit="msg/s",
+            courier=m[f"consumer {batch}"], ceiling=ceiling, target_ratio=0.5,
+            notes=f"{clients} sqlkit.consumer.Consumer instances in one asyncio process, batches() + ack(batch); "
+                  f"ceiling: the bare leased claim + delete of {batch} above"))
+    delete = m["raw delete"]
+    results.append(ScenarioResult(
+        scenario="pull", variant=f"SQL receive({RECEIVE_BATCH}), {messages:,} msgs", unit="msg/s",
+        courier=m["sql receive"], ceiling=delete, target_ratio=0.8,
+        notes=f"pgbench ({clients} clients): courier.receive({RECEIVE_BATCH}), one transaction; ceiling: one bare "
+              f"DELETE ... WHERE id IN (SELECT ... ORDER BY due time FOR UPDATE SKIP LOCKED LIMIT "
+              f"{RECEIVE_BATCH}) RETURNING"))
+    results.append(ScenarioResult(
+        scenario="pull", variant=f"Python ReceiveLoop, 1 per transaction, {singles:,} msgs", unit="msg/s",
+        courier=m["receive loop"], ceiling=m["raw delete 1"], target_ratio=0.5,
+        notes=f"sqlkit.consumer.ReceiveLoop, concurrency {clients}: peek, then courier.receive(1) per transaction "
+              f"around the handler (NServiceBus); ceiling: the bare single DELETE of 1 row per transaction, "
+              f"pgbench with {clients} clients"))
+    return results

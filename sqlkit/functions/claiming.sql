@@ -90,7 +90,7 @@ BEGIN
         SELECT q.id, coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
                               v_default_max_retries) AS max_retries
         FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
-        WHERE q.status = 'processing'
+        WHERE q.status = 'processing' AND q.visible_at IS NULL  -- queue_processing_started_idx (0021)
           AND q.processing_started_at < now() - make_interval(
                 secs => coalesce(p_timeout_seconds, courier._setting_int('stale_recovery_timeout')))
         ORDER BY q.id
@@ -222,10 +222,12 @@ BEGIN
                  FROM courier.queue q
                  WHERE q.endpoint_id = e.id
                    AND q.status = 'pending' AND q.scheduled_at IS NULL AND q.next_retry_at IS NULL
+                   AND q.visible_at IS NULL  -- push messages only, as queue_ready_idx holds (0021)
                    AND (q.expires_at IS NULL OR q.expires_at > now())
                    AND (q.ordering_key IS NULL OR (
                          NOT EXISTS (SELECT 1 FROM courier.queue q2
                                      WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                       AND q2.visible_at IS NULL  -- always, on a push endpoint (0021)
                                        AND q2.endpoint_id = q.endpoint_id)
                      AND NOT EXISTS (SELECT 1 FROM courier.queue q2
                                      WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
@@ -238,11 +240,13 @@ BEGIN
                  FROM courier.queue q
                  WHERE q.endpoint_id = e.id
                    AND q.status = 'pending' AND (q.scheduled_at IS NOT NULL OR q.next_retry_at IS NOT NULL)
+                   AND q.visible_at IS NULL  -- push messages only, as queue_due_idx holds (0021)
                    AND greatest(q.scheduled_at, q.next_retry_at) <= now()
                    AND (q.expires_at IS NULL OR q.expires_at > now())
                    AND (q.ordering_key IS NULL OR (
                          NOT EXISTS (SELECT 1 FROM courier.queue q2
                                      WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                       AND q2.visible_at IS NULL  -- always, on a push endpoint (0021)
                                        AND q2.endpoint_id = q.endpoint_id)
                      AND NOT EXISTS (SELECT 1 FROM courier.queue q2
                                      WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'

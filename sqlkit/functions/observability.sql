@@ -231,7 +231,7 @@ BEGIN
 
     SELECT count(*) INTO v_count FROM (
         SELECT 1 FROM courier.queue q
-        WHERE q.status = 'processing'
+        WHERE q.status = 'processing' AND q.visible_at IS NULL  -- queue_processing_started_idx (0021)
           AND q.processing_started_at < now() - make_interval(secs => courier._setting_int('stale_recovery_timeout'))
         LIMIT 1000) stale;
     check_name := 'stale_processing';
