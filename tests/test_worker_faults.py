@@ -217,7 +217,8 @@ def test_kill_9_during_report_loses_nothing_and_never_overlaps(dsn, conn, report
             worker = start_worker_process(dsn, "--concurrency", "10")
             try:
                 wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                              "AND query LIKE %s", ("%report_outcomes%",)) > 0, timeout=30)
+                                              "AND datname = current_database() AND query LIKE %s",
+                                        ("%report_outcomes%",)) > 0, timeout=30)
                 in_report = count(conn, "status = 'processing'")
                 worker.kill()  # SIGKILL while its report is inside the database
                 worker.wait(10)
@@ -225,14 +226,15 @@ def test_kill_9_during_report_loses_nothing_and_never_overlaps(dsn, conn, report
                 if worker.poll() is None:
                     worker.kill()
             if not report_lands:
-                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                             "WHERE wait_event_type = 'Lock' AND query LIKE %s", ("%report_outcomes%",))
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                             "AND datname = current_database() AND query LIKE %s", ("%report_outcomes%",))
             blocker.rollback()
         delivered_before = len(sink.deliveries)
         assert in_report > 0 and delivered_before > 0
         # Let stale_recovery_timeout elapse without waiting for it: age what is still claimed.
         wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s "
-                                      "AND state = 'active'", ("%report_outcomes%",)) == 0)
+                                      "AND state = 'active' AND datname = current_database()",
+                                ("%report_outcomes%",)) == 0)
         landed = archived(conn)
         conn.execute("UPDATE courier.queue SET processing_started_at = now() - interval '10 minutes' "
                      "WHERE status = 'processing'")
