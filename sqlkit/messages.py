@@ -182,7 +182,19 @@ def claim_batch(conn: psycopg.Connection, worker_id: str, batch_size: int, endpo
 def claimed_from_row(row: dict[str, Any]) -> ClaimedMessage:
     """A row of the claim_for_endpoint query, its headers and metadata decoded from JSON text;
     raises (ValueError, RecursionError, ...) for a message that cannot be decoded."""
-    return ClaimedMessage(**{**row, "headers": json.loads(row["headers"]), "metadata": json.loads(row["metadata"])})
+    return ClaimedMessage(
+        id=row["id"], endpoint_id=row["endpoint_id"], endpoint_name=row["endpoint_name"], protocol=row["protocol"],
+        payload_json=row["payload_json"], headers=_json_object(row["headers"]), metadata=_json_object(row["metadata"]),
+        priority=row["priority"], retry_count=row["retry_count"], max_retries=row["max_retries"],
+        correlation_id=row["correlation_id"], ordering_key=row["ordering_key"], idempotency_key=row["idempotency_key"],
+        scheduled_at=row["scheduled_at"], expires_at=row["expires_at"], created_at=row["created_at"],
+        lease=row["lease"])
+
+
+def _json_object(text: str) -> Any:
+    # Most messages carry no headers or metadata: draining no-op messages, decoding two empty
+    # objects per message was a fifth of the worker's CPU.
+    return {} if text == "{}" else json.loads(text)
 
 
 @dataclass(frozen=True)

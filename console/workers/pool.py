@@ -18,6 +18,8 @@ import uuid
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
+from psycopg.types.json import Jsonb
+
 from sqlkit import queries
 from sqlkit.connection import AsyncDatabase
 from sqlkit.errors import CourierError, DatabaseUnavailable
@@ -41,7 +43,6 @@ HTTP_DEFAULT_CONCURRENCY = 64
 
 REPORT_BATCH = 500
 """Most outcomes one report (or one report-and-claim) carries."""
-_REPORT_COUNTS = ("delivered", "retried", "dead_lettered", "stale")
 
 
 def default_concurrency() -> int:
@@ -401,7 +402,7 @@ class WorkerPool:
         return max(0, min(PREFETCH, self.settings.batch_size, 4 * limit))
 
     def _buffered_total(self) -> int:
-        return sum(len(buffered) for buffered in self._buffered.values())
+        return sum(map(len, self._buffered.values()))
 
     def _unreserve(self, endpoint_id: int, room: int) -> None:
         """Give back the slots _room reserved for a claim, now that its messages (if any)
@@ -465,15 +466,13 @@ class WorkerPool:
         for row in rows:
             if row["id"] is None:  # report-and-claim's row of counts, when nothing was claimed
                 continue
-            for count in _REPORT_COUNTS:
-                row.pop(count, None)
             self._leased_at[row["id"]] = now
             try:
                 claimed.append(claimed_from_row(row))
             except Exception as error:  # RecursionError, bad JSON: this message fails alone
                 log.error("claimed message cannot be decoded",
                           extra={"message_id": row["id"], "error": _one_line(error)})
-                undecodable = ClaimedMessage(**{**row, "headers": {}, "metadata": {}})
+                undecodable = claimed_from_row({**row, "headers": "{}", "metadata": "{}"})
                 self._reports.append((undecodable, Outcome.permanent(
                     f"the worker cannot decode this message's headers or metadata: {_one_line(error)[:200]}")))
                 self._report_wake.set()
@@ -507,6 +506,7 @@ class WorkerPool:
             log.exception("dispatcher raised", extra={"endpoint": target.name, "message_id": message.id})
             outcome = _local_error(error)
         self._record(target, message, outcome)
+        self._pump_freed(target)
         async with self._capacity:
             self._capacity.notify_all()
 
@@ -526,6 +526,7 @@ class WorkerPool:
             outcomes = [_local_error(error)] * len(messages)
         for message, outcome in zip(messages, outcomes, strict=True):
             self._record(target, message, outcome)
+        self._pump_freed(target)
         async with self._capacity:
             self._capacity.notify_all()
 
@@ -537,9 +538,12 @@ class WorkerPool:
         self._report_wake.set()
         self._in_flight.pop(message.id, None)
         self._in_flight_by_endpoint[target.id] -= 1
+
+    def _pump_freed(self, target: Target) -> None:
+        """After a delivery freed slots: start prefetched messages of its endpoint, then of any
+        other, since the pool's limit, not their own, may be what held them back."""
         self._pump(target)
-        if self._buffered_total() and len(self._in_flight) < self.settings.concurrency:
-            # The pool's limit, not this endpoint's, may be what held another endpoint back.
+        if len(self._in_flight) < self.settings.concurrency:
             for endpoint_id in [e for e, buffered in self._buffered.items() if buffered and e != target.id]:
                 other = self._targets.get(endpoint_id)
                 if other is not None:
@@ -794,9 +798,7 @@ def _report_params(batch: list[tuple[ClaimedMessage, Outcome]]) -> dict[str, lis
     }
 
 
-def _jsonb(value: object):
-    from psycopg.types.json import Jsonb
-
+def _jsonb(value: object) -> Jsonb | None:
     return None if value is None else Jsonb(_without_nul(value))
 
 
