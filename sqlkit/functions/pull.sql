@@ -422,8 +422,8 @@ DECLARE
 BEGIN
     PERFORM courier._require_pull_leases(p_ids, p_leases);
     v_leases := jsonb_object(p_ids::text[], p_leases::text[]);
-    -- The delivered counters (as _count_outcomes keeps them) in the same statement: a call of
-    -- that SQL function is parsed and planned again in every transaction.
+    -- The delivered counters (as _count_outcomes keeps them) in the same statement as the
+    -- DELETE, which already has the acked rows: one statement per ack instead of two.
     WITH acked AS (
         DELETE FROM courier.queue q
         WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
@@ -622,8 +622,8 @@ BEGIN
         WHERE g.expires_at IS NULL OR g.expires_at > now()
         ORDER BY g.visible_at, g.id;
         GET DIAGNOSTICS v_got = ROW_COUNT;
-        -- The counters _add_delivery_totals keeps, in one statement whose plan stays cached
-        -- (a call of that SQL function is parsed and planned again in every transaction).
+        -- The counters _add_delivery_totals keeps, both outcomes in one statement instead of a
+        -- call (and a statement) for each.
         INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
         SELECT v_topic.id, o.outcome, pg_backend_pid(), o.n
         FROM (VALUES ('delivered', v_got), ('expired', cardinality(v_ids) - v_got)) AS o(outcome, n)
