@@ -28,7 +28,6 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import args_row
 from psycopg.types.json import set_json_loads
 
@@ -299,9 +298,6 @@ class ReceiveLoop:
         self.shutdown_timeout = shutdown_timeout
         self._db = AsyncDatabase(dsn, min_size=1, max_size=concurrency + 1, application_name="courier-receiver",
                                  configure=_configure)
-        self._begin_and_receive = sql.SQL("BEGIN; {}").format(
-            sql.SQL(queries.query("consumer_receive").replace("%(topic)s", "{topic}").replace("%(count)s", "1"))
-            .format(topic=sql.Literal(topic)))
         self._stopping = asyncio.Event()
         self.received = 0
         self.failed = 0
@@ -384,8 +380,9 @@ class ReceiveLoop:
                 try:
                     with translated():
                         async with conn.cursor(row_factory=args_row(ReceivedMessage)) as cur:
-                            await cur.execute(self._begin_and_receive)
-                            cur.nextset()
+                            async with conn.pipeline():
+                                await conn.execute("BEGIN")
+                                await cur.execute(queries.query("consumer_receive"), {"topic": self.topic, "count": 1})
                             message = await cur.fetchone()
                     if message is None:
                         await conn.execute("ROLLBACK")
