@@ -199,6 +199,21 @@ def test_a_message_whose_lease_keeps_running_out_is_dead_lettered(conn):
     assert "visibility timeout" in scalar(conn, "SELECT last_error FROM courier.dlq")
 
 
+def test_a_dead_lettered_lease_in_a_batch_leaves_the_rest_of_the_batch_in_order(conn):
+    conn.execute("""SELECT courier.create_endpoint('orders', 'pull', '{"max_retries": 0}')""")
+    first, spent, third = (enqueue(conn, {"n": n}) for n in range(3))
+    dequeue(conn, 3)
+    conn.execute("UPDATE courier.queue SET status = 'pending', visible_at = now() - interval '1 minute', "
+                 "lease = lease + 1 WHERE id IN (%s, %s)", (first, third))
+    lapse(conn, spent)  # its one attempt ran out: past max_retries
+    assert [m["id"] for m in dequeue(conn, 10)] == [first, third]
+    assert scalar(conn, "SELECT original_message_id FROM courier.dlq") == spent
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE id = %s", (spent,)) == 0
+    depth = dict(conn.execute("SELECT status, sum(messages)::int FROM courier.queue_depth GROUP BY status "
+                              "HAVING sum(messages) <> 0").fetchall())
+    assert depth == {"processing": 2}
+
+
 def test_lease_arguments_are_checked(conn, orders):
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="lease"):
         conn.execute("SELECT * FROM courier.ack(ARRAY[1, 2]::bigint[], ARRAY[1]::integer[])")

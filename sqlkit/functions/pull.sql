@@ -294,12 +294,19 @@ $$;
 -- skipped (the expiry reaper marks them). throughput_limit may return fewer. A disabled
 -- topic hands out nothing.
 --
+-- One statement picks the candidates (SKIP LOCKED) and leases them, finding each row again by
+-- its ctid (a TID scan; the rows are locked, so their ctids hold): looking the batch up again
+-- by id, as two statements must, was a seventh of a dequeue. A candidate past max_retries is
+-- not handed out: the same UPDATE records its lost attempt and parks it at visible_at =
+-- -infinity, where the probe after it finds it in one step of queue_pull_due_idx (no other
+-- consumer can take it meanwhile: it stays locked until this transaction ends, by which time
+-- it is in the DLQ).
+--
 -- Plan notes: its statements keep one generic plan each (plan_cache_mode). Left to choose,
 -- plpgsql planned the candidates query again on every call: a generic plan cannot see the
 -- LIMIT, so it looks dearer than a custom one, and re-planning was about a fifth of a
--- dequeue(10)'s backend CPU (130 -> 96-111 us per message). The generic plans are the ones
--- tests/test_pull_plans.py proves are served by indexes: queue_pull_due_idx for the
--- candidates, the primary key for the = ANY updates.
+-- dequeue(10)'s backend CPU. The generic plans are the ones tests/test_pull_plans.py proves are
+-- served by indexes: queue_pull_due_idx for the candidates, a TID scan for the update.
 CREATE OR REPLACE FUNCTION courier.dequeue(p_topic text, p_count integer DEFAULT 1,
                                            p_visibility_timeout_seconds integer DEFAULT NULL)
 RETURNS TABLE (id bigint, lease integer, payload jsonb, payload_binary bytea, body text, metadata jsonb, key text,
@@ -316,7 +323,6 @@ DECLARE
     v_max_retries integer;
     v_rate numeric;
     v_limit integer := p_count;
-    v_ids bigint[];
     v_dead bigint[];
     v_taken integer;
 BEGIN
@@ -344,53 +350,56 @@ BEGIN
         END IF;
     END IF;
 
-    SELECT array_agg(c.id ORDER BY c.visible_at, c.id) FILTER (WHERE NOT c.exhausted),
-           array_agg(c.id) FILTER (WHERE c.exhausted)
-    INTO v_ids, v_dead
-    FROM (SELECT q.id, q.visible_at,
-                 q.status = 'processing' AND q.retry_count + 1 > coalesce(q.max_retries, v_max_retries) AS exhausted
-          FROM courier.queue q
-          WHERE q.endpoint_id = v_topic.id AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-            AND q.status IN ('pending', 'processing')
-            AND (q.expires_at IS NULL OR q.expires_at > now())
-          ORDER BY q.visible_at, q.id
-          LIMIT v_limit
-          FOR UPDATE SKIP LOCKED) c;
-
-    IF v_dead IS NOT NULL THEN
-        UPDATE courier.queue q
-        SET retry_count = q.retry_count + 1, updated_at = now(),
-            last_error = format('[PERMANENT] visibility timeout passed without an ack %s times; max_retries (%s) exceeded',
-                                q.retry_count + 1, coalesce(q.max_retries, v_max_retries)),
-            error_history = q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
-                                                                  'outcome', 'lease_expired', 'lease', q.lease)
-        WHERE q.id = ANY (v_dead);
-        PERFORM courier._pull_dead_letter(v_dead);
-    END IF;
-
     RETURN QUERY
-    WITH taken AS (
+    WITH candidates AS (
+        SELECT q.ctid AS tid, q.id, q.visible_at AS due,
+               q.status = 'processing' AND q.retry_count + 1 > coalesce(q.max_retries, v_max_retries) AS exhausted
+        FROM courier.queue q
+        WHERE q.endpoint_id = v_topic.id AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+          AND q.status IN ('pending', 'processing')
+          AND (q.expires_at IS NULL OR q.expires_at > now())
+        ORDER BY q.visible_at, q.id
+        LIMIT v_limit
+        FOR UPDATE SKIP LOCKED
+    ),
+    leased AS (
         UPDATE courier.queue q
-        SET status = 'processing', lease = q.lease + 1, visible_at = now() + make_interval(secs => v_timeout),
+        SET status = 'processing', lease = q.lease + 1,
+            visible_at = CASE WHEN q.status = 'processing'
+                                   AND q.retry_count + 1 > coalesce(q.max_retries, v_max_retries)
+                              THEN '-infinity' ELSE now() + make_interval(secs => v_timeout) END,
             retry_count = q.retry_count + (q.status = 'processing')::integer,
-            last_error = CASE WHEN q.status = 'processing' THEN 'Visibility timeout passed without an ack'
-                              ELSE q.last_error END,
+            last_error = CASE WHEN q.status <> 'processing' THEN q.last_error
+                              WHEN q.retry_count + 1 > coalesce(q.max_retries, v_max_retries)
+                              THEN format('[PERMANENT] visibility timeout passed without an ack %s times; '
+                                          'max_retries (%s) exceeded',
+                                          q.retry_count + 1, coalesce(q.max_retries, v_max_retries))
+                              ELSE 'Visibility timeout passed without an ack' END,
             error_history = CASE WHEN q.status = 'processing'
                                  THEN q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
                                                                             'outcome', 'lease_expired', 'lease', q.lease)
                                  ELSE q.error_history END,
             updated_at = now()
-        WHERE q.id = ANY (v_ids)
+        WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
         RETURNING q.id, q.lease, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.retry_count,
                   q.max_retries, q.created_at, q.visible_at
     )
     SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
            coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
-    FROM taken t JOIN unnest(v_ids) WITH ORDINALITY AS o(id, ord) ON o.id = t.id
-    ORDER BY o.ord;
+    FROM leased t JOIN candidates c ON c.id = t.id
+    WHERE NOT c.exhausted
+    ORDER BY c.due, c.id;
     IF v_rate > 0 THEN
         GET DIAGNOSTICS v_taken = ROW_COUNT;
         PERFORM courier._return_throughput(v_topic, v_limit - v_taken);
+    END IF;
+
+    SELECT array_agg(q.id) INTO v_dead
+    FROM courier.queue q
+    WHERE q.endpoint_id = v_topic.id AND q.visible_at = '-infinity' AND q.visible_at IS NOT NULL
+      AND q.status IN ('pending', 'processing');
+    IF v_dead IS NOT NULL THEN
+        PERFORM courier._pull_dead_letter(v_dead);
     END IF;
 END
 $$;
