@@ -94,6 +94,12 @@ class Consumer:
     seconds and kept leased by a heartbeat every `heartbeat_interval` seconds (a third of
     the timeout by default) for as long as they are neither acked nor nacked.
 
+    Iterating (`async for`, `batches()`) prefetches: while one batch is being worked on, the
+    next is already being dequeued, so the work and the database round trips overlap (as an
+    AMQP prefetch does). A prefetched batch is leased and heartbeated like any other; one
+    that is never handed out (the loop ends first) is given back on close(), due again within
+    a second. `prefetch=False` dequeues only when the next batch is asked for.
+
         async with Consumer(dsn, "orders") as consumer:
             async for message in consumer:
                 await work(message.payload)
@@ -102,7 +108,9 @@ class Consumer:
 
     def __init__(self, dsn: str, topic: str, *, batch_size: int = 10, visibility_timeout: int = 30,
                  heartbeat_interval: float | None = None, poll_interval: float = 1.0,
-                 shutdown_timeout: float = 5.0) -> None:
+                 shutdown_timeout: float = 5.0, prefetch: bool = True) -> None:
+        if not isinstance(prefetch, bool):
+            raise InvalidInput(f"prefetch must be True or False, got {prefetch!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
             raise InvalidInput(f"batch_size must be an integer from 1 to 10000, got {batch_size!r}")
         if isinstance(visibility_timeout, bool) or not isinstance(visibility_timeout, int) \
@@ -121,10 +129,13 @@ class Consumer:
         self.heartbeat_interval = heartbeat
         self.poll_interval = poll_interval
         self.shutdown_timeout = shutdown_timeout
-        # One connection dequeues and acks, one heartbeats (never queued behind a dequeue).
-        self._db = AsyncDatabase(dsn, min_size=2, max_size=2, application_name="courier-consumer",
-                                 configure=_configure)
+        self.prefetch = prefetch
+        # One connection acks (and dequeues), one prefetches the next batch meanwhile, one
+        # heartbeats (never queued behind a dequeue).
+        self._db = AsyncDatabase(dsn, min_size=2, max_size=3 if prefetch else 2,
+                                 application_name="courier-consumer", configure=_configure)
         self._in_flight: dict[int, PulledMessage] = {}
+        self._ahead: asyncio.Task[list[PulledMessage]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self.heartbeats = 0
@@ -141,7 +152,10 @@ class Consumer:
 
     async def close(self) -> None:
         """Stop the heartbeat and listener and close the connections, within shutdown_timeout.
-        Messages still in flight are not acked: they come back when their leases run out."""
+        Messages still in flight are not acked: they come back when their leases run out. A
+        prefetched batch that was never handed out comes back within a second."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._give_back_prefetched(), self.shutdown_timeout)
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -177,26 +191,57 @@ class Consumer:
     async def batches(self) -> AsyncIterator[list[PulledMessage]]:
         """Each non-empty dequeue as one list, for consumers that work and ack in batches;
         between empty dequeues it waits for a new-message notification or poll_interval."""
-        while True:
-            self._wake.clear()
-            batch = await self.dequeue()
-            if batch:
-                yield batch
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+        try:
+            while True:
+                self._wake.clear()
+                if self._ahead is not None:
+                    # Shielded: a consumer cancelled here leaves the prefetch to finish, so that
+                    # the finally below can give its batch back rather than strand its leases.
+                    batch = await asyncio.shield(self._ahead)
+                    self._ahead = None
+                else:
+                    batch = await self.dequeue()
+                if batch:
+                    if self.prefetch:
+                        self._ahead = asyncio.create_task(self.dequeue(), name=f"courier-prefetch-{self.topic}")
+                    yield batch
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+        finally:
+            await self._give_back_prefetched()
+
+    async def _give_back_prefetched(self) -> None:
+        """A batch dequeued ahead and never handed out goes back as it was (courier.release):
+        due again at once, no attempt counted, rather than after the visibility timeout."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        try:
+            batch = await ahead
+        except Exception:  # the prefetch failed: nothing was leased, nothing to give back
+            return
+        if batch:
+            await self.release(batch)
+
+    async def release(self, messages: PulledMessage | Iterable[PulledMessage]) -> dict[int, str]:
+        """Give messages back untouched (never worked on): due again at once, no attempt
+        counted; each id's result is 'released', 'lease_lost' or 'not_found'."""
+        return await self._settle("consumer_release", messages, {})
 
     async def ack(self, messages: PulledMessage | Iterable[PulledMessage]) -> dict[int, str]:
         """Ack one message or a batch in one call; returns each id's result: 'acked', or
         'lease_lost' (redelivered to someone else: not applied) or 'not_found'."""
-        return await self._settle("consumer_ack", messages, {})
+        # The query returns only the ids that were not acked: a batch's worth of 'acked' rows
+        # is most of what an ack would otherwise send back and decode.
+        return await self._settle("consumer_ack", messages, {}, assumed="acked")
 
     async def nack(self, messages: PulledMessage | Iterable[PulledMessage], error: str | None = None) -> dict[int, str]:
         """Give messages back for a retry (or the DLQ once out of retries), with the error."""
         return await self._settle("consumer_nack", messages, {"error": error})
 
     async def _settle(self, query: str, messages: PulledMessage | Iterable[PulledMessage],
-                      extra: dict[str, Any]) -> dict[int, str]:
+                      extra: dict[str, Any], assumed: str | None = None) -> dict[int, str]:
         batch = [messages] if isinstance(messages, PulledMessage) else list(messages)
         if not batch:
             return {}
@@ -206,7 +251,9 @@ class Consumer:
             with translated():
                 await cur.execute(queries.query(query), {
                     "ids": [m.id for m in batch], "leases": [m.lease for m in batch], **extra})
-                results: dict[int, str] = dict(await cur.fetchall())
+                returned: list[tuple[int, str]] = await cur.fetchall()
+        results = dict.fromkeys((m.id for m in batch), assumed) if assumed else {}
+        results.update(returned)
         lost = [i for i, result in results.items() if result == "lease_lost"]
         if lost:
             log.warning("%s: %d message(s) had been redelivered to another consumer; not applied: %s",

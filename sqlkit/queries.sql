@@ -89,10 +89,14 @@ SELECT id, lease, payload, payload_binary, body, metadata, key, retry_count, max
 FROM courier.dequeue(%(topic)s, %(count)s, %(visibility_timeout)s);
 
 -- name: consumer_ack
-SELECT id, result FROM courier.ack(%(ids)s::bigint[], %(leases)s::integer[]);
+-- Only what was not acked: the caller takes every other id as acked.
+SELECT id, result FROM courier.ack(%(ids)s::bigint[], %(leases)s::integer[]) WHERE result <> 'acked';
 
 -- name: consumer_nack
 SELECT id, result FROM courier.nack(%(ids)s::bigint[], %(leases)s::integer[], %(error)s);
+
+-- name: consumer_release
+SELECT id, result FROM courier.release(%(ids)s::bigint[], %(leases)s::integer[]);
 
 -- name: consumer_extend_lease
 SELECT id, result, visible_until

@@ -157,6 +157,48 @@ def test_consumer_refuses_bad_settings():
         Consumer("postgresql://unused", TOPIC, visibility_timeout=0)
     with pytest.raises(InvalidInput, match=r"heartbeat_interval .* must be shorter"):
         Consumer("postgresql://unused", TOPIC, visibility_timeout=5, heartbeat_interval=5)
+    with pytest.raises(InvalidInput, match="prefetch"):
+        Consumer("postgresql://unused", TOPIC, prefetch="yes")
+
+
+def test_iterating_prefetches_the_next_batch_and_close_gives_it_back(dsn, conn, topic):
+    """While the first batch is worked on the second is already leased; when the loop ends
+    there, close() hands the second back: due again within a second, no attempt counted,
+    not after the 60 s visibility timeout."""
+    ids = enqueue(conn, *({"n": n} for n in range(4)))
+
+    async def run() -> tuple[list[int], list[int]]:
+        async with Consumer(dsn, TOPIC, batch_size=2, visibility_timeout=60) as consumer:
+            async for batch in consumer.batches():
+                await consumer.ack(batch)
+                for _ in range(100):  # the prefetch runs while this batch is "worked on"
+                    if len(consumer.in_flight) == 2:
+                        break
+                    await asyncio.sleep(0.05)
+                return [m.id for m in batch], [m.id for m in consumer.in_flight]
+        raise AssertionError("no batch")
+
+    worked, prefetched = asyncio.run(run())
+    assert worked == ids[:2] and prefetched == ids[2:]
+    deadline = time.monotonic() + 10
+    while not (again := dequeue_ids(conn, 10)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert again == ids[2:]
+    assert conn.execute("SELECT DISTINCT retry_count FROM courier.queue WHERE id = ANY (%s)",
+                        (ids[2:],)).fetchall() == [(0,)]
+
+
+def test_without_prefetch_nothing_is_leased_beyond_the_batch_in_hand(dsn, conn, topic):
+    ids = enqueue(conn, *({"n": n} for n in range(4)))
+
+    async def run() -> list[int]:
+        async with Consumer(dsn, TOPIC, batch_size=2, prefetch=False) as consumer:
+            async for _batch in consumer.batches():
+                await asyncio.sleep(0.3)
+                return [m.id for m in consumer.in_flight] + dequeue_ids(conn, 10)
+        raise AssertionError("no batch")
+
+    assert asyncio.run(run()) == ids  # its own two, and the other two still there for anyone
 
 
 # The peek/receive loop -----------------------------------------------------------------------

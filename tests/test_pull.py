@@ -188,6 +188,23 @@ def test_extend_lease_keeps_the_message_invisible_and_only_for_its_holder(conn, 
     assert other["lease"] == held["lease"] + 1
 
 
+def test_release_gives_messages_back_untouched_and_only_for_their_holder(conn, orders):
+    first, second = enqueue(conn, {"n": 1}), enqueue(conn, {"n": 2})
+    held = dequeue(conn, 2)
+    lapse(conn, second)
+    [taken_over] = dequeue(conn)  # the second's lease ran out and someone else has it now
+    results = dict(conn.execute("SELECT * FROM courier.release(%s::bigint[], %s::integer[])",
+                                ([first, second, 999_999], [m["lease"] for m in held] + [1])).fetchall())
+    assert results == {first: "released", second: "lease_lost", 999_999: "not_found"}
+    assert (status(conn, first), status(conn, second)) == ("pending", "processing")
+    [again] = dequeue(conn)
+    assert (again["id"], again["retry_count"]) == (first, 0)  # no attempt counted, no error
+    assert scalar(conn, "SELECT last_error FROM courier.queue WHERE id = %s", (first,)) is None
+    assert taken_over["id"] == second
+    # The releasing client's lease is spent: its late ack changes nothing.
+    assert scalar(conn, "SELECT courier.ack(%s, %s)", (first, held[0]["lease"])) == "lease_lost"
+
+
 def test_a_message_whose_lease_keeps_running_out_is_dead_lettered(conn):
     conn.execute("""SELECT courier.create_endpoint('orders', 'pull', '{"max_retries": 1}')""")
     message_id = enqueue(conn, {"n": 1})

@@ -574,6 +574,33 @@ BEGIN
 END
 $$;
 
+-- Gives messages held under their leases back untouched: pending and due at once, no attempt
+-- counted and no error recorded, unlike a nack (the message was never worked on: a client
+-- that prefetched it is shutting down, say). Per id: 'released', 'lease_lost', 'not_found'.
+CREATE OR REPLACE FUNCTION courier.release(p_ids bigint[], p_leases integer[])
+RETURNS TABLE (id bigint, result text)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+SET jit = off
+SET plan_cache_mode = force_custom_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_released bigint[];
+BEGIN
+    PERFORM courier._require_pull_leases(p_ids, p_leases);
+    WITH released AS (
+        UPDATE courier.queue q SET status = 'pending', visible_at = now(), updated_at = now()
+        FROM unnest(p_ids, p_leases) AS u(id, lease)
+        WHERE q.id = ANY (p_ids) AND q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
+          AND q.visible_at IS NOT NULL
+        RETURNING q.id
+    )
+    SELECT array_agg(r.id) INTO v_released FROM released r;
+    RETURN QUERY SELECT * FROM courier._lease_results(p_ids, p_leases, v_released, 'released', 'release');
+END
+$$;
+
 -- Receive and peek (NServiceBus) -----------------------------------------------------------------
 
 -- Destructive receive: deletes and returns up to p_count due messages (never more), lowest

@@ -87,6 +87,7 @@ GRANT EXECUTE ON FUNCTION
     courier.nack(bigint[], integer[], text),
     courier.nack(bigint, integer, text),
     courier.extend_lease(bigint[], integer[], integer),
+    courier.release(bigint[], integer[]),
     courier.receive(text, integer),
     courier.receive_failed(text, bigint, text),
     courier.peek(text)
