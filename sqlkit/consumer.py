@@ -5,9 +5,9 @@ courier.peek/receive), with psycopg's asyncio connections.
   extends the lease of every message handed out and not yet acked or nacked, so long work is
   not redelivered to someone else; ack and nack take one message or a batch.
 - `ReceiveLoop`: NServiceBus's peek and receive modes. It peeks (courier.peek) every
-  `peek_interval`; when messages are waiting it starts receive tasks, at most `concurrency`
-  at a time, each a destructive courier.receive of one message in a transaction that commits
-  only when the handler returns; a receive that comes back empty sends it back to peeking.
+  `peek_interval`; when messages are waiting up to `concurrency` slots receive them, each a
+  destructive courier.receive of one message in a transaction that commits only when the
+  handler returns; a receive that comes back empty sends it back to peeking.
   A handler that raises rolls its receive back, and the failure is counted in the database
   (courier.receive_failed): the message waits a growing while, then goes to <topic>.dlq.
 
@@ -309,17 +309,36 @@ class Consumer:
 Handler = Callable[[ReceivedMessage], Awaitable[None]]
 
 
+class _Round:
+    """One receive round's budget of receives, shared by its slots, and whether it is over (a
+    receive came back empty, or one failed)."""
+
+    def __init__(self, attempts: int) -> None:
+        self._left = attempts
+        self._over = False
+
+    def take(self) -> bool:
+        if self._over or self._left <= 0:
+            return False
+        self._left -= 1
+        return True
+
+    def finish(self) -> None:
+        self._over = True
+
+
 class ReceiveLoop:
     """NServiceBus's peek/receive loop over courier.peek and courier.receive.
 
     In peek mode it asks courier.peek(topic) for the number of pending messages every
     `peek_interval` seconds (1 s by default; a warning is logged outside 100 ms to 10 s).
-    When some are waiting it switches to receive mode and starts up to that many receive
-    tasks (at most `max_records_to_peek`), at most `concurrency` running at once. Each task
-    receives one message in a transaction, awaits `handler(message)` and commits: a handler
-    that raises rolls the receive back and the message stays in the topic. A receive that
-    comes back empty (another instance got there first) stops the round; when the round's
-    tasks are done it peeks again at once. A message whose handler raised is put back, held
+    When some are waiting it switches to receive mode: up to that many receives (at most
+    `max_records_to_peek`) by at most `concurrency` slots at once. Each receive takes one
+    message in a transaction, awaits `handler(message)` and commits (the commit travels
+    with the slot's next receive, one round trip per message): a handler that raises rolls
+    the receive back and the message stays in the topic. A receive that comes back empty
+    (another instance got there first) stops the round; when the round's slots are done it
+    peeks again at once. A message whose handler raised is put back, held
     back for a growing while (courier.receive_failed), and dead-lettered to <topic>.dlq past
     the topic's max_retries, so it never blocks the messages behind it.
     """
@@ -381,90 +400,101 @@ class ReceiveLoop:
             return int(await queries.fetch_value_async(conn, "consumer_peek", {"topic": self.topic}) or 0)
 
     async def _receive_round(self, attempts: int) -> None:
-        """Up to `attempts` receives, `concurrency` at a time, until one comes back empty;
+        """Up to `attempts` receives by at most `concurrency` slots, until one comes back empty;
         returns when all of them are done, or within the grace period once stop() is called
         (even while every slot is held by a slow handler)."""
-        slots = asyncio.Semaphore(self.concurrency)
-        empty = asyncio.Event()
-        tasks: set[asyncio.Task[None]] = set()
-
-        async def spawn() -> None:
-            for _ in range(attempts):
-                await slots.acquire()
-                if empty.is_set() or self._stopping.is_set():
-                    slots.release()
-                    break
-                task = asyncio.create_task(self._receive_one(empty))
-                task.add_done_callback(lambda _t: slots.release())
-                tasks.add(task)
-            if tasks:
-                await asyncio.wait(tasks)
-
-        spawner = asyncio.create_task(spawn())
+        round_ = _Round(attempts)
+        slots = {asyncio.create_task(self._receive_slot(round_), name=f"courier-receive-{self.topic}")
+                 for _ in range(min(self.concurrency, attempts))}
         stop_wait = asyncio.create_task(self._stopping.wait())
         try:
-            await asyncio.wait({spawner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-            if not spawner.done():  # stopping: the handlers get the grace period, then are cancelled
-                spawner.cancel()
-                running = {t for t in tasks if not t.done()}
-                if running:
-                    _, late = await asyncio.wait(running, timeout=self.shutdown_timeout)
-                    for task in late:
-                        task.cancel()
-                    if late:
-                        await asyncio.wait(late, timeout=self.shutdown_timeout)
-                with contextlib.suppress(asyncio.CancelledError):
-                    await spawner
+            done, _ = await asyncio.wait({*slots, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            while stop_wait not in done and not all(slot.done() for slot in slots):
+                done, _ = await asyncio.wait({*slots, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            running = {slot for slot in slots if not slot.done()}
+            if running:  # stopping: the handlers get the grace period, then are cancelled
+                _, late = await asyncio.wait(running, timeout=self.shutdown_timeout)
+                for slot in late:
+                    slot.cancel()
+                if late:
+                    await asyncio.wait(late, timeout=self.shutdown_timeout)
         finally:
             stop_wait.cancel()
 
-    async def _receive_one(self, empty: asyncio.Event) -> None:
-        message_id = None
+    async def _receive_slot(self, round_: _Round) -> None:
+        """One slot's receives, one transaction each around the handler, on one connection. A
+        handled message's COMMIT travels with the slot's next BEGIN and receive, so a message
+        costs one round trip, not two (the receive's own, and its commit's)."""
         try:
             async with self._db.connection() as conn:
-                # BEGIN travels with the receive, in one round trip (conn.transaction() sends
-                # it alone first): a receive is three round trips less one, with its commit.
+                handled: ReceivedMessage | None = None  # its transaction awaits its COMMIT
                 try:
-                    with translated():
-                        async with conn.cursor(row_factory=args_row(ReceivedMessage)) as cur:
-                            async with conn.pipeline():
-                                await conn.execute("BEGIN")
-                                await cur.execute(queries.query("consumer_receive"), {"topic": self.topic, "count": 1})
-                            message = await cur.fetchone()
-                    if message is None:
-                        await conn.execute("ROLLBACK")
-                        empty.set()
-                        return
-                    message_id = message.id
-                    await self.handler(message)  # raising rolls the receive back: the message stays
-                except BaseException:
+                    while round_.take() and not self._stopping.is_set():
+                        committing, handled = handled, None
+                        message = await self._commit_and_receive(conn, committing, round_)
+                        if message is None:
+                            return
+                        try:
+                            await self.handler(message)
+                        except Exception as error:  # its receive rolls back: the message stays
+                            await conn.execute("ROLLBACK")
+                            self.failed += 1
+                            log.exception("%s: handler failed on message %s", self.topic, message.id)
+                            await self._report_failure(conn, message.id, f"{type(error).__name__}: {error}")
+                            continue
+                        handled = message
+                except BaseException:  # cancelled (stop) or the connection failed: nothing commits
+                    handled = None
                     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                         with contextlib.suppress(psycopg.Error):
                             await conn.execute("ROLLBACK")
                     raise
-                await conn.execute("COMMIT")
-            self.received += 1
+                finally:
+                    if handled is not None:
+                        await conn.execute("COMMIT")
+                        self.received += 1
         except asyncio.CancelledError:
             raise
         except (CourierError, psycopg.Error) as error:
             self.failed += 1
-            empty.set()  # back to peek mode, which waits before the next round
-            log.warning("%s: receive of message %s failed: %s", self.topic, message_id, error)
-        except Exception as error:
-            self.failed += 1
-            log.exception("%s: handler failed on message %s", self.topic, message_id)
-            await self._report_failure(message_id, f"{type(error).__name__}: {error}")
+            round_.finish()  # back to peek mode, which waits before the next round
+            log.warning("%s: receive failed: %s", self.topic, error)
 
-    async def _report_failure(self, message_id: int | None, error: str) -> None:
+    async def _commit_and_receive(self, conn: psycopg.AsyncConnection, committing: ReceivedMessage | None,
+                                  round_: _Round) -> ReceivedMessage | None:
+        """COMMIT the handled message's transaction (if any), BEGIN the next and receive one
+        message in it, as one query; None (rolled back, round over) when the topic is empty."""
+        statements = ("COMMIT; " if committing else "") + "BEGIN; " + queries.query("consumer_receive")
+        try:
+            # Client-side binding: psycopg quotes the parameters into the text, the only way
+            # several statements go in one query (server-side binding takes one statement).
+            async with psycopg.AsyncClientCursor(conn, row_factory=args_row(ReceivedMessage)) as cur:
+                with translated():
+                    await cur.execute(statements, {"topic": self.topic, "count": 1})
+                while cur.nextset():
+                    pass  # to the receive's rows, past COMMIT's and BEGIN's command results
+                message = await cur.fetchone()
+        except (CourierError, psycopg.Error):
+            # In a failed transaction block: BEGIN ran, so the COMMIT before it went through.
+            if committing and conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+                self.received += 1
+            elif committing:
+                log.warning("%s: commit of message %s failed; it stays in the topic", self.topic, committing.id)
+            raise
+        if committing:
+            self.received += 1
+        if message is None:
+            await conn.execute("ROLLBACK")
+            round_.finish()
+        return message
+
+    async def _report_failure(self, conn: psycopg.AsyncConnection, message_id: int, error: str) -> None:
         """The receive was rolled back, so the message is back in the topic: count the attempt
         (courier.receive_failed), which holds it back for a while or dead-letters it, so that it
         never blocks the messages behind it."""
-        if message_id is None:
-            return
         try:
-            async with self._db.connection() as conn:
-                outcome = await queries.fetch_value_async(conn, "consumer_receive_failed",
-                                                          {"topic": self.topic, "id": message_id, "error": error})
+            outcome = await queries.fetch_value_async(conn, "consumer_receive_failed",
+                                                      {"topic": self.topic, "id": message_id, "error": error})
         except (CourierError, psycopg.Error) as report_error:
             log.warning("%s: could not record the failure of message %s: %s", self.topic, message_id, report_error)
             return
