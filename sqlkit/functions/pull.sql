@@ -300,7 +300,7 @@ $$;
 -- not handed out: the same UPDATE records its lost attempt and parks it at visible_at =
 -- -infinity, where the probe after it finds it in one step of queue_pull_due_idx (no other
 -- consumer can take it meanwhile: it stays locked until this transaction ends, by which time
--- it is in the DLQ).
+-- it is in the DLQ). A batch that came back full had no such candidate, and skips the probe.
 --
 -- Plan notes: its statements keep one generic plan each (plan_cache_mode). Left to choose,
 -- plpgsql planned the candidates query again on every call: a generic plan cannot see the
@@ -326,7 +326,9 @@ DECLARE
     v_dead bigint[];
     v_taken integer;
 BEGIN
-    PERFORM courier._require_count('count', p_count, 10000);
+    IF p_count IS NULL OR p_count NOT BETWEEN 1 AND 10000 THEN  -- a plain expression: no statement per call
+        PERFORM courier._require_count('count', p_count, 10000);
+    END IF;
     -- The topic's own values, else the settings, read in one statement.
     SELECT coalesce(p_visibility_timeout_seconds, (v_topic.config ->> 'visibility_timeout')::integer,
                     max(value::integer) FILTER (WHERE name = 'visibility_timeout')),
@@ -389,17 +391,19 @@ BEGIN
     FROM leased t JOIN candidates c ON c.id = t.id
     WHERE NOT c.exhausted
     ORDER BY c.due, c.id;
+    GET DIAGNOSTICS v_taken = ROW_COUNT;
     IF v_rate > 0 THEN
-        GET DIAGNOSTICS v_taken = ROW_COUNT;
         PERFORM courier._return_throughput(v_topic, v_limit - v_taken);
     END IF;
 
-    SELECT array_agg(q.id) INTO v_dead
-    FROM courier.queue q
-    WHERE q.endpoint_id = v_topic.id AND q.visible_at = '-infinity' AND q.visible_at IS NOT NULL
-      AND q.status IN ('pending', 'processing');
-    IF v_dead IS NOT NULL THEN
-        PERFORM courier._pull_dead_letter(v_dead);
+    IF v_taken < v_limit THEN  -- a full batch had no candidate past max_retries: nothing parked
+        SELECT array_agg(q.id) INTO v_dead
+        FROM courier.queue q
+        WHERE q.endpoint_id = v_topic.id AND q.visible_at = '-infinity' AND q.visible_at IS NOT NULL
+          AND q.status IN ('pending', 'processing');
+        IF v_dead IS NOT NULL THEN
+            PERFORM courier._pull_dead_letter(v_dead);
+        END IF;
     END IF;
 END
 $$;
@@ -627,7 +631,9 @@ DECLARE
     v_got integer;
     v_rounds integer := 0;
 BEGIN
-    PERFORM courier._require_count('count', p_count, 10000);
+    IF p_count IS NULL OR p_count NOT BETWEEN 1 AND 10000 THEN  -- a plain expression: no statement per call
+        PERFORM courier._require_count('count', p_count, 10000);
+    END IF;
     IF NOT v_topic.enabled THEN
         RETURN;
     END IF;
