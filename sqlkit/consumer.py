@@ -209,7 +209,10 @@ class Consumer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_interval)
         finally:
-            await self._give_back_prefetched()
+            try:
+                await self._give_back_prefetched()
+            except Exception as error:  # the leases run out instead: nothing is lost
+                log.warning("%s: could not give back the prefetched batch: %s", self.topic, error)
 
     async def _give_back_prefetched(self) -> None:
         """A batch dequeued ahead and never handed out goes back as it was (courier.release):
