@@ -19,6 +19,8 @@
 --
 -- Pull topics keep their NOTIFY at send: their consumers wake on any notification and do
 -- not linger.
+-- A transaction that runs SET CONSTRAINTS ALL IMMEDIATE takes the wake lock at its send and
+-- holds it until it commits: other producers' wake-ups wait for that commit (or the poll).
 
 -- At commit: NOTIFY for the endpoint unless another producer's commit holds its wake lock
 -- (that producer's NOTIFY wakes the worker, whose linger finds this transaction's messages).
@@ -217,9 +219,10 @@ BEGIN
     IF p_idempotency_key IS NOT NULL THEN
         v_hash := md5(p_payload::text);
     END IF;
-    PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
-    -- Before the INSERT: its depth counter write queues the wake-up (see the top of this file).
-    PERFORM set_config('courier.wake_at_commit',
+    -- Set before the INSERT: its depth counter write queues the wake-up (see the top of this
+    -- file). One statement with the endpoint hold: each statement of a send costs ~5 us.
+    PERFORM courier._hold_endpoint_for_send(p_endpoint_name),
+            set_config('courier.wake_at_commit',
                        CASE WHEN (p_scheduled_at IS NULL OR p_scheduled_at <= now())
                                  AND (SELECT value::boolean FROM courier.settings WHERE name = 'notify_on_send')
                             THEN 'on' ELSE 'off' END, true);
