@@ -294,6 +294,10 @@ SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, 
        lease
 FROM courier.claim_batch_v3(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
 
+-- name: sends_committing
+-- The worker's linger: is a producer that sent to this endpoint still committing?
+SELECT courier.sends_committing_v1(%(endpoint_id)s);
+
 -- name: report_and_claim
 -- claim_for_endpoint with the outcomes held so far reported first, in one round trip.
 SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, headers::text AS headers,

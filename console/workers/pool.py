@@ -1,8 +1,11 @@
 """The worker pool: one claim loop per enabled endpoint, dispatch under a global and a
 per-endpoint concurrency limit, and outcomes reported to SQL in batches.
 
-Wake-ups come from LISTEN courier_new_msg; every loop also polls, for scheduled and retried
-messages and for anything a lost notification would strand. The same pool runs headless
+Wake-ups come from LISTEN courier_new_msg. Of the producers committing together only one
+NOTIFYs, so after a wake-up a loop that comes back empty lingers: it claims again within
+milliseconds for as long as producers of its endpoint are still committing, then once more.
+Every loop also polls, for scheduled and retried messages and for anything a lost
+notification would strand. The same pool runs headless
 under `courier worker` and embedded in the console.
 """
 
@@ -68,6 +71,15 @@ class PoolSettings:
     """Most messages one claim takes."""
     poll_interval: float = 1.0
     """Seconds between claims of an idle endpoint when no notification arrives."""
+    linger: tuple[float, ...] = (0.0005, 0.001, 0.002, 0.004, 0.008)
+    """Pauses (seconds) between the claims of an endpoint's linger: after a wake-up, while a
+    claim comes back empty and producers that sent to it are still committing, it claims again
+    after the next pause (the last one repeats, for at most linger_limit seconds). Of the
+    producers committing together, only one NOTIFYs (see sqlkit/functions/sending.sql); the
+    others may become visible just after the claim that NOTIFY set off, and the linger picks
+    their messages up instead of the poll a poll_interval later."""
+    linger_limit: float = 0.5
+    """Most seconds one linger lasts: producers that take longer to commit wait for the poll."""
     report_interval: float = 0.005
     """Seconds outcomes may wait for an endpoint's next claim to carry them (report_and_claim)
     while some endpoint's claims come back full; otherwise they are reported at once, and
@@ -302,6 +314,7 @@ class WorkerPool:
     async def _claim_loop(self, target: Target, busy: asyncio.Event, eager: bool) -> None:
         wake = self._wake[target.id]
         failures = 0
+        linger = _Linger(self.settings.linger, self.settings.linger_limit)
         while self._current(target):
             if eager and not busy.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -311,6 +324,8 @@ class WorkerPool:
             if not self._current(target):
                 self._unreserve(target.id, room)
                 return
+            if wake.is_set():
+                linger.start()
             wake.clear()
             try:
                 claimed = await self._claim(target.id, room)
@@ -329,8 +344,12 @@ class WorkerPool:
             else:
                 busy.clear()
             if not claimed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), self.settings.poll_interval)
+                pause = await self._linger_pause(target, linger)
+                if pause is None:
+                    pause = self.settings.poll_interval
+                if pause:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), pause)
                 continue
             dispatcher = self._dispatcher(target.protocol)
             if dispatcher is None:  # cannot happen: loops start only for protocols with one
@@ -340,6 +359,24 @@ class WorkerPool:
             else:
                 self._buffered[target.id].extend(claimed)
                 self._pump(target)
+
+    async def _linger_pause(self, target: Target, linger: _Linger) -> float | None:
+        """After an empty claim: the pause before the linger's next claim, or None if the
+        loop is not lingering (any more) and waits for a wake-up or the poll."""
+        if not linger.active or linger.final:
+            linger.stop()
+            return None
+        try:
+            self.stats.round_trips += 1
+            async with self._db.connection() as conn:
+                committing = await queries.fetch_value_async(conn, "sends_committing", {"endpoint_id": target.id})
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the poll still finds whatever the linger would have
+            log.info("linger check failed", extra={"endpoint": target.name, "error": _one_line(error)})
+            linger.stop()
+            return None
+        return linger.next_pause(bool(committing))
 
     def _current(self, target: Target) -> bool:
         return not self._stopping.is_set() and self._targets.get(target.id) == target
@@ -785,6 +822,42 @@ class WorkerPool:
                     raise
                 log.warning("database call failed; retrying", extra={"error": error.one_line()})
                 await asyncio.sleep(0.5 * 2**attempt)
+
+
+class _Linger:
+    """One claim loop's linger after a wake-up. A claim that comes back empty asks whether
+    producers of the endpoint are still committing: while some are, claim again after the next
+    pause; once none is, one more claim at once sees every commit that was under way, and an
+    empty claim after that ends the linger."""
+
+    def __init__(self, pauses: tuple[float, ...], limit: float) -> None:
+        self._pauses = pauses
+        self._limit = limit
+        self._step = 0
+        self._until = 0.0
+        self.active = False
+        self.final = False
+
+    def start(self) -> None:
+        self.active = bool(self._pauses)
+        self.final = False
+        self._step = 0
+        self._until = time.monotonic() + self._limit
+
+    def stop(self) -> None:
+        self.active = False
+
+    def next_pause(self, committing: bool) -> float | None:
+        """Seconds to wait before the next claim, or None when the linger is over."""
+        if not committing:
+            self.final = True
+            return 0.0
+        if time.monotonic() > self._until:
+            self.active = False
+            return None
+        pause = self._pauses[min(self._step, len(self._pauses) - 1)]
+        self._step += 1
+        return pause
 
 
 def _report_params(batch: list[tuple[ClaimedMessage, Outcome]]) -> dict[str, list]:

@@ -1,10 +1,55 @@
 -- Sending: send, send_with_options, the batch sends and fast mode, with backpressure and
 -- the payload size limit.
 
--- A NOTIFY in a transaction takes a cluster-wide lock through that transaction's commit,
--- so notifying producers commit one at a time and group commit is lost: single sends top
--- out near 1 / fsync latency. notify_on_send = false lifts that cap; workers then find new
--- messages by polling.
+-- Waking the workers. A NOTIFY in a transaction takes a cluster-wide lock before its commit
+-- record and holds it through the WAL flush, so producers that each NOTIFY commit one at a
+-- time and group commit is lost: single sends topped out near 1 / fsync latency. So a send
+-- does not NOTIFY itself: it sets courier.wake_at_commit to 'on' for its INSERT (when the
+-- messages are due and, for a single send, notify_on_send is on), and the depth counter's
+-- write queues a deferred event (migration 0022) that runs _wake_workers_at_commit() at
+-- commit, once per statement. Of the producers committing at the same moment, the one that
+-- takes the endpoint's wake lock NOTIFYs; the others skip it and commit in the same WAL
+-- flush, or the next. One of them may become visible only after the claim the NOTIFY set off,
+-- so every committing producer also holds a shared lock until its commit is visible, and a
+-- worker that comes back empty from a claim after a wake-up asks sends_committing_v1()
+-- whether any is still held: while one is, it claims again after a pause of milliseconds (its
+-- linger); once none is, one more claim sees them all. The fallback poll covers anything else.
+-- The setting stays 'on' for the rest of the transaction: a later write that adds pending
+-- messages queues a wake-up too, which costs a worker at most one empty claim.
+--
+-- Pull topics keep their NOTIFY at send: their consumers wake on any notification and do
+-- not linger.
+-- A transaction that runs SET CONSTRAINTS ALL IMMEDIATE takes the wake lock at its send and
+-- holds it until it commits: other producers' wake-ups wait for that commit (or the poll).
+
+-- At commit: NOTIFY for the endpoint unless another producer's commit holds its wake lock
+-- (that producer's NOTIFY wakes the worker, whose linger finds this transaction's messages).
+-- Both locks are held until this commit is visible to others, after its WAL flush.
+-- Runs as whoever commits, so it reads no table; trigger functions carry no SET search_path.
+CREATE OR REPLACE FUNCTION courier._wake_workers_at_commit() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(pg_catalog.hashtext('courier.sends_committing'),
+                                                    NEW.endpoint_id);
+    IF pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('courier.wake_workers'), NEW.endpoint_id) THEN
+        PERFORM pg_catalog.pg_notify('courier_new_msg', NEW.endpoint_id::text);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- For the worker's linger: true while some producer that sent to the endpoint is committing
+-- (between its commit-time wake-up and the moment its commit is visible). Trying the lock
+-- exclusively for an instant makes a producer that asks for its shared lock meanwhile wait
+-- that instant; nothing waits on the worker.
+CREATE OR REPLACE FUNCTION courier.sends_committing_v1(p_endpoint_id integer) RETURNS boolean
+LANGUAGE sql
+AS $$
+    SELECT CASE WHEN pg_try_advisory_lock(hashtext('courier.sends_committing'), p_endpoint_id)
+                THEN NOT pg_advisory_unlock(hashtext('courier.sends_committing'), p_endpoint_id)
+                ELSE true END
+$$;
 
 -- True when p_incoming more messages fit under max_queue_size. The active count is a sum
 -- over the trigger-maintained counter rows, so this is O(1) in the size of the queue.
@@ -17,9 +62,25 @@ AS $$
     FROM (SELECT value::bigint AS max_queue_size FROM courier.settings WHERE name = 'max_queue_size') limits
 $$;
 
+-- plpgsql, not SQL: a SQL function that reads a table is not inlined, and PostgreSQL 15 parses
+-- and plans its query on every call (58 us of each send_batch, in pg_stat_user_functions).
 CREATE OR REPLACE FUNCTION courier._max_payload_size() RETURNS bigint
-LANGUAGE sql STABLE
-AS $$ SELECT value::bigint FROM courier.settings WHERE name = 'max_payload_size' $$;
+LANGUAGE plpgsql STABLE
+AS $$ BEGIN RETURN (SELECT value::bigint FROM courier.settings WHERE name = 'max_payload_size'); END $$;
+
+-- The time to live of an endpoint's messages in seconds, NULL for none: its config's
+-- message_ttl_seconds, else default_message_ttl (0 is none), as _ttl_expires_at reads them.
+-- The batch sends take it once per call: _ttl_expires_at is a SQL function whose
+-- _endpoint_limit reads settings, and was parsed and planned on every call (57 us of each
+-- send_batch) or run once per row (send_batch_with_options).
+CREATE OR REPLACE FUNCTION courier._message_ttl(p_config jsonb) RETURNS double precision
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN nullif(coalesce((p_config ->> 'message_ttl_seconds')::numeric,
+                           (SELECT value::numeric FROM courier.settings WHERE name = 'default_message_ttl')), 0);
+END
+$$;
 
 -- Raises the reason a send to p_endpoint_name of p_incoming messages (the largest
 -- p_largest bytes) cannot be accepted; returns quietly if nothing stands in the way (the
@@ -128,7 +189,7 @@ DECLARE
     v_hash text;
     v_id bigint;
     v_endpoint_id integer;
-    v_notify boolean;
+    v_pull boolean;
     v_existing_hash text;
     v_existing_id bigint;
 BEGIN
@@ -158,7 +219,13 @@ BEGIN
     IF p_idempotency_key IS NOT NULL THEN
         v_hash := md5(p_payload::text);
     END IF;
-    PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
+    -- Set before the INSERT: its depth counter write queues the wake-up (see the top of this
+    -- file). One statement with the endpoint hold: each statement of a send costs ~5 us.
+    PERFORM courier._hold_endpoint_for_send(p_endpoint_name),
+            set_config('courier.wake_at_commit',
+                       CASE WHEN (p_scheduled_at IS NULL OR p_scheduled_at <= now())
+                                 AND (SELECT value::boolean FROM courier.settings WHERE name = 'notify_on_send')
+                            THEN 'on' ELSE 'off' END, true);
 
     LOOP
         IF p_idempotency_key IS NULL THEN
@@ -178,8 +245,8 @@ BEGIN
                    OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) >= 1 + (
                    SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
                    WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'processing')))
-            RETURNING id, endpoint_id, (SELECT value::boolean FROM courier.settings WHERE name = 'notify_on_send')
-            INTO v_id, v_endpoint_id, v_notify;
+            RETURNING id, endpoint_id, visible_at IS NOT NULL
+            INTO v_id, v_endpoint_id, v_pull;
         ELSE
             INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, scheduled_at,
                                        idempotency_key, payload_hash, correlation_id, expires_at, ordering_key,
@@ -201,8 +268,8 @@ BEGIN
             ON CONFLICT (endpoint_id, idempotency_key)
                 WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')
             DO NOTHING
-            RETURNING id, endpoint_id, (SELECT value::boolean FROM courier.settings WHERE name = 'notify_on_send')
-            INTO v_id, v_endpoint_id, v_notify;
+            RETURNING id, endpoint_id, visible_at IS NOT NULL
+            INTO v_id, v_endpoint_id, v_pull;
 
             IF v_id IS NULL THEN
                 -- Keys are per endpoint: only this endpoint's message holding it counts.
@@ -236,8 +303,8 @@ BEGIN
         END IF;
     END IF;
 
-    IF (p_scheduled_at IS NULL OR p_scheduled_at <= now()) AND v_notify THEN
-        PERFORM pg_notify('courier_new_msg', v_endpoint_id::text);
+    IF v_pull AND current_setting('courier.wake_at_commit') = 'on' THEN
+        PERFORM pg_notify('courier_new_msg', v_endpoint_id::text);  -- a pull topic's, at once
     END IF;
     RETURN v_id;
 END
@@ -337,12 +404,14 @@ BEGIN
 
     v_endpoint := courier._endpoint_with_room(p_endpoint_name, v_count, v_largest);
     v_endpoint_id := v_endpoint.id;
-    v_expires_at := courier._ttl_expires_at(v_endpoint.config, now());
+    v_expires_at := now() + make_interval(secs => courier._message_ttl(v_endpoint.config));
     v_visible_at := courier._pull_visible_at(v_endpoint.protocol, NULL);
     IF v_count = 0 THEN
         RETURN '{}';
     END IF;
 
+    -- One wake-up per batch, whatever notify_on_send says (see the top of this file).
+    PERFORM set_config('courier.wake_at_commit', 'on', true);
     -- The TTL and due time are the batch's, computed once above: per row they halved the rate.
     WITH inserted AS (
         INSERT INTO courier.queue (endpoint_id, payload, priority, expires_at, visible_at)
@@ -353,7 +422,9 @@ BEGIN
     )
     SELECT array_agg(id ORDER BY id) INTO v_ids FROM inserted;
 
-    PERFORM pg_notify('courier_new_msg', v_endpoint_id::text);  -- one per batch, whatever notify_on_send says
+    IF v_visible_at IS NOT NULL THEN
+        PERFORM pg_notify('courier_new_msg', v_endpoint_id::text);  -- a pull topic's, at once
+    END IF;
     RETURN v_ids;
 END
 $$;
@@ -428,6 +499,7 @@ DECLARE
     v_endpoint courier.endpoints;
     v_protocol text;
     v_config jsonb;
+    v_ttl double precision;
     v_text text;
     v_hint text;
 BEGIN
@@ -484,10 +556,16 @@ BEGIN
     v_endpoint_id := v_endpoint.id;
     v_protocol := v_endpoint.protocol;
     v_config := v_endpoint.config;
+    v_ttl := courier._message_ttl(v_config);
     IF v_count = 0 THEN
         RETURN '{}';
     END IF;
 
+    -- One wake-up for the batch if any element is due now (see the top of this file).
+    PERFORM set_config('courier.wake_at_commit',
+                       CASE WHEN p_scheduled_at IS NULL
+                                 OR EXISTS (SELECT FROM unnest(p_scheduled_at) s WHERE s IS NULL OR s <= now())
+                            THEN 'on' ELSE 'off' END, true);
     v_left := ARRAY(SELECT generate_series(1, v_count));
     WHILE cardinality(v_left) > 0 LOOP
         -- Ids drawn in element order keep the batch's order in the queue (FIFO by id); an
@@ -508,7 +586,7 @@ BEGIN
             SELECT c.new_id, v_endpoint_id, c.payload, c.headers, c.metadata, c.priority, c.scheduled_at,
                    c.idempotency_key, CASE WHEN c.idempotency_key IS NOT NULL THEN md5(c.payload::text) END,
                    c.correlation_id,
-                   coalesce(c.expires_at, courier._ttl_expires_at(v_config, coalesce(c.scheduled_at, now()))),
+                   coalesce(c.expires_at, coalesce(c.scheduled_at, now()) + make_interval(secs => v_ttl)),
                    c.ordering_key, courier._pull_visible_at(v_protocol, c.scheduled_at)
             FROM chosen c
             ORDER BY c.ord
@@ -572,8 +650,8 @@ BEGIN
         END IF;
     END LOOP;
 
-    IF v_sent THEN
-        PERFORM pg_notify('courier_new_msg', v_endpoint_id::text);  -- one per batch, as send_batch does
+    IF v_sent AND v_protocol = 'pull' AND current_setting('courier.wake_at_commit') = 'on' THEN
+        PERFORM pg_notify('courier_new_msg', v_endpoint_id::text);  -- a pull topic's, at once
     END IF;
     RETURN v_ids;
 END
