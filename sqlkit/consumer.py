@@ -172,7 +172,7 @@ class Consumer:
     async def dequeue(self, count: int | None = None) -> list[PulledMessage]:
         """One courier.dequeue call: up to `count` (default batch_size) messages, now in flight."""
         # Rows straight into PulledMessage (the query's columns are its fields, in order).
-        async with self._db.connection() as conn, conn.cursor(row_factory=args_row(PulledMessage)) as cur:
+        async with self._db.connection() as conn, conn.cursor(binary=True, row_factory=args_row(PulledMessage)) as cur:
             with translated():
                 await cur.execute(queries.query("consumer_dequeue"), {
                     "topic": self.topic, "count": count or self.batch_size,

@@ -389,3 +389,24 @@ def test_payloads_and_metadata_come_back_as_the_database_holds_them(dsn, conn, t
     # Equal and of the same types (1 == 1.0 == True in Python, so compare the JSON text too).
     assert {i: json.dumps(v, sort_keys=True) for i, v in got.items()} == \
         {i: json.dumps(v, sort_keys=True) for i, v in expected.items()}
+
+
+def test_the_consumer_hands_out_binary_payloads_bodies_and_times_intact(dsn, conn, topic):
+    """The consumer reads its batches in PostgreSQL's binary format: bytes, text and times
+    arrive as they were stored."""
+    blob = bytes(range(256)) * 4
+    message_id = scalar(conn, "SELECT courier.enqueue(%s, NULL, p_payload_binary => %s, p_body => %s, "
+                              "p_metadata => '{\"k\": [1, 2.5, null]}')", (TOPIC, blob, "héllo\nworld"))
+    stored = conn.execute("SELECT created_at FROM courier.queue WHERE id = %s", (message_id,)).fetchone()[0]
+
+    async def run() -> PulledMessage:
+        async with Consumer(dsn, TOPIC, batch_size=5) as consumer:
+            [message] = await consumer.dequeue()
+            await consumer.ack(message)
+            return message
+
+    message = asyncio.run(run())
+    assert (message.id, message.payload, message.payload_binary, message.body) == (message_id, None, blob,
+                                                                                   "héllo\nworld")
+    assert message.metadata == {"k": [1, 2.5, None]}
+    assert message.created_at == stored and message.visible_until.tzinfo is not None
