@@ -68,20 +68,6 @@ CREATE OR REPLACE FUNCTION courier._max_payload_size() RETURNS bigint
 LANGUAGE plpgsql STABLE
 AS $$ BEGIN RETURN (SELECT value::bigint FROM courier.settings WHERE name = 'max_payload_size'); END $$;
 
--- The time to live of an endpoint's messages in seconds, NULL for none: its config's
--- message_ttl_seconds, else default_message_ttl (0 is none), as _ttl_expires_at reads them.
--- The batch sends take it once per call: _ttl_expires_at is a SQL function whose
--- _endpoint_limit reads settings, and was parsed and planned on every call (57 us of each
--- send_batch) or run once per row (send_batch_with_options).
-CREATE OR REPLACE FUNCTION courier._message_ttl(p_config jsonb) RETURNS double precision
-LANGUAGE plpgsql STABLE
-AS $$
-BEGIN
-    RETURN nullif(coalesce((p_config ->> 'message_ttl_seconds')::numeric,
-                           (SELECT value::numeric FROM courier.settings WHERE name = 'default_message_ttl')), 0);
-END
-$$;
-
 -- Raises the reason a send to p_endpoint_name of p_incoming messages (the largest
 -- p_largest bytes) cannot be accepted; returns quietly if nothing stands in the way (the
 -- obstacle went away meanwhile, and the caller tries again).
