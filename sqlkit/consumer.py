@@ -409,11 +409,10 @@ class ReceiveLoop:
         round_ = _Round(attempts)
         slots = {asyncio.create_task(self._receive_slot(round_), name=f"courier-receive-{self.topic}")
                  for _ in range(min(self.concurrency, attempts))}
+        every_slot = asyncio.gather(*slots, return_exceptions=True)
         stop_wait = asyncio.create_task(self._stopping.wait())
         try:
-            done, _ = await asyncio.wait({*slots, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-            while stop_wait not in done and not all(slot.done() for slot in slots):
-                done, _ = await asyncio.wait({*slots, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({every_slot, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             running = {slot for slot in slots if not slot.done()}
             if running:  # stopping: the handlers get the grace period, then are cancelled
                 _, late = await asyncio.wait(running, timeout=self.shutdown_timeout)
