@@ -38,6 +38,9 @@ class WebhookSink:
         self.received: list[ReceivedRequest] = []
         self._record = record
         self._lock = threading.Lock()
+        self._in_progress = 0
+        self.most_at_once = 0
+        """The most requests the sink was answering at the same moment."""
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -84,6 +87,16 @@ class WebhookSink:
             return sum(1 for r in self.received if r.path.startswith(path_prefix))
 
     def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        with self._lock:
+            self._in_progress += 1
+            self.most_at_once = max(self.most_at_once, self._in_progress)
+        try:
+            self._answer_request(handler)
+        finally:
+            with self._lock:
+                self._in_progress -= 1
+
+    def _answer_request(self, handler: BaseHTTPRequestHandler) -> None:
         length = int(handler.headers.get("content-length") or 0)
         body = handler.rfile.read(length) if length else b""
         url = urlsplit(handler.path)

@@ -37,7 +37,12 @@ def run_pool_until(dsn: str, done: Callable[[], bool], *, timeout: float = 20.0,
 
 
 def start_worker_process(dsn: str, *args: str) -> subprocess.Popen[str]:
+    """`courier worker` as one pool in one process (unless args say --processes): the tests that
+    kill it, name it or count its heartbeat rows are about one pool. tests/test_worker_processes.py
+    runs the default, a pool per core under a supervisor."""
     env = {k: v for k, v in os.environ.items() if k not in ("COURIER_DSN", "DATABASE_URL")}
+    if "--processes" not in args:
+        args = ("--processes", "1", *args)
     return subprocess.Popen([COURIER, "worker", "--dsn", dsn, "--poll-interval", "0.1", *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

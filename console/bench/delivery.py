@@ -14,8 +14,10 @@ import time
 import aiohttp
 
 from console.workers.pool import HTTP_DEFAULT_CONCURRENCY, PoolSettings, WorkerPool
+from console.workers.processes import default_processes
 from sqlkit.connection import connect
 
+from .drain import drain_with_worker_process, worker_process
 from .result import Measurement, ScenarioResult, measure_rounds
 
 
@@ -97,9 +99,10 @@ def dispatch_http(dsn: str, *, clients: int, seconds: float, rounds: int, messag
         def courier() -> Measurement:
             _endpoint(dsn, "http-bench", "http", {"url": url, "allow_internal": True})
             _preload(dsn, "http-bench", messages)
-            pool, elapsed = _run_pool(dsn, lambda p: p.stats.delivered >= messages, PoolSettings())
-            trips.append(pool.stats.round_trips / max(1, pool.stats.delivered))
-            return Measurement(pool.stats.delivered / elapsed)
+            drained = drain_with_worker_process(dsn, messages)
+            if drained.round_trips_per_message is not None:
+                trips.append(drained.round_trips_per_message)
+            return Measurement(drained.rate)
 
         def ceiling() -> Measurement:
             return Measurement(messages / asyncio.run(_load_generator(url, messages, concurrency)))
@@ -108,9 +111,11 @@ def dispatch_http(dsn: str, *, clients: int, seconds: float, rounds: int, messag
     return ScenarioResult(
         scenario="dispatch-http", variant=f"{messages:,} msgs, `courier worker` defaults", unit="msg/s",
         courier=measured["courier"], ceiling=measured["ceiling"], target_ratio=0.8,
-        notes=f"worker pool with defaults ({concurrency} requests at once to one webhook, a batch prefetched) vs a "
-              f"plain aiohttp load generator with {concurrency} connections, against the stdlib-threaded sink in "
-              f"its own process; {min(trips):.3f} database round trips per message",
+        notes=f"`courier worker` with no flags, in its own processes ({default_processes()} pools sharing "
+              f"{concurrency} requests at once to one webhook, each with a batch prefetched) vs a plain aiohttp "
+              f"load generator with {concurrency} connections, against the stdlib-threaded sink in its own "
+              f"process; {min(trips) if trips else float('nan'):.3f} database round trips per message "
+              "(all transactions on the database while it drained)",
     )
 
 
@@ -145,33 +150,41 @@ def _offer_load(dsn: str, rate: float, seconds: float, stop: threading.Event) ->
     return sum(counts)
 
 
-def _latency_at(dsn: str, rate: float, seconds: float) -> ScenarioResult:
+def _latency_at(dsn: str, rate: float, seconds: float, *flags: str) -> ScenarioResult:
     _endpoint(dsn, "latency", "noop", {})
-    sent: list[int] = []
-    stop = threading.Event()
-    producer = threading.Thread(target=lambda: sent.append(_offer_load(dsn, rate, seconds, stop)))
-
-    def all_delivered(pool: WorkerPool) -> bool:
-        if not producer.is_alive() and not sent:
-            producer.start()
-        return bool(sent) and pool.stats.delivered >= sent[0]
-
-    _run_pool(dsn, all_delivered, PoolSettings(), timeout=seconds + 30)  # `courier worker`'s defaults
-    stop.set()
-    with connect(dsn) as conn:
+    pools = default_processes() if "--processes" not in flags else int(flags[flags.index("--processes") + 1])
+    with connect(dsn) as conn, worker_process(dsn, *flags) as worker:
+        deadline = time.monotonic() + 30
+        while _running_pools(conn) < pools:  # every pool listening before the first send
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("`courier worker` did not start")
+            time.sleep(0.05)
+        sent = _offer_load(dsn, rate, seconds, threading.Event())
+        deadline = time.monotonic() + 30
+        while _completed(conn) < sent and time.monotonic() < deadline:
+            time.sleep(0.05)
         latencies = [float(row[0]) for row in conn.execute(
             "SELECT extract(epoch FROM completed_at - created_at) * 1000 FROM courier.archive "
             "WHERE status = 'completed'")]
     quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
-    achieved = (sent[0] if sent else 0) / seconds
+    achieved = sent / seconds
     return ScenarioResult(
         scenario="latency", variant=f"{rate:,.0f}/s offered ({achieved:,.0f}/s sent)", unit="ms",
         courier=Measurement(quantiles[49], quantiles[98]), ceiling=None,
         notes=f"p50 {quantiles[49]:.1f} ms, p99 {quantiles[98]:.1f} ms from the send's transaction start to "
-              f"the recorded completion, `courier worker` defaults, sent from "
-              f"{max(1, math.ceil(rate / SENDS_PER_CONNECTION))} connection(s); targets: p50 <= 5 ms at 500/s, "
-              "p99 <= 10 ms at 2,000/s",
+              f"the recorded completion of {len(latencies):,} of {sent:,} sent, `courier worker` with no flags "
+              f"({pools} pools), sent from {max(1, math.ceil(rate / SENDS_PER_CONNECTION))} connection(s); "
+              "targets: p50 <= 5 ms at 500/s, p99 <= 10 ms at 2,000/s",
     )
+
+
+def _running_pools(conn) -> int:
+    return conn.execute("SELECT count(*) FROM courier.workers WHERE state = 'running' "
+                        "AND last_heartbeat > now() - interval '10 seconds'").fetchone()[0]
+
+
+def _completed(conn) -> int:
+    return conn.execute("SELECT count(*) FROM courier.archive WHERE status = 'completed'").fetchone()[0]
 
 
 def latency(dsn: str, *, clients: int, seconds: float, rounds: int) -> list[ScenarioResult]:

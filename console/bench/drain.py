@@ -16,11 +16,13 @@ the benchmark's own).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from console.workers.pool import PoolSettings
@@ -110,16 +112,36 @@ def _transactions(conn) -> int:
 
 
 def _drain_with_worker(dsn: str, messages: int, names: list[str]) -> WorkerDrain:
-    """Run `courier worker` with no flags until the preloaded messages are gone."""
     _preload_queue(dsn, messages, names)
+    return drain_with_worker_process(dsn, messages)
+
+
+@contextlib.contextmanager
+def worker_process(dsn: str, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`courier worker` as a user starts it (with no flags, unless given), stopped with SIGTERM
+    (its drain) on the way out."""
+    process = subprocess.Popen([sys.executable, "-c", "from console.cli import main; main()", "worker", *flags],
+                               env={**os.environ, "COURIER_DSN": dsn}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def drain_with_worker_process(dsn: str, messages: int) -> WorkerDrain:
+    """Run `courier worker` with no flags until the `messages` preloaded messages are gone;
+    the rate counts from the first delivery to the last."""
     with connect(dsn) as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
         before = _transactions(conn)
         own = 1  # this connection's transactions, read back out of the count below
-        process = subprocess.Popen([sys.executable, "-c", "from console.cli import main; main()", "worker"],
-                                   env={**os.environ, "COURIER_DSN": dsn}, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
-        try:
+        with worker_process(dsn) as process:
             started = finished = None
             deadline = time.monotonic() + 900
             while time.monotonic() < deadline and process.poll() is None:
@@ -133,13 +155,6 @@ def _drain_with_worker(dsn: str, messages: int, names: list[str]) -> WorkerDrain
                     finished = now
                     break
                 time.sleep(POLL)
-        finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
         if started is None or finished is None:
             raise RuntimeError("the worker did not drain the queue")
         time.sleep(0.7)  # backends report their statistics as they exit

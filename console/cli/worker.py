@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 
 import click
 
 from console.logs import log_json_lines
 from console.workers.pool import PoolSettings, WorkerPool, default_concurrency
+from console.workers.processes import Supervisor, default_processes
 
 from .context import FiniteFloatRange, database_url, dsn_option, require_current_schema
 
@@ -23,16 +25,25 @@ from .context import FiniteFloatRange, database_url, dsn_option, require_current
               help="Seconds between claims of an idle endpoint when no NOTIFY arrives.")
 @click.option("--drain-timeout", type=FiniteFloatRange(0, 3600), default=30.0, show_default=True,
               help="On SIGTERM, seconds to let in-flight deliveries finish before releasing them.")
-@click.option("--worker-id", help="Name in heartbeats (default: host:pid:random).")
+@click.option("--processes", type=click.IntRange(1, 64), default=default_processes(), show_default=True,
+              help="Worker pools, each in a process of its own (default: one per core, up to 4); they "
+                   "split --concurrency and every endpoint's in-flight limit between them.")
+@click.option("--worker-id", help="Name in heartbeats (default: host:pid:random; with several "
+                                  "processes, NAME/1, NAME/2, ...).")
 @dsn_option
-def worker(concurrency: int, batch_size: int, poll_interval: float, drain_timeout: float,
+def worker(concurrency: int, batch_size: int, poll_interval: float, drain_timeout: float, processes: int,
            worker_id: str | None) -> None:
     """Run the worker pool until SIGTERM or SIGINT, then drain and exit."""
+    if processes > concurrency:
+        raise click.BadParameter(f"{processes} processes cannot share {concurrency} messages in flight; "
+                                 "give at least one each", param_hint="'--processes'")
     url = database_url()
     require_current_schema(url, "this worker")  # fail fast, in one line, on a bad DSN or schema
     log_json_lines()
     settings = PoolSettings(concurrency=concurrency, batch_size=batch_size, poll_interval=poll_interval,
                             drain_timeout=drain_timeout)
+    if processes > 1:
+        sys.exit(Supervisor(url, settings, processes, worker_id=worker_id).run())
     if worker_id:
         settings.worker_id = worker_id
     pool = WorkerPool(url, settings)

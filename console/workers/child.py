@@ -1,6 +1,7 @@
 """The embedded worker pool's process: a WorkerPool steered by JSON lines on stdin.
 
     python -m console.workers.child --dsn DSN --concurrency N --worker-id ID [--drain-timeout S]
+        [--batch-size N] [--poll-interval S] [--share I/N] [--niceness N]
 
 Control lines: {"concurrency": N} resizes the pool live, {"stop": true} drains and exits.
 End of stdin means the parent is gone (even by kill -9), so the pool drains and exits too;
@@ -24,7 +25,7 @@ from console.logs import log_json_lines
 from sqlkit import embedded
 from sqlkit.dsn import resolve_dsn
 
-from .pool import MAX_CONCURRENCY, PoolSettings, WorkerPool
+from .pool import MAX_CONCURRENCY, PoolSettings, Share, WorkerPool
 
 log = logging.getLogger("courier.worker.child")
 
@@ -36,14 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     log_json_lines()
     # The console's pool runs beside an operator's UI: when both want the CPU, the UI wins.
-    with contextlib.suppress(OSError):
-        os.nice(EMBEDDED_NICENESS)
+    # `courier worker --processes` runs its pools at the worker's own priority (--niceness 0).
+    if args.niceness:
+        with contextlib.suppress(OSError):
+            os.nice(args.niceness)
     choice = resolve_dsn(args.dsn)
     dsn = embedded.url() if choice.is_embedded else choice.dsn
     if dsn is None:
         log.error("no database: pass --dsn or set COURIER_DSN (the embedded PostgreSQL is not running)")
         return 2
-    settings = PoolSettings(concurrency=args.concurrency, drain_timeout=args.drain_timeout)
+    settings = PoolSettings(concurrency=args.concurrency, drain_timeout=args.drain_timeout, share=args.share)
+    if args.batch_size is not None:
+        settings.batch_size = args.batch_size
+    if args.poll_interval is not None:
+        settings.poll_interval = args.poll_interval
     if args.worker_id:
         settings.worker_id = args.worker_id
     pool = WorkerPool(dsn, settings)
@@ -63,7 +70,31 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker-id", help="name in heartbeats (default: host:pid:random)")
     parser.add_argument("--drain-timeout", type=float, default=10.0,
                         help="seconds in-flight deliveries may take to finish when stopping")
+    parser.add_argument("--batch-size", type=_ranged(1, 10_000), help="most messages one claim takes")
+    parser.add_argument("--poll-interval", type=_ranged(0.01, 60, float),
+                        help="seconds between claims of an idle endpoint when no NOTIFY arrives")
+    parser.add_argument("--share", type=_share, default=Share(),
+                        help="I/N: this is pool I (from 0) of the worker's N, which split its per-endpoint limits")
+    parser.add_argument("--niceness", type=_ranged(0, 19), default=EMBEDDED_NICENESS,
+                        help="how much lower than its parent's this process's CPU priority is")
     return parser
+
+
+def _ranged(low: float, high: float, kind: type = int):
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}")
+        return value
+    return parse
+
+
+def _share(text: str) -> Share:
+    try:
+        index, count = (int(part) for part in text.split("/"))
+        return Share(index, count)
+    except ValueError as error:  # also a malformed I/N
+        raise argparse.ArgumentTypeError(f"expected I/N with 0 <= I < N, got {text!r}") from error
 
 
 def _concurrency(text: str) -> int:

@@ -135,7 +135,12 @@ AS $$
     VALUES (p_worker_id, p_hostname, p_pid, p_concurrency, p_in_flight, p_delivered, p_failed, p_state)
     ON CONFLICT (worker_id) DO UPDATE
     SET concurrency = excluded.concurrency, in_flight = excluded.in_flight, delivered = excluded.delivered,
-        failed = excluded.failed, state = excluded.state, last_heartbeat = now()
+        failed = excluded.failed, state = excluded.state, last_heartbeat = now(),
+        -- A worker started again under the same name (a supervisor's restart, a fixed
+        -- --worker-id) is a new process: its row says so.
+        hostname = excluded.hostname, pid = excluded.pid,
+        started_at = CASE WHEN (w.hostname, w.pid) = (excluded.hostname, excluded.pid) THEN w.started_at
+                          ELSE now() END
 $$;
 
 -- The maintenance leader --------------------------------------------------------------------

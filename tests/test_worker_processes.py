@@ -1,0 +1,137 @@
+"""`courier worker --processes N`: N pools in processes of their own under one supervisor, as a
+user runs it; and how the pools split the worker's limits between them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from console.sink import WebhookSink
+from console.workers.pool import Share
+from tests.helpers import scalar
+from tests.workers import start_worker_process, wait_for
+
+
+@pytest.mark.parametrize("total", [0, 1, 2, 3, 7, 64, 1024])
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+def test_shares_add_up_and_differ_by_at_most_one(total, count):
+    parts = [Share(index, count).of(total) for index in range(count)]
+    assert sum(parts) == total
+    assert max(parts) - min(parts) <= 1
+    assert parts == sorted(parts, reverse=True)  # the remainder goes to the first pools
+
+
+@pytest.mark.parametrize("index, count", [(-1, 2), (2, 2), (0, 0)])
+def test_a_share_outside_its_worker_is_refused(index, count):
+    with pytest.raises(ValueError, match="share index"):
+        Share(index, count)
+
+
+def _pools(conn) -> list[tuple[str, int, str]]:
+    return conn.execute("SELECT worker_id, pid, state FROM courier.workers ORDER BY worker_id").fetchall()
+
+
+def _delivered(conn) -> int:
+    return scalar(conn, "SELECT count(*) FROM courier.archive WHERE status = 'completed'")
+
+
+def test_two_pools_share_the_work_and_drain_on_sigterm(dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('noop', 'noop', '{}')")
+    conn.execute("SELECT courier.send_batch('noop', ARRAY(SELECT jsonb_build_object('n', g) "
+                 "FROM generate_series(1, 2000) g))")
+    worker = start_worker_process(dsn, "--processes", "2", "--concurrency", "64", "--batch-size", "50",
+                                  "--worker-id", "w")
+    try:
+        wait_for(lambda: _delivered(conn) == 2000, timeout=60)
+        pools = _pools(conn)
+        assert [name for name, _, _ in pools] == ["w/1", "w/2"]
+        assert len({pid for _, pid, _ in pools}) == 2 and worker.pid not in {pid for _, pid, _ in pools}
+        # Both pools took part: each records what it delivered in its heartbeat row.
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM courier.workers WHERE delivered > 0") == 2)
+        assert scalar(conn, "SELECT sum(concurrency) FROM courier.workers") == 64
+        # Each message delivered once.
+        assert scalar(conn, "SELECT count(DISTINCT id) FROM courier.archive") == 2000
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.stderr.read()
+    assert {state for _, _, state in _pools(conn)} == {"stopped"}
+    log = [json.loads(line) for line in worker.stderr.read().splitlines() if line.startswith("{")]
+    assert sum(1 for line in log if line["msg"] == "worker stopped" and "delivered" in line) == 2
+
+
+def test_a_killed_pool_is_restarted_and_delivery_goes_on(dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('noop', 'noop', '{}')")
+    worker = start_worker_process(dsn, "--processes", "2", "--worker-id", "w")
+    try:
+        wait_for(lambda: len(_pools(conn)) == 2)
+        victim = dict((name, pid) for name, pid, _ in _pools(conn))["w/2"]
+        os.kill(victim, signal.SIGKILL)
+        # The supervisor starts a new pool 2 (after its first pause, 1 s), which heartbeats
+        # under the same name with its own pid.
+        wait_for(lambda: dict((n, p) for n, p, _ in _pools(conn))["w/2"] != victim, timeout=30)
+        conn.execute("SELECT courier.send_batch('noop', ARRAY(SELECT jsonb_build_object('n', g) "
+                     "FROM generate_series(1, 500) g))")
+        wait_for(lambda: _delivered(conn) == 500, timeout=30)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    log = [json.loads(line) for line in worker.stderr.read().splitlines() if line.startswith("{")]
+    [restart] = [line for line in log if line["msg"] == "pool exited; restarting it"]
+    assert restart["pool"] == 2 and restart["exit_code"] == -signal.SIGKILL
+
+
+def test_an_endpoint_allowed_one_request_at_a_time_gets_one_across_pools(dsn, conn):
+    with WebhookSink() as sink:
+        conn.execute("SELECT courier.create_endpoint('one-at-a-time', 'http', %s::jsonb)",
+                     (json.dumps({"url": f"{sink.url}/sleep/20", "allow_internal": True, "concurrency": 1}),))
+        conn.execute("SELECT courier.send_batch('one-at-a-time', ARRAY(SELECT jsonb_build_object('n', g) "
+                     "FROM generate_series(1, 40) g))")
+        worker = start_worker_process(dsn, "--processes", "3")
+        try:
+            wait_for(lambda: sink.count() == 40, timeout=60)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(30) == 0
+        assert sink.most_at_once == 1
+
+
+def test_a_webhook_gets_its_default_limit_across_pools_not_per_pool(dsn, conn):
+    with WebhookSink() as sink:
+        conn.execute("SELECT courier.create_endpoint('busy', 'http', %s::jsonb)",
+                     (json.dumps({"url": f"{sink.url}/sleep/200", "allow_internal": True, "concurrency": 6}),))
+        conn.execute("SELECT courier.send_batch('busy', ARRAY(SELECT jsonb_build_object('n', g) "
+                     "FROM generate_series(1, 60) g))")
+        worker = start_worker_process(dsn, "--processes", "2")
+        try:
+            wait_for(lambda: sink.count() == 60, timeout=60)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(30) == 0
+        assert 3 < sink.most_at_once <= 6  # both pools sent (3 each), never more than the endpoint's 6
+
+
+def test_sigterm_while_pools_are_busy_ends_within_the_drain_timeout(dsn, conn):
+    with WebhookSink() as sink:
+        conn.execute("SELECT courier.create_endpoint('slow', 'http', %s::jsonb)",
+                     (json.dumps({"url": f"{sink.url}/sleep/5000", "allow_internal": True}),))
+        conn.execute("SELECT courier.send_batch('slow', ARRAY(SELECT jsonb_build_object('n', g) "
+                     "FROM generate_series(1, 20) g))")
+        worker = start_worker_process(dsn, "--processes", "2", "--drain-timeout", "1")
+        wait_for(lambda: sink.count() >= 2, timeout=30)
+        started = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+        # The drain timeout, the pools' grace for releasing their claims, and start-up noise.
+        assert time.monotonic() - started < 1 + 5 + 3
+    # Nothing was lost: what was not delivered is back in the queue or will be redelivered.
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") + _delivered(conn) == 20
+
+
+def test_more_processes_than_messages_in_flight_is_refused(dsn):
+    worker = start_worker_process(dsn, "--processes", "4", "--concurrency", "2")
+    assert worker.wait(30) == 2
+    assert "4 processes cannot share 2 messages in flight" in worker.stderr.read()
