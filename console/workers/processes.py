@@ -72,13 +72,12 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         log.info("worker started", extra={"processes": len(self._pools),
                                           "concurrency": self._settings.concurrency})
-        for pool in self._pools:
-            self._start(pool)
-        while not self._stop.wait(0.2):
+        while True:
             now = time.monotonic()
             for pool in self._pools:
-                self._watch(pool, now)
-        return self._drain()
+                self._watch(pool, now)  # the first pass starts them all
+            if self._stop.wait(0.2):
+                return self._drain()
 
     def stop(self) -> None:
         self._stop.set()
@@ -113,8 +112,9 @@ class Supervisor:
         log.info("pool started", extra={"pool": pool.share.index + 1, "pid": pool.process.pid})
 
     def _watch(self, pool: _Pool, now: float) -> None:
-        """Restart a pool that exited while the worker runs, after a pause that grows while it
-        keeps dying soon after starting (a database refusing connections, say)."""
+        """Start a pool that is not running: at once the first time, and after one exited
+        while the worker runs, after a pause that grows while it keeps dying soon after
+        starting (a database refusing connections, say)."""
         if pool.process is not None:
             code = pool.process.poll()
             if code is None:
@@ -127,7 +127,12 @@ class Supervisor:
             pool.process = None
             pool.restart_at = now + pause
         if now >= pool.restart_at:
-            self._start(pool)
+            try:
+                self._start(pool)
+            except OSError as error:  # out of processes or file descriptors: try again later
+                pool.failures += 1
+                pool.restart_at = now + RESTART_PAUSES[min(pool.failures, len(RESTART_PAUSES)) - 1]
+                log.error("pool could not be started", extra={"pool": pool.share.index + 1, "error": str(error)})
 
     def _drain(self) -> int:
         """Ask every pool to drain, wait for them within the drain timeout (and a grace for the
