@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from console.sink import WebhookSink
 from console.workers.pool import Share
 from tests.helpers import scalar
-from tests.workers import start_worker_process, wait_for
+from tests.workers import COURIER, start_worker_process, wait_for
 
 
 @pytest.mark.parametrize("total", [0, 1, 2, 3, 7, 64, 1024])
@@ -135,3 +136,22 @@ def test_more_processes_than_messages_in_flight_is_refused(dsn):
     worker = start_worker_process(dsn, "--processes", "4", "--concurrency", "2")
     assert worker.wait(30) == 2
     assert "4 processes cannot share 2 messages in flight" in worker.stderr.read()
+
+
+def test_concurrency_alone_below_the_default_processes_runs_fewer_pools(dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('noop', 'noop', '{}')")
+    worker = start_worker_process(dsn, "--processes", "3", "--concurrency", "3", "--worker-id", "w")
+    try:
+        wait_for(lambda: len(_pools(conn)) == 3)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    env = {k: v for k, v in os.environ.items() if k not in ("COURIER_DSN", "DATABASE_URL")}
+    # No --processes: the default (a pool per core) gives way to --concurrency 1.
+    single = subprocess.Popen([COURIER, "worker", "--dsn", dsn, "--concurrency", "1", "--worker-id", "one"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: "one" in {name for name, _, _ in _pools(conn)})
+    finally:
+        single.send_signal(signal.SIGTERM)
+        assert single.wait(30) == 0, single.stderr.read()

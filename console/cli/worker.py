@@ -7,6 +7,7 @@ import signal
 import sys
 
 import click
+from click.core import ParameterSource
 
 from console.logs import log_json_lines
 from console.workers.pool import PoolSettings, WorkerPool, default_concurrency
@@ -34,6 +35,8 @@ from .context import FiniteFloatRange, database_url, dsn_option, require_current
 def worker(concurrency: int, batch_size: int, poll_interval: float, drain_timeout: float, processes: int,
            worker_id: str | None) -> None:
     """Run the worker pool until SIGTERM or SIGINT, then drain and exit."""
+    if click.get_current_context().get_parameter_source("processes") is ParameterSource.DEFAULT:
+        processes = min(processes, concurrency)  # --concurrency 1 alone means one pool, not an error
     if processes > concurrency:
         raise click.BadParameter(f"{processes} processes cannot share {concurrency} messages in flight; "
                                  "give at least one each", param_hint="'--processes'")
