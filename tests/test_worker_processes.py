@@ -85,34 +85,24 @@ def test_a_killed_pool_is_restarted_and_delivery_goes_on(dsn, conn):
     assert restart["pool"] == 2 and restart["exit_code"] == -signal.SIGKILL
 
 
-def test_an_endpoint_allowed_one_request_at_a_time_gets_one_across_pools(dsn, conn):
+@pytest.mark.parametrize("concurrency, processes, sleep_ms, messages, fewest, most", [
+    (1, 3, 20, 40, 1, 1),  # allowed one request at a time: one across all pools
+    (6, 2, 200, 60, 4, 6),  # both pools send (3 each), never more than the endpoint's 6 together
+])
+def test_an_endpoints_in_flight_limit_holds_across_pools(dsn, conn, concurrency, processes, sleep_ms, messages,
+                                                         fewest, most):
     with WebhookSink() as sink:
-        conn.execute("SELECT courier.create_endpoint('one-at-a-time', 'http', %s::jsonb)",
-                     (json.dumps({"url": f"{sink.url}/sleep/20", "allow_internal": True, "concurrency": 1}),))
-        conn.execute("SELECT courier.send_batch('one-at-a-time', ARRAY(SELECT jsonb_build_object('n', g) "
-                     "FROM generate_series(1, 40) g))")
-        worker = start_worker_process(dsn, "--processes", "3")
+        config = {"url": f"{sink.url}/sleep/{sleep_ms}", "allow_internal": True, "concurrency": concurrency}
+        conn.execute("SELECT courier.create_endpoint('limited', 'http', %s::jsonb)", (json.dumps(config),))
+        conn.execute("SELECT courier.send_batch('limited', ARRAY(SELECT jsonb_build_object('n', g) "
+                     "FROM generate_series(1, %s) g))", (messages,))
+        worker = start_worker_process(dsn, "--processes", str(processes))
         try:
-            wait_for(lambda: sink.count() == 40, timeout=60)
+            wait_for(lambda: sink.count() == messages, timeout=60)
         finally:
             worker.send_signal(signal.SIGTERM)
             assert worker.wait(30) == 0
-        assert sink.most_at_once == 1
-
-
-def test_a_webhook_gets_its_default_limit_across_pools_not_per_pool(dsn, conn):
-    with WebhookSink() as sink:
-        conn.execute("SELECT courier.create_endpoint('busy', 'http', %s::jsonb)",
-                     (json.dumps({"url": f"{sink.url}/sleep/200", "allow_internal": True, "concurrency": 6}),))
-        conn.execute("SELECT courier.send_batch('busy', ARRAY(SELECT jsonb_build_object('n', g) "
-                     "FROM generate_series(1, 60) g))")
-        worker = start_worker_process(dsn, "--processes", "2")
-        try:
-            wait_for(lambda: sink.count() == 60, timeout=60)
-        finally:
-            worker.send_signal(signal.SIGTERM)
-            assert worker.wait(30) == 0
-        assert 3 < sink.most_at_once <= 6  # both pools sent (3 each), never more than the endpoint's 6
+        assert fewest <= sink.most_at_once <= most
 
 
 def test_sigterm_while_pools_are_busy_ends_within_the_drain_timeout(dsn, conn):
