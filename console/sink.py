@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -30,6 +31,13 @@ class ReceivedRequest:
 class _Server(ThreadingHTTPServer):
     request_queue_size = 1024  # the default listen backlog of 5 resets bursts of new connections
     daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # A client that hung up before its answer (a worker's timeout or drain) is routine
+        # for a webhook, not a traceback on stderr.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class WebhookSink:
