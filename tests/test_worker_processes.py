@@ -145,3 +145,26 @@ def test_concurrency_alone_below_the_default_processes_runs_fewer_pools(dsn, con
     finally:
         single.send_signal(signal.SIGTERM)
         assert single.wait(30) == 0, single.stderr.read()
+
+
+def test_sigterm_to_every_process_at_once_drains_rather_than_abandons(dsn, conn):
+    """A service manager that signals the whole worker (systemd's default KillMode) reaches
+    each pool twice, by signal and by the supervisor's stop line, in either order: that is one
+    stop, so the pools finish what they are sending."""
+    with WebhookSink() as sink:
+        conn.execute("SELECT courier.create_endpoint('slowish', 'http', %s::jsonb)",
+                     (json.dumps({"url": f"{sink.url}/sleep/1500", "allow_internal": True}),))
+        conn.execute("SELECT courier.send_batch('slowish', ARRAY(SELECT jsonb_build_object('n', g) "
+                     "FROM generate_series(1, 40) g))")
+        worker = start_worker_process(dsn, "--processes", "2", "--drain-timeout", "20")
+        wait_for(lambda: sink.count() >= 4, timeout=30)
+        pools = [pid for _, pid, _ in _pools(conn)]
+        for pid in [worker.pid, *pools]:
+            os.kill(pid, signal.SIGTERM)
+        assert worker.wait(40) == 0
+        started = sink.count()
+    log = [json.loads(line) for line in worker.stderr.read().splitlines() if line.startswith("{")]
+    assert not [line for line in log if "abandoning" in line["msg"]]
+    # Every request that went out was answered and recorded; nothing waits for stale recovery.
+    assert _delivered(conn) == started
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'") == 0

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from console.logs import log_json_lines
 from sqlkit import embedded
@@ -104,29 +105,55 @@ def _concurrency(text: str) -> int:
     return value
 
 
+SAME_STOP_WINDOW = 1.0
+"""Seconds after a stop line within which a signal is taken as the same stop, not an
+escalation: a service manager that signals every process of the worker at once (systemd's
+default KillMode) delivers both, in either order. Supervisors escalate only after a drain's
+timeout and grace, seconds later."""
+
+
+class _Stop:
+    """How a stop was first asked for (a signal or the control channel), and when."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.by: str | None = None
+        self.at = 0.0
+
+    def ask(self, by: str) -> tuple[str | None, float]:
+        """Record a stop asked for `by`; return how the first one came and how long ago."""
+        with self._lock:
+            first, since = self.by, time.monotonic() - self.at
+            if first is None:
+                self.by, self.at = by, time.monotonic()
+            return first, since
+
+
 async def _run(pool: WorkerPool) -> None:
     loop = asyncio.get_running_loop()
     task = asyncio.create_task(pool.run())
-    stopping = threading.Event()  # a stop was asked for, by a signal or on stdin
+    stop = _Stop()
 
     def on_signal(signum: int) -> None:
         name = signal.Signals(signum).name
-        if not stopping.is_set():
-            stopping.set()
+        first, since = stop.ask("signal")
+        if first is None:
             log.info("signal received: draining", extra={"signal": name})
             pool.stop()
+        elif first == "control" and since < SAME_STOP_WINDOW:
+            log.info("signal received: already draining", extra={"signal": name})
         else:  # an impatient supervisor or operator: claims left behind go to stale recovery
             log.warning("signal received while stopping: abandoning the drain", extra={"signal": name})
             task.cancel()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    threading.Thread(target=_read_control, args=(pool, stopping), name="control", daemon=True).start()
+    threading.Thread(target=_read_control, args=(pool, stop), name="control", daemon=True).start()
     with contextlib.suppress(asyncio.CancelledError):
         await task
 
 
-def _read_control(pool: WorkerPool, stopping: threading.Event) -> None:
+def _read_control(pool: WorkerPool, stop: _Stop) -> None:
     """Apply control lines from stdin until it ends. Raw os.read, not sys.stdin: a daemon
     thread blocked inside a buffered reader can abort the interpreter's shutdown."""
     pending = b""
@@ -140,14 +167,14 @@ def _read_control(pool: WorkerPool, stopping: threading.Event) -> None:
         *lines, pending = (pending + chunk).split(b"\n")
         for line in lines:
             if line.strip():
-                _apply(pool, line, stopping)
+                _apply(pool, line, stop)
     log.info("control channel closed: draining", extra={"worker_id": pool.worker_id})
-    stopping.set()
+    stop.ask("control")
     with contextlib.suppress(RuntimeError):  # the loop may be gone already
         pool.stop_threadsafe()
 
 
-def _apply(pool: WorkerPool, line: bytes, stopping: threading.Event) -> None:
+def _apply(pool: WorkerPool, line: bytes, stop: _Stop) -> None:
     try:
         command = json.loads(line)
         if not isinstance(command, dict):
@@ -159,7 +186,7 @@ def _apply(pool: WorkerPool, line: bytes, stopping: threading.Event) -> None:
             pool.resize_threadsafe(value)
         if command.get("stop"):
             log.info("stop requested: draining", extra={"worker_id": pool.worker_id})
-            stopping.set()
+            stop.ask("control")
             pool.stop_threadsafe()
     except (ValueError, RuntimeError) as error:  # json.JSONDecodeError is a ValueError
         log.warning("control line ignored", extra={"line": line.decode(errors="replace")[:200], "error": str(error)})

@@ -106,7 +106,9 @@ class Supervisor:
     def _start(self, pool: _Pool) -> None:
         # The DSN goes in the environment, which keeps a password out of `ps`. Logs go
         # straight to this process's stderr, one JSON line each, like its own.
-        pool.process = subprocess.Popen(self._command(pool), stdin=subprocess.PIPE,
+        # A session of its own: Ctrl-C at a terminal (or `timeout`) signals the supervisor alone,
+        # which asks each pool to drain and escalates only past the drain timeout.
+        pool.process = subprocess.Popen(self._command(pool), stdin=subprocess.PIPE, start_new_session=True,
                                         env={**os.environ, "COURIER_DSN": self._dsn})
         pool.started_at = time.monotonic()
         log.info("pool started", extra={"pool": pool.share.index + 1, "pid": pool.process.pid})
