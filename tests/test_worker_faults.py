@@ -108,6 +108,9 @@ def test_ordering_keys_hold_across_two_worker_processes(dsn, conn, sink):
                              "p_priority := %s)", (json.dumps({"key": key, "step": step}), f"k{key}", (step * 7) % 11))
     workers = [start_worker_process(dsn, "--concurrency", "4", "--batch-size", "4") for _ in range(2)]
     try:
+        # Both running before either is stopped: on a loaded machine one could still be
+        # starting when the other had delivered everything, and die of the SIGTERM.
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM courier.workers") == 2, timeout=60)
         wait_for(lambda: archived(conn) == keys * steps, timeout=60)
     finally:
         codes = [stop(w) for w in workers]

@@ -267,10 +267,9 @@ class WorkerPool:
             await asyncio.gather(*background, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._heartbeat("stopped"), 1.0)
-            for dispatcher in self._dispatchers.values():
-                if dispatcher is not None:
-                    with contextlib.suppress(Exception):
-                        await dispatcher.close()
+            closing = [dispatcher.close() for dispatcher in self._dispatchers.values() if dispatcher is not None]
+            with contextlib.suppress(Exception):  # a broker or a session that hangs cannot hold the stop
+                await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), 1.0)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._db.close(), 2.0)
             log.info("worker stopped", extra={"worker_id": self.worker_id, "delivered": self.stats.delivered,
