@@ -21,14 +21,16 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .pool import PoolSettings, Share
 
 log = logging.getLogger("courier.worker.supervisor")
 
-STOP_GRACE = 5.0
-"""Seconds a pool gets beyond the drain timeout to release its claims and exit."""
+STOP_GRACE = 10.0
+"""Seconds a pool gets beyond the drain timeout to release its claims and exit: its own bound
+after the drain (pool.DRAIN_GRACE, then at most 4 s for its last heartbeat, dispatchers and
+database connections) and a second to spare."""
 TERM_GRACE = 3.0
 """Seconds between SIGTERM (which abandons a drain) and SIGKILL."""
 RESTART_PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -52,7 +54,6 @@ class _Pool:
     started_at: float = 0.0
     failures: int = 0
     restart_at: float = 0.0
-    exit_codes: list[int] = field(default_factory=list)
 
 
 class Supervisor:
@@ -121,7 +122,6 @@ class Supervisor:
             code = pool.process.poll()
             if code is None:
                 return
-            pool.exit_codes.append(code)
             pool.failures = 1 if now - pool.started_at >= HEALTHY_AFTER else pool.failures + 1
             pause = RESTART_PAUSES[min(pool.failures, len(RESTART_PAUSES)) - 1]
             log.warning("pool exited; restarting it", extra={"pool": pool.share.index + 1, "pid": pool.process.pid,
