@@ -36,6 +36,13 @@ def _pools(conn) -> list[tuple[str, int, str]]:
     return conn.execute("SELECT worker_id, pid, state FROM courier.workers ORDER BY worker_id").fetchall()
 
 
+def _webhook_with_messages(conn, name: str, config: dict, messages: int) -> None:
+    conn.execute("SELECT courier.create_endpoint(%s, 'http', %s::jsonb)",
+                 (name, json.dumps({"allow_internal": True, **config})))
+    conn.execute("SELECT courier.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', g) "
+                 "FROM generate_series(1, %s) g))", (name, messages))
+
+
 def _delivered(conn) -> int:
     return scalar(conn, "SELECT count(*) FROM courier.archive WHERE status = 'completed'")
 
@@ -92,10 +99,8 @@ def test_a_killed_pool_is_restarted_and_delivery_goes_on(dsn, conn):
 def test_an_endpoints_in_flight_limit_holds_across_pools(dsn, conn, concurrency, processes, sleep_ms, messages,
                                                          fewest, most):
     with WebhookSink() as sink:
-        config = {"url": f"{sink.url}/sleep/{sleep_ms}", "allow_internal": True, "concurrency": concurrency}
-        conn.execute("SELECT courier.create_endpoint('limited', 'http', %s::jsonb)", (json.dumps(config),))
-        conn.execute("SELECT courier.send_batch('limited', ARRAY(SELECT jsonb_build_object('n', g) "
-                     "FROM generate_series(1, %s) g))", (messages,))
+        _webhook_with_messages(conn, "limited", {"url": f"{sink.url}/sleep/{sleep_ms}", "concurrency": concurrency},
+                               messages)
         worker = start_worker_process(dsn, "--processes", str(processes))
         try:
             wait_for(lambda: sink.count() == messages, timeout=60)
@@ -107,10 +112,7 @@ def test_an_endpoints_in_flight_limit_holds_across_pools(dsn, conn, concurrency,
 
 def test_sigterm_while_pools_are_busy_ends_within_the_drain_timeout(dsn, conn):
     with WebhookSink() as sink:
-        conn.execute("SELECT courier.create_endpoint('slow', 'http', %s::jsonb)",
-                     (json.dumps({"url": f"{sink.url}/sleep/5000", "allow_internal": True}),))
-        conn.execute("SELECT courier.send_batch('slow', ARRAY(SELECT jsonb_build_object('n', g) "
-                     "FROM generate_series(1, 20) g))")
+        _webhook_with_messages(conn, "slow", {"url": f"{sink.url}/sleep/5000"}, 20)
         worker = start_worker_process(dsn, "--processes", "2", "--drain-timeout", "1")
         wait_for(lambda: sink.count() >= 2, timeout=30)
         started = time.monotonic()
@@ -152,10 +154,7 @@ def test_sigterm_to_every_process_at_once_drains_rather_than_abandons(dsn, conn)
     each pool twice, by signal and by the supervisor's stop line, in either order: that is one
     stop, so the pools finish what they are sending."""
     with WebhookSink() as sink:
-        conn.execute("SELECT courier.create_endpoint('slowish', 'http', %s::jsonb)",
-                     (json.dumps({"url": f"{sink.url}/sleep/1500", "allow_internal": True}),))
-        conn.execute("SELECT courier.send_batch('slowish', ARRAY(SELECT jsonb_build_object('n', g) "
-                     "FROM generate_series(1, 40) g))")
+        _webhook_with_messages(conn, "slowish", {"url": f"{sink.url}/sleep/1500"}, 40)
         worker = start_worker_process(dsn, "--processes", "2", "--drain-timeout", "20")
         wait_for(lambda: sink.count() >= 4, timeout=30)
         pools = [pid for _, pid, _ in _pools(conn)]
