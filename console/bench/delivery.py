@@ -150,10 +150,10 @@ def _offer_load(dsn: str, rate: float, seconds: float, stop: threading.Event) ->
     return sum(counts)
 
 
-def _latency_at(dsn: str, rate: float, seconds: float, *flags: str) -> ScenarioResult:
+def _latency_at(dsn: str, rate: float, seconds: float) -> ScenarioResult:
     _endpoint(dsn, "latency", "noop", {})
-    pools = default_processes() if "--processes" not in flags else int(flags[flags.index("--processes") + 1])
-    with connect(dsn) as conn, worker_process(dsn, *flags) as worker:
+    pools = default_processes()
+    with connect(dsn) as conn, worker_process(dsn) as worker:
         deadline = time.monotonic() + 30
         while _running_pools(conn) < pools:  # every pool listening before the first send
             if worker.poll() is not None or time.monotonic() > deadline:

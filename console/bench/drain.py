@@ -117,10 +117,10 @@ def _drain_with_worker(dsn: str, messages: int, names: list[str]) -> WorkerDrain
 
 
 @contextlib.contextmanager
-def worker_process(dsn: str, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
-    """`courier worker` as a user starts it (with no flags, unless given), stopped with SIGTERM
-    (its drain) on the way out."""
-    process = subprocess.Popen([sys.executable, "-c", "from console.cli import main; main()", "worker", *flags],
+def worker_process(dsn: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`courier worker` as a user starts it, with no flags, stopped with SIGTERM (its drain) on
+    the way out."""
+    process = subprocess.Popen([sys.executable, "-c", "from console.cli import main; main()", "worker"],
                                env={**os.environ, "COURIER_DSN": dsn}, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     try:

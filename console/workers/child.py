@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m console.workers.child",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dsn", help="PostgreSQL connection string (default: COURIER_DSN, DATABASE_URL, PG*)")
-    parser.add_argument("--concurrency", type=_concurrency, default=16)
+    parser.add_argument("--concurrency", type=_ranged(1, MAX_CONCURRENCY), default=16)
     parser.add_argument("--worker-id", help="name in heartbeats (default: host:pid:random)")
     parser.add_argument("--drain-timeout", type=float, default=10.0,
                         help="seconds in-flight deliveries may take to finish when stopping")
@@ -96,13 +96,6 @@ def _share(text: str) -> Share:
         return Share(index, count)
     except ValueError as error:  # also a malformed I/N
         raise argparse.ArgumentTypeError(f"expected I/N with 0 <= I < N, got {text!r}") from error
-
-
-def _concurrency(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= MAX_CONCURRENCY:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_CONCURRENCY}")
-    return value
 
 
 SAME_STOP_WINDOW = 1.0

@@ -80,9 +80,6 @@ class Supervisor:
             if self._stop.wait(0.2):
                 return self._drain()
 
-    def stop(self) -> None:
-        self._stop.set()
-
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals += 1
         if self._signals == 1:
