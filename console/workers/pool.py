@@ -135,6 +135,8 @@ class PoolStats:
     stale_reports: int = 0
     round_trips: int = 0
     """Database calls of the claim loops and the reporter (the hot path)."""
+    lone_reports: int = 0
+    """Of those, reports that went in a round trip of their own rather than with a claim."""
 
 
 class WorkerPool:
@@ -378,6 +380,10 @@ class WorkerPool:
                 continue
             if dispatcher.batched:
                 self._start_dispatch_batch(target, claimed)
+                # One turn of the event loop before the next claim: a dispatcher that is
+                # done at once (noop) records its outcomes in it, and that claim carries them,
+                # instead of the reporter sending them in a round trip of their own.
+                await asyncio.sleep(0)
             else:
                 self._buffered[target.id].extend(claimed)
                 self._pump(target)
@@ -739,6 +745,7 @@ class WorkerPool:
 
     async def _report(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
         self.stats.round_trips += 1
+        self.stats.lone_reports += 1
         async with self._db.connection() as conn:
             rows = await queries.fetch_all_async(conn, "report_outcomes", _report_params(batch))
         self._count_reported(rows[0])
