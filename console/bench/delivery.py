@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 import aiohttp
@@ -18,6 +16,7 @@ from console.workers.processes import default_processes
 from sqlkit.connection import connect
 
 from .drain import drain_with_worker_process, worker_process
+from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
 
 
@@ -121,33 +120,18 @@ def dispatch_http(dsn: str, *, clients: int, seconds: float, rounds: int, messag
 
 # latency ---------------------------------------------------------------------------
 
-SENDS_PER_CONNECTION = 400
-"""Sends one connection offers per second at most: each is a commit, about 1-2 ms here, so a
-single sender fell short of 2,000/s (it reached about 545/s)."""
+LOAD_CLIENTS = 8
+"""Connections pgbench offers the load from: enough that a send slowed by a busy moment does
+not hold back the schedule (Python sender threads reached only 830-1,390 of 2,000 sends/s)."""
 
 
-def _offer_load(dsn: str, rate: float, seconds: float, stop: threading.Event) -> int:
-    """Send at `rate` per second for `seconds`, one send per transaction, from as many
-    connections as that rate needs, each keeping its own schedule; returns how many were sent."""
-    senders = max(1, math.ceil(rate / SENDS_PER_CONNECTION))
-    counts = [0] * senders
-
-    def send(index: int) -> None:
-        with connect(dsn) as conn:
-            started = time.perf_counter()
-            while not stop.is_set() and time.perf_counter() - started < seconds:
-                conn.execute("SELECT courier.send('latency', '{\"n\": 1}')")
-                counts[index] += 1
-                lag = started + counts[index] * senders / rate - time.perf_counter()
-                if lag > 0:
-                    time.sleep(lag)
-
-    threads = [threading.Thread(target=send, args=(index,)) for index in range(senders)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return sum(counts)
+def _offer_load(dsn: str, rate: float, seconds: float) -> int:
+    """Send at `rate` per second for `seconds`, one send per transaction, on pgbench's schedule
+    (an open loop: sends start on time however long the earlier ones took); returns how many
+    were sent."""
+    run = run_script(dsn, "SELECT courier.send('latency', '{\"n\": 1}');\n",
+                     clients=LOAD_CLIENTS, seconds=seconds, rate=rate)
+    return run.transactions
 
 
 def _latency_at(dsn: str, rate: float, seconds: float) -> ScenarioResult:
@@ -159,7 +143,7 @@ def _latency_at(dsn: str, rate: float, seconds: float) -> ScenarioResult:
             if worker.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("`courier worker` did not start")
             time.sleep(0.05)
-        sent = _offer_load(dsn, rate, seconds, threading.Event())
+        sent = _offer_load(dsn, rate, seconds)
         deadline = time.monotonic() + 30
         while _completed(conn) < sent and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -173,7 +157,7 @@ def _latency_at(dsn: str, rate: float, seconds: float) -> ScenarioResult:
         courier=Measurement(quantiles[49], quantiles[98]), ceiling=None,
         notes=f"p50 {quantiles[49]:.1f} ms, p99 {quantiles[98]:.1f} ms from the send's transaction start to "
               f"the recorded completion of {len(latencies):,} of {sent:,} sent, `courier worker` with no flags "
-              f"({pools} pools), sent from {max(1, math.ceil(rate / SENDS_PER_CONNECTION))} connection(s); "
+              f"({pools} pools), sent by pgbench at a fixed rate from {LOAD_CLIENTS} connections; "
               "targets: p50 <= 5 ms at 500/s, p99 <= 10 ms at 2,000/s",
     )
 

@@ -18,6 +18,7 @@ from sqlkit.errors import CourierError
 _TPS = re.compile(r"^tps = ([0-9.]+)", re.MULTILINE)
 _LATENCY = re.compile(r"^latency average = ([0-9.]+) ms", re.MULTILINE)
 _FAILED = re.compile(r"^number of failed transactions: (\d+)", re.MULTILINE)
+_PROCESSED = re.compile(r"^number of transactions actually processed: (\d+)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,15 @@ class PgbenchRun:
     transactions_per_second: float
     latency_ms: float
     failed: int
+    transactions: int
 
 
 def run_script(dsn: str, script: str, *, clients: int, seconds: float | None = None, transactions: int | None = None,
-               threads: int = 2, defines: dict[str, str] | None = None) -> PgbenchRun:
+               threads: int = 2, defines: dict[str, str] | None = None, rate: float | None = None) -> PgbenchRun:
     """Run script for `seconds`, or `transactions` times per client; `defines` are pgbench
-    variables each client starts with (-D)."""
+    variables each client starts with (-D). With `rate`, pgbench starts that many
+    transactions per second over all clients on its own schedule (-R), rather than each
+    client starting its next as soon as the last one ends."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "script.sql"
         path.write_text(script)
@@ -41,6 +45,7 @@ def run_script(dsn: str, script: str, *, clients: int, seconds: float | None = N
             "-c", str(clients), "-j", str(min(threads, clients)),
             *(["-t", str(transactions)] if transactions else ["-T", str(max(1, round(seconds or 1)))]),
             *[f"-D{name}={value}" for name, value in (defines or {}).items()],
+            *(["-R", f"{rate:g}"] if rate else []),
             "-f", str(path), dsn,
         ]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -51,5 +56,6 @@ def run_script(dsn: str, script: str, *, clients: int, seconds: float | None = N
         raise CourierError(f"pgbench failed: {last}")
     latency = _LATENCY.search(output)
     failed = _FAILED.search(output)
+    processed = _PROCESSED.search(output)
     return PgbenchRun(float(tps[1]), float(latency[1]) if latency else 0.0,
-                      int(failed[1]) if failed else 0)
+                      int(failed[1]) if failed else 0, int(processed[1]) if processed else 0)
