@@ -95,7 +95,7 @@ TO courier_application;
 
 -- Monitors see counts, states and health: the counter tables whole, and of the tables that
 -- hold messages, endpoints and events only the columns that say where things stand.
-GRANT SELECT ON courier.settings, courier.queue_depth, courier.delivery_totals, courier.dlq_depth,
+GRANT SELECT ON courier.settings, courier.send_limits, courier.queue_depth, courier.delivery_totals, courier.dlq_depth,
                 courier.workers, courier.replays, courier.schema_migrations, courier.schema_functions,
                 courier.reaper_runs
     TO courier_monitor;
@@ -147,3 +147,6 @@ TO courier_monitor;
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA courier TO courier_admin;
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA courier TO courier_admin;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA courier TO courier_admin;
+-- courier.send_limits is courier.settings as the sends read it, written only by its trigger:
+-- an admin changes settings, never that copy of them.
+REVOKE INSERT, UPDATE, DELETE ON courier.send_limits FROM courier_admin;

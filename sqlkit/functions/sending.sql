@@ -6,8 +6,8 @@
 -- time and group commit is lost: single sends topped out near 1 / fsync latency. So a send
 -- does not NOTIFY itself: it sets courier.wake_at_commit to 'on' for its INSERT (when the
 -- messages are due and, for a single send, notify_on_send is on), and the depth counter's
--- write queues a deferred event (migration 0022) that runs _wake_workers_at_commit() at
--- commit, once per statement. Of the producers committing at the same moment, the one that
+-- write queues a deferred event (migrations 0022 and 0023) that runs _wake_workers_at_commit()
+-- at commit, once per statement and only for a write that added pending messages. Of the producers committing at the same moment, the one that
 -- takes the endpoint's wake lock NOTIFYs; the others skip it and commit in the same WAL
 -- flush, or the next. One of them may become visible only after the claim the NOTIFY set off,
 -- so every committing producer also holds a shared lock until its commit is visible, and a
@@ -30,6 +30,12 @@ CREATE OR REPLACE FUNCTION courier._wake_workers_at_commit() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    -- The trigger's WHEN tests only the request (migration 0023): here, whether this write
+    -- added pending messages.
+    IF NEW.status <> 'pending' OR (TG_OP = 'UPDATE' AND NEW.messages <= OLD.messages)
+       OR (TG_OP = 'INSERT' AND NEW.messages <= 0) THEN
+        RETURN NULL;
+    END IF;
     PERFORM pg_catalog.pg_advisory_xact_lock_shared(pg_catalog.hashtext('courier.sends_committing'),
                                                     NEW.endpoint_id);
     IF pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('courier.wake_workers'), NEW.endpoint_id) THEN
@@ -49,6 +55,33 @@ AS $$
     SELECT CASE WHEN pg_try_advisory_lock(hashtext('courier.sends_committing'), p_endpoint_id)
                 THEN NOT pg_advisory_unlock(hashtext('courier.sends_committing'), p_endpoint_id)
                 ELSE true END
+$$;
+
+-- Rewrites courier.send_limits, the settings a send reads as one row (migration 0023), after
+-- any change to courier.settings. Changes are taken one at a time, each reading the settings
+-- after the previous one committed: two transactions that change different settings at once
+-- must not each write back the other's old value. An upsert, so that a lost row comes back.
+CREATE OR REPLACE FUNCTION courier._refresh_send_limits() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    LOCK TABLE courier.send_limits IN SHARE ROW EXCLUSIVE MODE;
+    INSERT INTO courier.send_limits AS l (singleton, max_payload_size, max_queue_size, default_message_ttl,
+                                          default_max_depth, notify_on_send)
+    SELECT true,
+           max(value::bigint) FILTER (WHERE name = 'max_payload_size'),
+           max(value::bigint) FILTER (WHERE name = 'max_queue_size'),
+           max(value::bigint) FILTER (WHERE name = 'default_message_ttl'),
+           max(value::bigint) FILTER (WHERE name = 'default_max_depth'),
+           bool_or(value::boolean) FILTER (WHERE name = 'notify_on_send')
+    FROM courier.settings
+    ON CONFLICT (singleton) DO UPDATE
+        SET max_payload_size = excluded.max_payload_size, max_queue_size = excluded.max_queue_size,
+            default_message_ttl = excluded.default_message_ttl, default_max_depth = excluded.default_max_depth,
+            notify_on_send = excluded.notify_on_send;
+    RETURN NULL;
+END
 $$;
 
 -- True when p_incoming more messages fit under max_queue_size. The active count is a sum
@@ -80,6 +113,10 @@ DECLARE
     v_limit bigint;
     v_active bigint;
 BEGIN
+    IF NOT EXISTS (SELECT FROM courier.send_limits) THEN  -- else every send would come back here
+        RAISE EXCEPTION '[courier] the row of courier.send_limits is missing' USING ERRCODE = '55000',
+            HINT = 'Change any setting (courier.set_setting) to write it again';
+    END IF;
     SELECT enabled INTO v_enabled FROM courier.endpoints WHERE name = p_endpoint_name;
     IF v_enabled IS NULL THEN
         RAISE EXCEPTION '[courier] endpoint "%" does not exist', p_endpoint_name
@@ -205,13 +242,8 @@ BEGIN
     IF p_idempotency_key IS NOT NULL THEN
         v_hash := md5(p_payload::text);
     END IF;
-    -- Set before the INSERT: its depth counter write queues the wake-up (see the top of this
-    -- file). One statement with the endpoint hold: each statement of a send costs ~5 us.
-    PERFORM courier._hold_endpoint_for_send(p_endpoint_name),
-            set_config('courier.wake_at_commit',
-                       CASE WHEN (p_scheduled_at IS NULL OR p_scheduled_at <= now())
-                                 AND (SELECT value::boolean FROM courier.settings WHERE name = 'notify_on_send')
-                            THEN 'on' ELSE 'off' END, true);
+    -- Its own statement, so that the INSERT's snapshot is taken after any drop it waited for.
+    PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
 
     LOOP
         IF p_idempotency_key IS NULL THEN
@@ -231,6 +263,11 @@ BEGIN
                    OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) >= 1 + (
                    SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
                    WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'processing')))
+              -- The wake-up request, set as the row is made, before its depth counter write
+              -- reads it (see the top of this file); here rather than in a statement of its own.
+              AND set_config('courier.wake_at_commit',
+                             CASE WHEN (p_scheduled_at IS NULL OR p_scheduled_at <= now()) AND l.notify_on_send
+                                  THEN 'on' ELSE 'off' END, true) IS NOT NULL
             RETURNING id, endpoint_id, visible_at IS NOT NULL
             INTO v_id, v_endpoint_id, v_pull;
         ELSE
@@ -251,6 +288,9 @@ BEGIN
                    OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) >= 1 + (
                    SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
                    WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'processing')))
+              AND set_config('courier.wake_at_commit',
+                             CASE WHEN (p_scheduled_at IS NULL OR p_scheduled_at <= now()) AND l.notify_on_send
+                                  THEN 'on' ELSE 'off' END, true) IS NOT NULL
             ON CONFLICT (endpoint_id, idempotency_key)
                 WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')
             DO NOTHING

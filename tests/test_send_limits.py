@@ -1,0 +1,91 @@
+"""courier.send_limits: the settings a send reads, as one row that courier.settings' trigger
+rewrites after every change (migration 0023). Whatever way a setting changes, the next send
+obeys it; concurrent changes all land; nobody writes the copy directly."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from tests import test_roles_and_psql
+from tests.helpers import scalar
+
+login_as = test_roles_and_psql.login_as  # the fixture: logs in as a new member of a role
+
+BIG = '{"text": "' + "x" * 4000 + '"}'
+
+
+@pytest.fixture
+def noop(conn) -> int:
+    return scalar(conn, "SELECT courier.create_endpoint('sink', 'noop', '{}')")
+
+
+def limits(conn: psycopg.Connection) -> tuple:
+    return conn.execute("SELECT max_payload_size, max_queue_size, notify_on_send FROM courier.send_limits").fetchone()
+
+
+def test_a_setting_changed_by_set_setting_binds_the_next_send(conn, noop):
+    conn.execute("SELECT courier.send('sink', %s::jsonb)", (BIG,))
+    conn.execute("SELECT courier.set_setting('max_payload_size', '2048')")
+    with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="max_payload_size"):
+        conn.execute("SELECT courier.send('sink', %s::jsonb)", (BIG,))
+
+
+def test_an_admin_updating_the_settings_table_directly_binds_the_next_send(conn, noop, login_as):
+    admin = login_as("courier_admin")
+    admin.execute("UPDATE courier.settings SET value = '1' WHERE name = 'max_queue_size'")
+    assert limits(conn)[1] == 1
+    conn.execute("SELECT courier.send('sink', '{}')")
+    with pytest.raises(psycopg.errors.ConfigurationLimitExceeded, match="backpressure"):
+        conn.execute("SELECT courier.send('sink', '{}')")
+
+
+def test_two_settings_changed_at_once_both_land(dsn, conn):
+    """The second change waits for the first to commit and then reads it, rather than writing
+    back the value its own snapshot held."""
+    first = psycopg.connect(dsn)
+    try:
+        first.execute("SELECT courier.set_setting('max_queue_size', '777')")  # not committed yet
+
+        def second() -> None:
+            with psycopg.connect(dsn, autocommit=True) as other:
+                other.execute("SELECT courier.set_setting('max_payload_size', '4096')")
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        thread.join(timeout=1)
+        assert thread.is_alive()  # waiting for the first change to commit
+        first.commit()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    finally:
+        first.close()
+    assert limits(conn)[:2] == (4096, 777)
+
+
+def test_notify_on_send_is_read_from_the_row(conn):
+    conn.execute("SELECT courier.set_setting('notify_on_send', 'false')")
+    assert limits(conn)[2] is False
+    conn.execute("SELECT courier.set_setting('notify_on_send', 'true')")
+    assert limits(conn)[2] is True
+
+
+@pytest.mark.parametrize("statement", [
+    "UPDATE courier.send_limits SET max_queue_size = 0",
+    "DELETE FROM courier.send_limits",
+    "INSERT INTO courier.send_limits (singleton) VALUES (false)",
+])
+def test_no_role_writes_the_copy_directly(conn, login_as, statement):
+    admin = login_as("courier_admin")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        admin.execute(statement)
+
+
+def test_a_lost_row_gives_a_clear_error_and_any_setting_change_restores_it(conn, noop):
+    conn.execute("DELETE FROM courier.send_limits")  # only the owner (or a superuser) can
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="send_limits"):
+        conn.execute("SELECT courier.send('sink', '{}')")
+    conn.execute("SELECT courier.set_setting('max_queue_size', '1000000')")
+    assert scalar(conn, "SELECT courier.send('sink', '{}')") > 0
