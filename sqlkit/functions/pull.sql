@@ -80,8 +80,7 @@ BEGIN
     IF coalesce(v_limit, 0) = 0 THEN
         RETURN;
     END IF;
-    SELECT coalesce(sum(d.messages), 0) INTO v_active FROM courier.queue_depth d
-    WHERE d.endpoint_id = p_endpoint_id AND d.status IN ('pending', 'processing');
+    v_active := courier._active_messages(p_endpoint_id::integer);
     IF v_active + p_adding > v_limit THEN
         RAISE EXCEPTION '[courier] "%" is full: % pending/processing message(s) plus % new would exceed its max_depth %',
                 v_name, v_active, p_adding, v_limit

@@ -84,14 +84,28 @@ BEGIN
 END
 $$;
 
+-- Pending and processing messages, of one endpoint or (NULL) of all, from the depth counters.
+-- A function rather than a subquery in the sends' INSERT: PostgreSQL starts a subquery's
+-- executor nodes in every statement, used or not, and its limits are off by default.
+CREATE OR REPLACE FUNCTION courier._active_messages(p_endpoint_id integer) RETURNS bigint
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF p_endpoint_id IS NULL THEN
+        RETURN (SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
+                WHERE d.status IN ('pending', 'processing'));
+    END IF;
+    RETURN (SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
+            WHERE d.endpoint_id = p_endpoint_id AND d.status IN ('pending', 'processing'));
+END
+$$;
+
 -- True when p_incoming more messages fit under max_queue_size. The active count is a sum
 -- over the trigger-maintained counter rows, so this is O(1) in the size of the queue.
 CREATE OR REPLACE FUNCTION courier._has_room(p_incoming bigint) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
-    SELECT limits.max_queue_size = 0
-        OR (SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
-            WHERE d.status IN ('pending', 'processing')) + p_incoming <= limits.max_queue_size
+    SELECT limits.max_queue_size = 0 OR courier._active_messages(NULL) + p_incoming <= limits.max_queue_size
     FROM (SELECT value::bigint AS max_queue_size FROM courier.settings WHERE name = 'max_queue_size') limits
 $$;
 
@@ -133,8 +147,7 @@ BEGIN
     END IF;
     IF NOT courier._has_room(p_incoming) THEN
         v_limit := courier._setting_int('max_queue_size');
-        SELECT coalesce(sum(messages), 0) INTO v_active FROM courier.queue_depth
-        WHERE status IN ('pending', 'processing');
+        v_active := courier._active_messages(NULL);
         RAISE EXCEPTION '[courier] Queue backpressure: % pending/processing message(s) plus % new would exceed max_queue_size %',
                 v_active, p_incoming, v_limit
             USING ERRCODE = '53400',
@@ -262,13 +275,10 @@ BEGIN
                    p_ordering_key, courier._pull_visible_at(e.protocol, p_scheduled_at)
             FROM courier.endpoints e, courier.send_limits l
             WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
-              AND (l.max_queue_size = 0 OR l.max_queue_size >= 1 + (
-                   SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
-                   WHERE d.status IN ('pending', 'processing')))
+              AND (l.max_queue_size = 0 OR l.max_queue_size >= 1 + courier._active_messages(NULL))
               AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
-                   OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) >= 1 + (
-                   SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
-                   WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'processing')))
+                   OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth)
+                      >= 1 + courier._active_messages(e.id))
               -- The wake-up request, set as the row is made, before its depth counter write
               -- reads it (see the top of this file); here rather than in a statement of its own.
               AND set_config('courier.wake_at_commit',
@@ -287,13 +297,10 @@ BEGIN
                    p_ordering_key, courier._pull_visible_at(e.protocol, p_scheduled_at)
             FROM courier.endpoints e, courier.send_limits l
             WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
-              AND (l.max_queue_size = 0 OR l.max_queue_size >= 1 + (
-                   SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
-                   WHERE d.status IN ('pending', 'processing')))
+              AND (l.max_queue_size = 0 OR l.max_queue_size >= 1 + courier._active_messages(NULL))
               AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
-                   OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) >= 1 + (
-                   SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
-                   WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'processing')))
+                   OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth)
+                      >= 1 + courier._active_messages(e.id))
               AND set_config('courier.wake_at_commit',
                              CASE WHEN (p_scheduled_at IS NULL OR p_scheduled_at <= now()) AND l.notify_on_send
                                   THEN 'on' ELSE 'off' END, true) IS NOT NULL
@@ -389,13 +396,10 @@ BEGIN
         SELECT e.* INTO v_endpoint
         FROM courier.endpoints e, courier.send_limits l
         WHERE e.name = p_endpoint_name AND e.enabled AND coalesce(p_largest, 0) <= l.max_payload_size
-          AND (l.max_queue_size = 0 OR l.max_queue_size >= p_count + (
-               SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
-               WHERE d.status IN ('pending', 'processing')))
+          AND (l.max_queue_size = 0 OR l.max_queue_size >= p_count + courier._active_messages(NULL))
           AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
-               OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) >= p_count + (
-               SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
-               WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'processing')));
+               OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth)
+                  >= p_count + courier._active_messages(e.id));
         IF FOUND THEN
             RETURN v_endpoint;
         END IF;
