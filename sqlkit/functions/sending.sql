@@ -7,13 +7,14 @@
 -- does not NOTIFY itself: it sets courier.wake_at_commit to 'on' for its INSERT (when the
 -- messages are due and, for a single send, notify_on_send is on), and the depth counter's
 -- write queues a deferred event (migrations 0022 and 0023) that runs _wake_workers_at_commit()
--- at commit, once per statement and only for a write that added pending messages. Of the producers committing at the same moment, the one that
--- takes the endpoint's wake lock NOTIFYs; the others skip it and commit in the same WAL
--- flush, or the next. One of them may become visible only after the claim the NOTIFY set off,
--- so every committing producer also holds a shared lock until its commit is visible, and a
--- worker that comes back empty from a claim after a wake-up asks sends_committing_v1()
--- whether any is still held: while one is, it claims again after a pause of milliseconds (its
--- linger); once none is, one more claim sees them all. The fallback poll covers anything else.
+-- at commit, once per statement; it acts only on a write that added pending messages. Of the
+-- producers committing at the same moment, the one that takes the endpoint's wake lock
+-- NOTIFYs; the others skip it and commit in the same WAL flush, or the next. One of them may
+-- become visible only after the claim the NOTIFY set off, so every committing producer also
+-- holds a shared lock until its commit is visible, and a worker that comes back empty from a
+-- claim after a wake-up asks sends_committing_v1() whether any is still held: while one is,
+-- it claims again after a pause of milliseconds (its linger); once none is, one more claim
+-- sees them all. The fallback poll covers anything else.
 -- The setting stays 'on' for the rest of the transaction: a later write that adds pending
 -- messages queues a wake-up too, which costs a worker at most one empty claim.
 --
@@ -86,7 +87,8 @@ $$;
 
 -- Pending and processing messages, of one endpoint or (NULL) of all, from the depth counters.
 -- A function rather than a subquery in the sends' INSERT: PostgreSQL starts a subquery's
--- executor nodes in every statement, used or not, and its limits are off by default.
+-- executor nodes in every statement whether it runs or not, while a function is called only
+-- when its limit is set (max_depth is not, by default).
 CREATE OR REPLACE FUNCTION courier._active_messages(p_endpoint_id integer) RETURNS bigint
 LANGUAGE plpgsql STABLE
 AS $$
