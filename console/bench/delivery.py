@@ -122,7 +122,7 @@ def dispatch_http(dsn: str, *, clients: int, seconds: float, rounds: int, messag
 
 LOAD_CLIENTS = 8
 """Connections pgbench offers the load from: enough that a send slowed by a busy moment does
-not hold back the schedule (Python sender threads reached only 830-1,390 of 2,000 sends/s)."""
+not hold back the schedule (Python sender threads reached only 830-1,580 of 2,000 sends/s)."""
 
 
 def _offer_load(dsn: str, rate: float, seconds: float) -> int:
