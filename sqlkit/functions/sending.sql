@@ -103,19 +103,23 @@ END
 $$;
 
 -- True when p_incoming more messages fit under max_queue_size. The active count is a sum
--- over the trigger-maintained counter rows, so this is O(1) in the size of the queue.
+-- over the trigger-maintained counter rows, so this is O(1) in the size of the queue. Both
+-- limits are read from courier.send_limits, as the sends' own INSERTs read them, and in
+-- plpgsql: a SQL function that reads a table is not inlined, and PostgreSQL 15 parses and
+-- plans its query on every call (58 us of each send_batch, in pg_stat_user_functions).
 CREATE OR REPLACE FUNCTION courier._has_room(p_incoming bigint) RETURNS boolean
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT limits.max_queue_size = 0 OR courier._active_messages(NULL) + p_incoming <= limits.max_queue_size
-    FROM (SELECT value::bigint AS max_queue_size FROM courier.settings WHERE name = 'max_queue_size') limits
+DECLARE
+    v_limit bigint := (SELECT max_queue_size FROM courier.send_limits);
+BEGIN
+    RETURN v_limit = 0 OR courier._active_messages(NULL) + p_incoming <= v_limit;
+END
 $$;
 
--- plpgsql, not SQL: a SQL function that reads a table is not inlined, and PostgreSQL 15 parses
--- and plans its query on every call (58 us of each send_batch, in pg_stat_user_functions).
 CREATE OR REPLACE FUNCTION courier._max_payload_size() RETURNS bigint
 LANGUAGE plpgsql STABLE
-AS $$ BEGIN RETURN (SELECT value::bigint FROM courier.settings WHERE name = 'max_payload_size'); END $$;
+AS $$ BEGIN RETURN (SELECT max_payload_size FROM courier.send_limits); END $$;
 
 -- Raises the reason a send to p_endpoint_name of p_incoming messages (the largest
 -- p_largest bytes) cannot be accepted; returns quietly if nothing stands in the way (the
