@@ -10,6 +10,7 @@ import click
 from click.core import ParameterSource
 
 from console.logs import log_json_lines
+from console.workers.bounded import run_pool_process
 from console.workers.pool import PoolSettings, WorkerPool, default_concurrency
 from console.workers.processes import Supervisor, default_processes
 
@@ -57,7 +58,7 @@ def worker(concurrency: int, batch_size: int, poll_interval: float, drain_timeou
             loop.add_signal_handler(sig, pool.stop)
         await pool.run()
 
-    asyncio.run(main())
+    run_pool_process(main())
 
 
 COMMANDS = [worker]

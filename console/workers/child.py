@@ -26,6 +26,7 @@ from console.logs import log_json_lines
 from sqlkit import embedded
 from sqlkit.dsn import resolve_dsn
 
+from .bounded import run_pool_process
 from .pool import MAX_CONCURRENCY, PoolSettings, Share, WorkerPool
 
 log = logging.getLogger("courier.worker.child")
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         settings.worker_id = args.worker_id
     pool = WorkerPool(dsn, settings)
     try:
-        asyncio.run(_run(pool))
+        run_pool_process(_run(pool))
     except Exception:
         log.exception("worker pool failed", extra={"worker_id": pool.worker_id})
         return 1

@@ -28,6 +28,7 @@ from sqlkit.connection import AsyncDatabase
 from sqlkit.errors import CourierError, DatabaseUnavailable
 from sqlkit.messages import ClaimedMessage, claimed_from_row
 
+from .bounded import cancel_within, within
 from .dispatchers import Dispatcher, Target, dispatcher_for
 from .maintenance import MaintenanceLeader, MaintenanceSchedule
 from .outcome import Outcome, OutcomeKind
@@ -35,8 +36,12 @@ from .outcome import Outcome, OutcomeKind
 log = logging.getLogger("courier.worker")
 
 DRAIN_GRACE = 5.0
-"""Seconds a stop may take beyond the drain timeout, to release and report; with the last
-heartbeat and closing the connections, a stop takes at most drain_timeout + 8 s."""
+"""Seconds a stop may take beyond the drain timeout, to release and report. With the last
+heartbeat, closing the connections and (in `courier worker`) the process's teardown, each
+STOP_STEP at most, a stop takes at most drain_timeout + 8 s."""
+
+STOP_STEP = 1.0
+"""Seconds each step after the drain may take before the stop goes on without it."""
 
 MAX_CONCURRENCY = 10_000
 """The most messages one pool may have in flight (as `courier worker --concurrency` allows)."""
@@ -244,38 +249,34 @@ class WorkerPool:
             log.info("worker started", extra={"worker_id": self.worker_id, "concurrency": self.settings.concurrency})
             await self._stopping.wait()
             log.info("draining", extra={"worker_id": self.worker_id, "in_flight": len(self._in_flight)})
-            deadline = time.monotonic() + self.settings.drain_timeout
-            try:
-                # Bounded by the drain timeout plus DRAIN_GRACE for the release and the last
-                # reports, whatever the database does: a heartbeat, release or report that
-                # fails or hangs is logged, and the stop goes on.
-                async with asyncio.timeout(self.settings.drain_timeout + DRAIN_GRACE):
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(self._heartbeat("draining"), 1.0)
-                    await self._wake_all_loops()
-                    await asyncio.gather(*self._loops.values(), return_exceptions=True)
-                    await self._release_all_buffered()
-                    await self._drain(deadline)
-                    self._report_wake.set()
-                    await reporter
-            except TimeoutError:
+            # Bounded by the drain timeout plus DRAIN_GRACE for the release and the last reports,
+            # whatever the database does: a heartbeat, release or report that fails or hangs is
+            # logged and left behind, and the stop goes on.
+            if not await within(self.settings.drain_timeout + DRAIN_GRACE, self._drain_and_report(reporter),
+                                "the drain"):
                 log.error("drain timed out; unreported outcomes are left to stale recovery",
                           extra={"worker_id": self.worker_id, "unreported": len(self._reports)})
-                reporter.cancel()
-                await asyncio.gather(reporter, return_exceptions=True)
+                await cancel_within([reporter], STOP_STEP)
         finally:
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._heartbeat("stopped"), 1.0)
             closing = [dispatcher.close() for dispatcher in self._dispatchers.values() if dispatcher is not None]
-            with contextlib.suppress(Exception):  # a broker or a session that hangs cannot hold the stop
-                await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), 1.0)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._db.close(), 2.0)
+            await asyncio.gather(  # in this order: the periodic heartbeat is cancelled before the last one starts
+                cancel_within(background, STOP_STEP),
+                within(STOP_STEP, self._heartbeat("stopped"), "the last heartbeat"),
+                # a broker or a session that hangs cannot hold the stop
+                within(STOP_STEP, asyncio.gather(*closing, return_exceptions=True), "closing dispatchers"))
+            await within(STOP_STEP, self._db.close(), "closing the connection pool")
             log.info("worker stopped", extra={"worker_id": self.worker_id, "delivered": self.stats.delivered,
                                               "failed": self.stats.failed})
+
+    async def _drain_and_report(self, reporter: asyncio.Task[None]) -> None:
+        deadline = time.monotonic() + self.settings.drain_timeout
+        await within(STOP_STEP, self._heartbeat("draining"), "the draining heartbeat")
+        await self._wake_all_loops()
+        await asyncio.gather(*self._loops.values(), return_exceptions=True)
+        await self._release_all_buffered()
+        await self._drain(deadline)
+        self._report_wake.set()
+        await reporter
 
     # Endpoints -------------------------------------------------------------------------
 

@@ -29,8 +29,8 @@ log = logging.getLogger("courier.worker.supervisor")
 
 STOP_GRACE = 10.0
 """Seconds a pool gets beyond the drain timeout to release its claims and exit: its own bound
-after the drain (pool.DRAIN_GRACE, then at most 4 s for its last heartbeat, dispatchers and
-database connections) and a second to spare."""
+after the drain (pool.DRAIN_GRACE, then a pool.STOP_STEP each for its last heartbeat and
+dispatchers, its database connections and its process's teardown) and two seconds to spare."""
 TERM_GRACE = 3.0
 """Seconds between SIGTERM (which abandons a drain) and SIGKILL."""
 RESTART_PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)
