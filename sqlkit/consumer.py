@@ -35,6 +35,7 @@ from . import queries
 from .connection import NEW_MESSAGE_CHANNEL, AsyncDatabase
 from .errors import CourierError, InvalidInput, translated
 from .pull import ReceivedMessage
+from .stopping import cancel_within, within
 
 log = logging.getLogger("courier.consumer")
 
@@ -151,18 +152,13 @@ class Consumer:
         await self.close()
 
     async def close(self) -> None:
-        """Stop the heartbeat and listener and close the connections, within shutdown_timeout.
+        """Stop the heartbeat and listener and close the connections, each within shutdown_timeout.
         Messages still in flight are not acked: they come back when their leases run out. A
         prefetched batch that was never handed out comes back within a second."""
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._give_back_prefetched(), self.shutdown_timeout)
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=self.shutdown_timeout)
+        await within(self.shutdown_timeout, self._give_back_prefetched(), "giving back the prefetched batch")
+        await cancel_within(self._tasks, self.shutdown_timeout)
         self._tasks = []
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._db.close(), self.shutdown_timeout)
+        await within(self.shutdown_timeout, self._db.close(), "closing the connections")
 
     @property
     def in_flight(self) -> list[PulledMessage]:
@@ -209,10 +205,9 @@ class Consumer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_interval)
         finally:
-            try:
-                await self._give_back_prefetched()
-            except Exception as error:  # the leases run out instead: nothing is lost
-                log.warning("%s: could not give back the prefetched batch: %s", self.topic, error)
+            # Bounded: a database that stopped answering holds neither the prefetch nor its
+            # release for long. The leases of a batch not given back run out instead.
+            await within(self.shutdown_timeout, self._give_back_prefetched(), "giving back the prefetched batch")
 
     async def _give_back_prefetched(self) -> None:
         """A batch dequeued ahead and never handed out goes back as it was (courier.release):
@@ -377,25 +372,39 @@ class ReceiveLoop:
         self._stopping.set()
 
     async def run(self) -> None:
-        """Peek and receive until stop(); returns within shutdown_timeout of it."""
+        """Peek and receive until stop(); returns within three shutdown_timeouts of it (the
+        handlers' grace period, their cancellation, closing the connections), whatever the
+        database does."""
         await self._db.open()
+        work = asyncio.create_task(self._peek_and_receive(), name=f"courier-receive-loop-{self.topic}")
         try:
-            while not self._stopping.is_set():
-                try:
-                    pending = await self._peek()
-                except CourierError as error:  # database away: keep peeking at the interval
-                    log.warning("%s: peek failed: %s", self.topic, error)
-                    pending = 0
-                if pending > 0:
-                    failed_before = self.failed
-                    await self._receive_round(min(pending, self.max_records_to_peek))
-                    if self.failed == failed_before:
-                        continue  # a clean round: peek again at once
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), self.peek_interval)
+            stop_wait = asyncio.create_task(self._stopping.wait())
+            try:
+                await asyncio.wait({work, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop_wait.cancel()
+            if not work.done():  # stopping: a round in progress ends within its grace period
+                await within(2 * self.shutdown_timeout, work, "the receive round")
+            elif not work.cancelled() and work.exception() is not None:
+                raise work.exception()
         finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._db.close(), self.shutdown_timeout)
+            work.cancel()
+            await within(self.shutdown_timeout, self._db.close(), "closing the connections")
+
+    async def _peek_and_receive(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                pending = await self._peek()
+            except CourierError as error:  # database away: keep peeking at the interval
+                log.warning("%s: peek failed: %s", self.topic, error)
+                pending = 0
+            if pending > 0:
+                failed_before = self.failed
+                await self._receive_round(min(pending, self.max_records_to_peek))
+                if self.failed == failed_before:
+                    continue  # a clean round: peek again at once
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.peek_interval)
 
     async def _peek(self) -> int:
         self.peeks += 1

@@ -21,6 +21,7 @@ from sqlkit.consumer import Consumer, PulledMessage, ReceivedMessage, ReceiveLoo
 from sqlkit.errors import InvalidInput
 from tests import test_roles_and_psql
 from tests.helpers import scalar
+from tests.tcp_proxy import PostgresProxy
 
 login_as = test_roles_and_psql.login_as  # the fixture, for the test that logs in as the application
 
@@ -309,6 +310,52 @@ def test_stopping_the_loop_is_bounded_and_rolls_back_the_unfinished_receive(dsn,
     took = asyncio.run(run())
     assert took < 3
     assert [row[0] for row in conn.execute("SELECT id FROM courier.queue ORDER BY id")] == ids
+
+
+def test_a_consumer_closes_within_its_bound_when_the_database_stops_answering(dsn, conn, topic):
+    """A partition that drops packets: the prefetch in flight and its release hang, and so would
+    psycopg's cancellation of them. Closing gives up on them after shutdown_timeout."""
+    enqueue(conn, *({"n": n} for n in range(30)))
+    proxy = PostgresProxy(dsn)
+
+    async def run() -> float:
+        consumer = Consumer(proxy.proxied_dsn, TOPIC, batch_size=10, shutdown_timeout=1)
+        async with consumer:
+            batches = consumer.batches()
+            assert len(await anext(batches)) == 10  # and the next batch is being prefetched
+            proxy.stall()
+            began = time.monotonic()
+            await asyncio.wait_for(batches.aclose(), 30)
+        return time.monotonic() - began
+
+    try:
+        took = asyncio.run(run())
+    finally:
+        proxy.close()
+    # The prefetched batch's release (1 s), the heartbeat and listener (at once), the
+    # connections (1 s); it hung for good before.
+    assert took < 3 + 1, f"closing took {took:.1f} s"
+
+
+def test_stopping_the_loop_while_a_peek_hangs_is_bounded(dsn, conn, topic):
+    proxy = PostgresProxy(dsn)
+
+    async def run() -> float:
+        loop = ReceiveLoop(proxy.proxied_dsn, TOPIC, _noop, peek_interval=0.2, shutdown_timeout=1)
+        task = asyncio.create_task(loop.run())
+        await asyncio.sleep(0.5)
+        proxy.stall()
+        await asyncio.sleep(1)  # a peek is now waiting for an answer that will not come
+        began = time.monotonic()
+        loop.stop()
+        await asyncio.wait_for(task, 30)
+        return time.monotonic() - began
+
+    try:
+        took = asyncio.run(run())
+    finally:
+        proxy.close()
+    assert took < 3 + 1, f"stopping took {took:.1f} s"
 
 
 def test_an_application_role_runs_both_consumers(dsn, conn, topic, login_as):

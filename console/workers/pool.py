@@ -27,8 +27,8 @@ from sqlkit import queries
 from sqlkit.connection import AsyncDatabase
 from sqlkit.errors import CourierError, DatabaseUnavailable
 from sqlkit.messages import ClaimedMessage, claimed_from_row
+from sqlkit.stopping import cancel_within, within
 
-from .bounded import cancel_within, within
 from .dispatchers import Dispatcher, Target, dispatcher_for
 from .maintenance import MaintenanceLeader, MaintenanceSchedule
 from .outcome import Outcome, OutcomeKind
