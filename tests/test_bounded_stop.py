@@ -46,6 +46,15 @@ def test_a_task_and_a_thread_that_will_not_end_are_left_behind_within_a_second()
     assert "stopping without waiting for tasks" in done.stderr and "work left behind" in done.stderr
 
 
+def test_a_thread_that_will_not_end_is_left_behind_within_a_second():
+    # A maintenance job's thread on a connection that stopped answering: the loop's own
+    # shutdown_default_executor joins its helper thread even when cancelled, and hung here.
+    done, took = run(PROGRAM.replace('asyncio.create_task(stubborn(), name="stubborn")', ""), 30)
+    assert done.returncode == 0, done.stderr
+    assert took < 5, f"the process took {took:.1f} s to exit"
+    assert "stopping without waiting any longer for threads" in done.stderr and "work left behind" in done.stderr
+
+
 def test_work_that_ends_in_time_lets_the_process_exit_normally():
     done, took = run(PROGRAM.replace('asyncio.create_task(stubborn(), name="stubborn")', ""), 0.3)
     assert done.returncode == 0, done.stderr

@@ -7,7 +7,9 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sqlkit.stopping import cancel_within, within
@@ -28,12 +30,16 @@ def run_pool_process(main: Coroutine[Any, Any, None]) -> None:
     seconds later is left behind, and the process exits at once."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    # The loop's executor is ours, so that its shutdown can be waited for with a bound
+    # (loop.shutdown_default_executor joins its helper thread even when cancelled).
+    executor = ThreadPoolExecutor(thread_name_prefix="courier-pool")
+    loop.set_default_executor(executor)
     clean = False
     try:
         loop.run_until_complete(main)
     finally:
         try:
-            clean = loop.run_until_complete(_teardown(loop))
+            clean = loop.run_until_complete(_teardown(loop, executor))
         finally:
             asyncio.set_event_loop(None)
             loop.close()
@@ -45,8 +51,8 @@ def run_pool_process(main: Coroutine[Any, Any, None]) -> None:
         os._exit(0)
 
 
-async def _teardown(loop: asyncio.AbstractEventLoop) -> bool:
-    """Cancel what is left and shut the default executor down, within PROCESS_TEARDOWN: True if
+async def _teardown(loop: asyncio.AbstractEventLoop, executor: ThreadPoolExecutor) -> bool:
+    """Cancel what is left and shut the executor down, within PROCESS_TEARDOWN: True if
     everything ended."""
     deadline = loop.time() + PROCESS_TEARDOWN
     leftovers = asyncio.all_tasks(loop) - {asyncio.current_task(loop)}
@@ -54,5 +60,11 @@ async def _teardown(loop: asyncio.AbstractEventLoop) -> bool:
     if any(not task.done() for task in leftovers):
         return False
     await loop.shutdown_asyncgens()
-    executor_shutdown = asyncio.ensure_future(loop.shutdown_default_executor())
-    return await within(deadline - loop.time(), executor_shutdown, "threads")
+    threads_ended = loop.create_future()
+
+    def shut_down() -> None:  # in a daemon thread: one that never ends cannot hold the exit
+        executor.shutdown(wait=True)
+        loop.call_soon_threadsafe(lambda: threads_ended.done() or threads_ended.set_result(None))
+
+    threading.Thread(target=shut_down, name="courier-pool-shutdown", daemon=True).start()
+    return await within(deadline - loop.time(), threads_ended, "threads")
