@@ -312,11 +312,18 @@ def test_stopping_the_loop_is_bounded_and_rolls_back_the_unfinished_receive(dsn,
     assert [row[0] for row in conn.execute("SELECT id FROM courier.queue ORDER BY id")] == ids
 
 
-def test_a_consumer_closes_within_its_bound_when_the_database_stops_answering(dsn, conn, topic):
+@pytest.fixture
+def proxy(dsn):
+    """A proxy in front of the test's database, for a test to stall."""
+    proxy = PostgresProxy(dsn)
+    yield proxy
+    proxy.close()
+
+
+def test_a_consumer_closes_within_its_bound_when_the_database_stops_answering(conn, topic, proxy):
     """A partition that drops packets: the prefetch in flight and its release hang, and so would
     psycopg's cancellation of them. Closing gives up on them after shutdown_timeout."""
     enqueue(conn, *({"n": n} for n in range(30)))
-    proxy = PostgresProxy(dsn)
 
     async def run() -> float:
         consumer = Consumer(proxy.proxied_dsn, TOPIC, batch_size=10, shutdown_timeout=1)
@@ -328,18 +335,13 @@ def test_a_consumer_closes_within_its_bound_when_the_database_stops_answering(ds
             await asyncio.wait_for(batches.aclose(), 30)
         return time.monotonic() - began
 
-    try:
-        took = asyncio.run(run())
-    finally:
-        proxy.close()
+    took = asyncio.run(run())
     # The prefetched batch's release (1 s), the heartbeat and listener (at once), the
     # connections (1 s); it hung for good before.
     assert took < 3 + 1, f"closing took {took:.1f} s"
 
 
-def test_stopping_the_loop_while_a_peek_hangs_is_bounded(dsn, conn, topic):
-    proxy = PostgresProxy(dsn)
-
+def test_stopping_the_loop_while_a_peek_hangs_is_bounded(topic, proxy):
     async def run() -> float:
         loop = ReceiveLoop(proxy.proxied_dsn, TOPIC, _noop, peek_interval=0.2, shutdown_timeout=1)
         task = asyncio.create_task(loop.run())
@@ -351,10 +353,7 @@ def test_stopping_the_loop_while_a_peek_hangs_is_bounded(dsn, conn, topic):
         await asyncio.wait_for(task, 30)
         return time.monotonic() - began
 
-    try:
-        took = asyncio.run(run())
-    finally:
-        proxy.close()
+    took = asyncio.run(run())
     assert took < 3 + 1, f"stopping took {took:.1f} s"
 
 
