@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from console.workers.pool import PoolSettings, WorkerPool
 
@@ -43,8 +46,35 @@ def start_worker_process(dsn: str, *args: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("COURIER_DSN", "DATABASE_URL")}
     if "--processes" not in args:
         args = ("--processes", "1", *args)
-    return subprocess.Popen([COURIER, "worker", "--dsn", dsn, "--poll-interval", "0.1", *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen([COURIER, "worker", "--dsn", dsn, "--poll-interval", "0.1", *args],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Read as it comes: a worker whose database is cut logs a reconnect warning every few
+    # milliseconds, and one that filled a pipe nobody read would block on its next log line.
+    worker.stdout, worker.stderr = _DrainedPipe(worker.stdout), _DrainedPipe(worker.stderr)  # type: ignore[assignment]
+    return worker
+
+
+class _DrainedPipe:
+    """A child's output pipe, read by a thread as the child writes; read() returns all of it
+    once the child has closed it (as a pipe's read() would)."""
+
+    def __init__(self, pipe: IO[str]) -> None:
+        self._pipe = pipe
+        self._lines: list[str] = []
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        with contextlib.suppress(ValueError, OSError):  # closed under it (the Popen's __exit__)
+            for line in self._pipe:
+                self._lines.append(line)
+
+    def read(self) -> str:
+        self._reader.join()
+        return "".join(self._lines)
+
+    def close(self) -> None:
+        self._pipe.close()
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05) -> None:
