@@ -36,13 +36,14 @@ async def within(seconds: float, work: Awaitable[object], what: str) -> bool:
     return True
 
 
-async def cancel_within(tasks: Iterable[asyncio.Task[Any]], seconds: float) -> None:
-    """Cancel `tasks` and give them at most `seconds` to end."""
+async def cancel_within(tasks: Iterable[asyncio.Task[Any]], seconds: float) -> bool:
+    """Cancel `tasks` and give them at most `seconds` to end: True if they all did."""
     tasks = [task for task in tasks if not task.done()]
     for task in tasks:
         task.cancel()
     if not tasks:
-        return
+        return True
     _, stuck = await asyncio.wait(tasks, timeout=seconds)
     if stuck:
         log.warning("stopping without waiting for tasks: %s", ", ".join(sorted(task.get_name() for task in stuck)))
+    return not stuck

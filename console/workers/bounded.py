@@ -55,9 +55,7 @@ async def _teardown(loop: asyncio.AbstractEventLoop, executor: ThreadPoolExecuto
     """Cancel what is left and shut the executor down, within PROCESS_TEARDOWN: True if
     everything ended."""
     deadline = loop.time() + PROCESS_TEARDOWN
-    leftovers = asyncio.all_tasks(loop) - {asyncio.current_task(loop)}
-    await cancel_within(leftovers, PROCESS_TEARDOWN)
-    if any(not task.done() for task in leftovers):
+    if not await cancel_within(asyncio.all_tasks(loop) - {asyncio.current_task(loop)}, PROCESS_TEARDOWN):
         return False
     await loop.shutdown_asyncgens()
     threads_ended = loop.create_future()
