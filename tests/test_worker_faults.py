@@ -99,18 +99,19 @@ def test_sigterm_drains_and_leaves_nothing_in_processing(dsn, conn, sink):
 
 
 def test_ordering_keys_hold_across_two_worker_processes(dsn, conn, sink):
-    create(conn, "ordered", f"{sink.url}/sleep/5")
+    create(conn, "ordered", f"{sink.url}/sleep/20")
     keys, steps = 10, 15
-    with conn.transaction():
-        for step in range(steps):
-            for key in range(keys):
-                conn.execute("SELECT courier.send_with_options('ordered', %s::jsonb, p_ordering_key := %s, "
-                             "p_priority := %s)", (json.dumps({"key": key, "step": step}), f"k{key}", (step * 7) % 11))
     workers = [start_worker_process(dsn, "--concurrency", "4", "--batch-size", "4") for _ in range(2)]
     try:
-        # Both running before either is stopped: on a loaded machine one could still be
-        # starting when the other had delivered everything, and die of the SIGTERM.
-        wait_for(lambda: scalar(conn, "SELECT count(*) FROM courier.workers") == 2, timeout=60)
+        # Both claiming before anything is sent: on a loaded machine the second could still be
+        # starting when the first had delivered everything.
+        wait_for(lambda: all('"worker started"' in w.stderr.so_far() for w in workers), timeout=60)
+        with conn.transaction():
+            for step in range(steps):
+                for key in range(keys):
+                    conn.execute("SELECT courier.send_with_options('ordered', %s::jsonb, p_ordering_key := %s, "
+                                 "p_priority := %s)",
+                                 (json.dumps({"key": key, "step": step}), f"k{key}", (step * 7) % 11))
         wait_for(lambda: archived(conn) == keys * steps, timeout=60)
     finally:
         codes = [stop(w) for w in workers]

@@ -73,6 +73,10 @@ class _DrainedPipe:
         self._reader.join()
         return "".join(self._lines)
 
+    def so_far(self) -> str:
+        """What the child has written until now, without waiting for it to end."""
+        return "".join(self._lines)
+
     def close(self) -> None:
         self._pipe.close()
 
