@@ -133,7 +133,8 @@ LIMIT 1;
 -- Active messages in the order the queue works through them: in flight first (oldest claim
 -- first, on queue_processing_started_idx, then pull messages under a lease, which have no
 -- claim time, by id on queue_pull_leased_idx), then pending in claim order, priority DESC then
--- FIFO by id (one probe of queue_claim_idx per endpoint, as the claim does), then
+-- FIFO by id (per endpoint, the first rows of queue_ready_idx and of queue_pending_rest_idx,
+-- which hold the pending messages between them: migration 0024), then
 -- finished rows not archived yet, newest first (queue_finished_idx). The status gates are
 -- one-time filters, so a branch the status rules out is never run.
 WITH wanted AS (
@@ -163,11 +164,22 @@ FROM (
             p.created_at, p.scheduled_at, p.next_retry_at, p.last_error
      FROM wanted w
      CROSS JOIN LATERAL (
-         SELECT q.id, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id, q.created_at,
-                q.scheduled_at, q.next_retry_at, q.last_error
-         FROM courier.queue q
-         WHERE q.endpoint_id = w.id AND q.status = 'pending'
-         ORDER BY q.priority DESC, q.id
+         (SELECT q.id, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id, q.created_at,
+                 q.scheduled_at, q.next_retry_at, q.last_error
+          FROM courier.queue q
+          WHERE q.endpoint_id = w.id AND q.status = 'pending'
+            AND q.scheduled_at IS NULL AND q.next_retry_at IS NULL AND q.visible_at IS NULL
+          ORDER BY q.priority DESC, q.id
+          LIMIT %(limit)s)
+         UNION ALL
+         (SELECT q.id, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id, q.created_at,
+                 q.scheduled_at, q.next_retry_at, q.last_error
+          FROM courier.queue q
+          WHERE q.endpoint_id = w.id AND q.status = 'pending'
+            AND (q.scheduled_at IS NOT NULL OR q.next_retry_at IS NOT NULL OR q.visible_at IS NOT NULL)
+          ORDER BY q.priority DESC, q.id
+          LIMIT %(limit)s)
+         ORDER BY priority DESC, id
          LIMIT %(limit)s
      ) p
      WHERE %(status)s::text IS NULL OR %(status)s::text = 'pending'

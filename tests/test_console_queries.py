@@ -285,6 +285,28 @@ def test_search_rows_carry_the_summary_columns(searchable):
     assert first.retry_count == 0 and first.last_error is None and isinstance(first.created_at, datetime)
 
 
+def test_search_lists_ready_scheduled_and_retrying_messages_once_in_claim_order(conn):
+    """Pending push messages due now and those with a time attached are in different indexes
+    (migration 0024); a search lists both in one order, priority DESC then FIFO."""
+    conn.execute("SELECT courier.create_endpoint('a', 'noop', '{}')")
+
+    def scheduled(priority: int, at: str) -> int:
+        return scalar(conn, "SELECT courier.send_with_options('a', '{}', p_priority := %s, "
+                            f"p_scheduled_at := now() + interval '{at}')", (priority,))
+
+    (ready_0,) = send(conn, "a")
+    later_5 = scheduled(5, "1 day")
+    (ready_5,) = send(conn, "a", priority=5)
+    (retrying_5,) = send(conn, "a", priority=5)
+    conn.execute("UPDATE courier.queue SET next_retry_at = now() + interval '1 hour', retry_count = 1 "
+                 "WHERE id = %s", (retrying_5,))
+    (ready_9,) = send(conn, "a", priority=9)
+    due_0 = scheduled(0, "-1 minute")
+    assert search_ids(conn, endpoint="a", status="pending") == [ready_9, later_5, ready_5, retrying_5, ready_0, due_0]
+    assert search_ids(conn, endpoint="a", limit=3) == [ready_9, later_5, ready_5]
+    assert search_ids(conn) == [ready_9, later_5, ready_5, retrying_5, ready_0, due_0]
+
+
 def test_search_refuses_an_unknown_status(searchable):
     conn, _, _ = searchable
     with pytest.raises(InvalidInput, match="unknown message status"):

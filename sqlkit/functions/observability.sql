@@ -3,8 +3,9 @@
 
 -- Since when the oldest due pending message of one endpoint has been waiting: its created_at,
 -- or its scheduled_at when it was scheduled, so that a message scheduled for later is not
--- "old" (health_check raised alarms on them). One index probe per priority level on
--- queue_claim_idx, taking the lowest due id of each.
+-- "old" (health_check raised alarms on them). Per priority level, the lowest due id of each of
+-- the two indexes that hold the pending messages between them (migration 0024): one probe of
+-- queue_ready_idx and one of queue_pending_rest_idx.
 CREATE OR REPLACE FUNCTION courier._oldest_pending_at(p_endpoint_id integer) RETURNS timestamptz
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, courier, pg_temp
@@ -12,10 +13,16 @@ AS $$
     SELECT greatest(q.created_at, q.scheduled_at)
     FROM generate_series(0, 10) AS p(priority)
     CROSS JOIN LATERAL (
-        SELECT id, created_at, scheduled_at FROM courier.queue
-        WHERE endpoint_id = p_endpoint_id AND status = 'pending' AND priority = p.priority
-          AND (scheduled_at IS NULL OR scheduled_at <= now())
-        ORDER BY priority DESC, id LIMIT 1
+        (SELECT id, created_at, scheduled_at FROM courier.queue
+         WHERE endpoint_id = p_endpoint_id AND status = 'pending' AND priority = p.priority
+           AND scheduled_at IS NULL AND next_retry_at IS NULL AND visible_at IS NULL
+         ORDER BY priority DESC, id LIMIT 1)
+        UNION ALL
+        (SELECT id, created_at, scheduled_at FROM courier.queue
+         WHERE endpoint_id = p_endpoint_id AND status = 'pending' AND priority = p.priority
+           AND (scheduled_at IS NOT NULL OR next_retry_at IS NOT NULL OR visible_at IS NOT NULL)
+           AND (scheduled_at IS NULL OR scheduled_at <= now())
+         ORDER BY priority DESC, id LIMIT 1)
     ) q
     ORDER BY q.id LIMIT 1
 $$;
