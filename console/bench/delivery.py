@@ -18,6 +18,7 @@ from sqlkit.connection import connect
 from .drain import drain_with_worker_process, worker_process
 from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
+from .scratch import backpressure_out_of_reach
 
 
 class SinkProcess:
@@ -40,7 +41,7 @@ def _endpoint(dsn: str, name: str, protocol: str, config: dict, retry_policy: di
         conn.execute("DELETE FROM courier.endpoints WHERE name = %s", (name,))
         conn.execute("SELECT courier.create_endpoint(%s, %s, %s::jsonb, %s::jsonb)",
                      (name, protocol, json.dumps(config), json.dumps(retry_policy or {})))
-        conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+        backpressure_out_of_reach(conn)
 
 
 def _preload(dsn: str, name: str, messages: int) -> None:
@@ -184,7 +185,7 @@ def mixed(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int 
         with connect(dsn) as conn:
             conn.execute("TRUNCATE courier.queue, courier.dlq, courier.archive")
             conn.execute("DELETE FROM courier.endpoints WHERE name LIKE 'mixed-%'")
-            conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+            backpressure_out_of_reach(conn)
             conn.execute("SELECT courier.set_setting('circuit_breaker_threshold', '1000')")
             for name, path in (("mixed-ok", "/healthy"), ("mixed-fail", "/status/500"), ("mixed-slow", "/slow")):
                 conn.execute("SELECT courier.create_endpoint(%s, 'http', %s::jsonb, %s::jsonb)",

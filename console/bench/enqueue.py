@@ -13,6 +13,7 @@ from sqlkit.connection import connect
 
 from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
+from .scratch import backpressure_out_of_reach
 
 RAW_TABLE = """
 CREATE TABLE IF NOT EXISTS public.bench_raw_queue
@@ -28,7 +29,7 @@ def _prepare(dsn: str) -> None:
         exists = conn.execute("SELECT 1 FROM courier.endpoints WHERE name = 'bench'").fetchone()
         if not exists:
             conn.execute("SELECT courier.create_endpoint('bench', 'noop', '{}')")
-        conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+        backpressure_out_of_reach(conn)
 
 
 def _reset(dsn: str) -> None:

@@ -33,3 +33,10 @@ def scratch_database(dsn: str) -> Iterator[str]:
     finally:
         with connect(dsn) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def backpressure_out_of_reach(conn: psycopg.Connection) -> None:
+    """Raise max_queue_size to its maximum rather than turn it off (0): a send then checks the
+    queue's depth as it does with the default limit, so the figures are those of the code a
+    user runs, and a run that sends millions is never refused."""
+    conn.execute("SELECT courier.set_setting('max_queue_size', '2147483647')")
