@@ -142,7 +142,7 @@ def _latency_at(dsn: str, rate: float, seconds: float) -> ScenarioResult:
         deadline = time.monotonic() + 30
         while _running_pools(conn) < pools:  # every pool listening before the first send
             if worker.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("`courier worker` did not start")
+                raise worker.failure("the worker's pools did not all start")
             time.sleep(0.05)
         sent = _offer_load(dsn, rate, seconds)
         deadline = time.monotonic() + 30

@@ -21,12 +21,15 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import IO
 
 from console.workers.pool import PoolSettings
 from sqlkit.connection import connect
+from sqlkit.errors import CourierError
 
 from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
@@ -116,22 +119,38 @@ def _drain_with_worker(dsn: str, messages: int, names: list[str]) -> WorkerDrain
     return drain_with_worker_process(dsn, messages)
 
 
+class WorkerProcess(subprocess.Popen):
+    """`courier worker` with its log kept, so that a benchmark whose worker failed can say why."""
+
+    def __init__(self, dsn: str, log: IO[str]) -> None:
+        super().__init__([sys.executable, "-c", "from console.cli import main; main()", "worker"],
+                         env={**os.environ, "COURIER_DSN": dsn}, stdout=subprocess.DEVNULL, stderr=log)
+        self._log = log
+
+    def failure(self, what: str) -> CourierError:
+        """`what` went wrong, with how the worker ended and the last line it logged."""
+        self._log.seek(0)
+        lines = [line.strip() for line in self._log if line.strip()]
+        state = "still running" if self.poll() is None else f"exited with code {self.returncode}"
+        last = f"; its last log line: {lines[-1][:300]}" if lines else ""
+        return CourierError(f"{what}: `courier worker` {state}{last}")
+
+
 @contextlib.contextmanager
-def worker_process(dsn: str) -> Iterator[subprocess.Popen[bytes]]:
+def worker_process(dsn: str) -> Iterator[WorkerProcess]:
     """`courier worker` as a user starts it, with no flags, stopped with SIGTERM (its drain) on
     the way out."""
-    process = subprocess.Popen([sys.executable, "-c", "from console.cli import main; main()", "worker"],
-                               env={**os.environ, "COURIER_DSN": dsn}, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    try:
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)
+    with tempfile.TemporaryFile("w+") as log:
+        process = WorkerProcess(dsn, log)
         try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            yield process
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def drain_with_worker_process(dsn: str, messages: int) -> WorkerDrain:
@@ -155,8 +174,8 @@ def drain_with_worker_process(dsn: str, messages: int) -> WorkerDrain:
                     finished = now
                     break
                 time.sleep(POLL)
-        if started is None or finished is None:
-            raise RuntimeError("the worker did not drain the queue")
+            if started is None or finished is None:
+                raise process.failure("the worker did not drain the queue")
         time.sleep(0.7)  # backends report their statistics as they exit
         conn.execute("SELECT pg_stat_clear_snapshot()")
         own += 1

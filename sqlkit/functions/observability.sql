@@ -5,7 +5,9 @@
 -- or its scheduled_at when it was scheduled, so that a message scheduled for later is not
 -- "old" (health_check raised alarms on them). Per priority level, the lowest due id of each of
 -- the two indexes that hold the pending messages between them (migration 0024): one probe of
--- queue_ready_idx and one of queue_pending_rest_idx.
+-- queue_ready_idx and one of queue_pending_rest_idx. The second steps over messages scheduled
+-- for later, as the single probe of one index did whenever they were older than every ready
+-- message (about 16 ms for 100k of them).
 CREATE OR REPLACE FUNCTION courier._oldest_pending_at(p_endpoint_id integer) RETURNS timestamptz
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, courier, pg_temp
