@@ -378,11 +378,7 @@ class ReceiveLoop:
         await self._db.open()
         work = asyncio.create_task(self._peek_and_receive(), name=f"courier-receive-loop-{self.topic}")
         try:
-            stop_wait = asyncio.create_task(self._stopping.wait())
-            try:
-                await asyncio.wait({work, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop_wait.cancel()
+            await self._until_stopped_or_done(work)
             if not work.done():  # stopping: a round in progress ends within its grace period
                 await within(2 * self.shutdown_timeout, work, "the receive round")
             elif not work.cancelled() and work.exception() is not None:
@@ -418,17 +414,20 @@ class ReceiveLoop:
         round_ = _Round(attempts)
         slots = {asyncio.create_task(self._receive_slot(round_), name=f"courier-receive-{self.topic}")
                  for _ in range(min(self.concurrency, attempts))}
-        every_slot = asyncio.gather(*slots, return_exceptions=True)
+        await self._until_stopped_or_done(asyncio.gather(*slots, return_exceptions=True))
+        running = {slot for slot in slots if not slot.done()}
+        if running:  # stopping: the handlers get the grace period, then are cancelled
+            _, late = await asyncio.wait(running, timeout=self.shutdown_timeout)
+            for slot in late:
+                slot.cancel()
+            if late:
+                await asyncio.wait(late, timeout=self.shutdown_timeout)
+
+    async def _until_stopped_or_done(self, work: asyncio.Future[Any]) -> None:
+        """Wait until `work` is done or stop() is called, whichever comes first."""
         stop_wait = asyncio.create_task(self._stopping.wait())
         try:
-            await asyncio.wait({every_slot, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-            running = {slot for slot in slots if not slot.done()}
-            if running:  # stopping: the handlers get the grace period, then are cancelled
-                _, late = await asyncio.wait(running, timeout=self.shutdown_timeout)
-                for slot in late:
-                    slot.cancel()
-                if late:
-                    await asyncio.wait(late, timeout=self.shutdown_timeout)
+            await asyncio.wait({work, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop_wait.cancel()
 
