@@ -31,13 +31,13 @@ import psycopg
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg.pq import Format
-from psycopg.rows import args_row
+from psycopg.rows import args_row, dict_row
 
 from . import queries
 from .connection import NEW_MESSAGE_CHANNEL, AsyncDatabase
 from .errors import CourierError, InvalidInput, translated
 from .pull import ReceivedMessage
-from .stopping import cancel_within, within
+from .stopping import answer_within, cancel_within, within
 
 log = logging.getLogger("courier.consumer")
 
@@ -128,6 +128,10 @@ class Consumer:
     that is never handed out (the loop ends first) is given back on close(), due again within
     a second. `prefetch=False` dequeues only when the next batch is asked for.
 
+    Every database call (dequeue, ack, nack, release, a heartbeat's lease extension) that gets
+    no answer within `call_timeout` seconds is cancelled and fails with DatabaseUnavailable,
+    rather than hold the consumer until TCP gives up on a database that stopped answering.
+
         async with Consumer(dsn, "orders") as consumer:
             async for message in consumer:
                 await work(message.payload)
@@ -136,7 +140,7 @@ class Consumer:
 
     def __init__(self, dsn: str, topic: str, *, batch_size: int = 10, visibility_timeout: int = 30,
                  heartbeat_interval: float | None = None, poll_interval: float = 1.0,
-                 shutdown_timeout: float = 5.0, prefetch: bool = True) -> None:
+                 shutdown_timeout: float = 5.0, prefetch: bool = True, call_timeout: float = 30.0) -> None:
         if not isinstance(prefetch, bool):
             raise InvalidInput(f"prefetch must be True or False, got {prefetch!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
@@ -146,7 +150,7 @@ class Consumer:
             raise InvalidInput(f"visibility_timeout must be whole seconds from 1 to 43200, got {visibility_timeout!r}")
         heartbeat = visibility_timeout / 3 if heartbeat_interval is None else heartbeat_interval
         for name, value in (("heartbeat_interval", heartbeat), ("poll_interval", poll_interval),
-                            ("shutdown_timeout", shutdown_timeout)):
+                            ("shutdown_timeout", shutdown_timeout), ("call_timeout", call_timeout)):
             _check_positive(name, value)
         if heartbeat >= visibility_timeout:
             raise InvalidInput(f"heartbeat_interval ({heartbeat:g} s) must be shorter than the visibility "
@@ -157,6 +161,7 @@ class Consumer:
         self.heartbeat_interval = heartbeat
         self.poll_interval = poll_interval
         self.shutdown_timeout = shutdown_timeout
+        self.call_timeout = call_timeout
         self.prefetch = prefetch
         # One connection acks (and dequeues), one prefetches the next batch meanwhile, one
         # heartbeats (never queued behind a dequeue).
@@ -195,12 +200,10 @@ class Consumer:
     async def dequeue(self, count: int | None = None) -> list[PulledMessage]:
         """One courier.dequeue call: up to `count` (default batch_size) messages, now in flight."""
         # Rows straight into PulledMessage (the query's columns are its fields, in order).
-        async with self._db.connection() as conn, conn.cursor(binary=True, row_factory=args_row(PulledMessage)) as cur:
-            with translated():
-                await cur.execute(queries.query("consumer_dequeue"), {
-                    "topic": self.topic, "count": count or self.batch_size,
-                    "visibility_timeout": self.visibility_timeout})
-                messages = await cur.fetchall()
+        messages: list[PulledMessage] = await self._fetch(
+            "consumer_dequeue", {"topic": self.topic, "count": count or self.batch_size,
+                                 "visibility_timeout": self.visibility_timeout},
+            binary=True, row_factory=args_row(PulledMessage))
         for message in messages:
             self._in_flight[message.id] = message
         return messages
@@ -272,12 +275,8 @@ class Consumer:
             return {}
         for message in batch:  # no more heartbeats for these, whatever the outcome
             self._in_flight.pop(message.id, None)
-        async with self._db.connection() as conn, conn.cursor() as cur:
-            with translated():
-                await cur.execute(queries.query(query), {
-                    "ids": _int_array(m.id for m in batch), "leases": _int_array(m.lease for m in batch),
-                    **extra})
-                returned: list[tuple[int, str]] = await cur.fetchall()
+        returned: list[tuple[int, str]] = await self._fetch(query, {
+            "ids": _int_array(m.id for m in batch), "leases": _int_array(m.lease for m in batch), **extra})
         results = dict.fromkeys((m.id for m in batch), assumed) if assumed else {}
         results.update(returned)
         lost = [i for i, result in results.items() if result == "lease_lost"]
@@ -300,10 +299,9 @@ class Consumer:
         batch = list(self._in_flight.values())
         if not batch:
             return
-        async with self._db.connection() as conn:
-            rows = await queries.fetch_all_async(conn, "consumer_extend_lease", {
-                "ids": [m.id for m in batch], "leases": [m.lease for m in batch],
-                "visibility_timeout": self.visibility_timeout})
+        rows: list[dict[str, Any]] = await self._fetch("consumer_extend_lease", {
+            "ids": _int_array(m.id for m in batch), "leases": _int_array(m.lease for m in batch),
+            "visibility_timeout": self.visibility_timeout}, row_factory=dict_row)
         self.heartbeats += 1
         by_id = {m.id: m for m in batch}
         for row in rows:
@@ -316,6 +314,16 @@ class Consumer:
                 message.lease_lost = True
                 log.warning("%s: message %d lost its lease (%s); it is another consumer's now",
                             self.topic, row["id"], row["result"])
+
+    async def _fetch(self, query: str, params: dict[str, Any], **cursor_options: Any) -> list[Any]:
+        """The rows of one named query, or DatabaseUnavailable after call_timeout."""
+        async def rows() -> list[Any]:
+            async with self._db.connection() as conn, conn.cursor(**cursor_options) as cur:
+                with translated():
+                    await cur.execute(queries.query(query), params)
+                    return await cur.fetchall()
+
+        return await answer_within(self.call_timeout, rows(), f"{self.topic}: {query.removeprefix('consumer_')}")
 
     async def _listen(self) -> None:
         """Wake an idle iterator on new-message notifications (any endpoint's: the topic's id is
@@ -366,14 +374,17 @@ class ReceiveLoop:
     (another instance got there first) stops the round; when the round's slots are done it
     peeks again at once. A message whose handler raised is put back, held
     back for a growing while (courier.receive_failed), and dead-lettered to <topic>.dlq past
-    the topic's max_retries, so it never blocks the messages behind it.
+    the topic's max_retries, so it never blocks the messages behind it. A peek or receive that
+    gets no answer within `call_timeout` seconds is cancelled and the loop goes back to
+    peeking; an unanswered receive rolls back, so its message is not lost.
     """
 
     def __init__(self, dsn: str, topic: str, handler: Handler, *, peek_interval: float = 1.0,
                  max_records_to_peek: int = 100, concurrency: int | None = None,
-                 shutdown_timeout: float = 10.0) -> None:
-        _check_positive("peek_interval", peek_interval)
-        _check_positive("shutdown_timeout", shutdown_timeout)
+                 shutdown_timeout: float = 10.0, call_timeout: float = 30.0) -> None:
+        for name, value in (("peek_interval", peek_interval), ("shutdown_timeout", shutdown_timeout),
+                            ("call_timeout", call_timeout)):
+            _check_positive(name, value)
         concurrency = max(2, os.cpu_count() or 1) if concurrency is None else concurrency
         for name, value in (("max_records_to_peek", max_records_to_peek), ("concurrency", concurrency)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000:
@@ -388,6 +399,7 @@ class ReceiveLoop:
         self.max_records_to_peek = max_records_to_peek
         self.concurrency = concurrency
         self.shutdown_timeout = shutdown_timeout
+        self.call_timeout = call_timeout
         self._db = AsyncDatabase(dsn, min_size=1, max_size=concurrency + 1, application_name="courier-receiver",
                                  configure=_configure)
         self._stopping = asyncio.Event()
@@ -431,9 +443,14 @@ class ReceiveLoop:
                 await asyncio.wait_for(self._stopping.wait(), self.peek_interval)
 
     async def _peek(self) -> int:
+        """courier.peek, or DatabaseUnavailable after call_timeout (the loop peeks again later)."""
         self.peeks += 1
-        async with self._db.connection() as conn:
-            return int(await queries.fetch_value_async(conn, "consumer_peek", {"topic": self.topic}) or 0)
+
+        async def peek() -> int:
+            async with self._db.connection() as conn:
+                return int(await queries.fetch_value_async(conn, "consumer_peek", {"topic": self.topic}) or 0)
+
+        return await answer_within(self.call_timeout, peek(), f"{self.topic}: peek")
 
     async def _receive_round(self, attempts: int) -> None:
         """Up to `attempts` receives by at most `concurrency` slots, until one comes back empty;
@@ -469,7 +486,9 @@ class ReceiveLoop:
                 try:
                     while round_.take() and not self._stopping.is_set():
                         committing, handled = handled, None
-                        message = await self._commit_and_receive(conn, committing, round_)
+                        message = await answer_within(self.call_timeout,
+                                                      self._commit_and_receive(conn, committing, round_),
+                                                      f"{self.topic}: receive")
                         if message is None:
                             return
                         try:

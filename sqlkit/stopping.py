@@ -1,4 +1,4 @@
-"""Stopping within a bound whatever the database does.
+"""Stopping, and waiting for an answer, within a bound whatever the database does.
 
 asyncio.wait_for and asyncio.timeout are not hard bounds: at their deadline they cancel the
 awaited work and then wait for it to end. A psycopg query cancelled while its server does not
@@ -12,9 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Iterable
-from typing import Any
+from typing import Any, TypeVar
+
+from .errors import DatabaseUnavailable
 
 log = logging.getLogger("courier.stopping")
+
+T = TypeVar("T")
 
 
 async def within(seconds: float, work: Awaitable[object], what: str) -> bool:
@@ -47,3 +51,19 @@ async def cancel_within(tasks: Iterable[asyncio.Task[Any]], seconds: float) -> b
     if stuck:
         log.warning("stopping without waiting for tasks: %s", ", ".join(sorted(task.get_name() for task in stuck)))
     return not stuck
+
+
+
+async def answer_within(seconds: float, work: Awaitable[T], what: str) -> T:
+    """The result of `work`, or DatabaseUnavailable when it gets no answer within `seconds`: a
+    call a running client makes must not wait for TCP to give up on a database that stopped
+    answering, many minutes later. Unlike `within`, the call is cancelled, not abandoned, so
+    nothing else is left using its connection; psycopg's cancellation of the query adds at
+    most 10 s (a cancel request, then a wait for the query to end) before it closes the
+    connection, which the pool then drops."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await work
+    except TimeoutError:
+        raise DatabaseUnavailable(f"{what}: no answer from the database within {seconds:g} s "
+                                  f"(unreachable, or the call is blocked)") from None

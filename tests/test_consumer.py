@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from sqlkit.consumer import Consumer, PulledMessage, ReceivedMessage, ReceiveLoop
-from sqlkit.errors import InvalidInput
+from sqlkit.errors import DatabaseUnavailable, InvalidInput
 from tests import test_roles_and_psql
 from tests.helpers import scalar
 from tests.tcp_proxy import PostgresProxy
@@ -339,6 +339,64 @@ def test_a_consumer_closes_within_its_bound_when_the_database_stops_answering(co
     # The prefetched batch's release (1 s), the heartbeat and listener (at once), the
     # connections (1 s); it hung for good before.
     assert took < 3 + 1, f"closing took {took:.1f} s"
+
+
+def test_a_running_consumer_fails_a_call_the_database_does_not_answer_and_goes_on(conn, topic, proxy):
+    """A partition while the consumer works: its ack fails with a clear error, bounded by
+    call_timeout, instead of waiting for TCP to give up; once the network is back it dequeues
+    again."""
+    enqueue(conn, *({"n": n} for n in range(20)))
+
+    async def run() -> tuple[float, list[PulledMessage]]:
+        consumer = Consumer(proxy.proxied_dsn, TOPIC, batch_size=10, call_timeout=1, shutdown_timeout=1,
+                            prefetch=False)
+        async with consumer:
+            batch = await consumer.dequeue()
+            proxy.stall()
+            began = time.monotonic()
+            with pytest.raises(DatabaseUnavailable, match="ack: no answer from the database within 1 s"):
+                await asyncio.wait_for(consumer.ack(batch), 30)
+            took = time.monotonic() - began
+            proxy.restore()
+            return took, await asyncio.wait_for(consumer.dequeue(), 30)
+
+    took, after = asyncio.run(run())
+    # call_timeout, then psycopg's cancellation of the query (a cancel request and a wait, at
+    # most 5 s each, both unanswered here) before it closes the connection.
+    assert took < 1 + 10 + 1, f"the ack failed after {took:.1f} s"
+    assert len(after) == 10  # the other ten, on a connection that works
+
+
+def test_a_receive_loop_rides_out_a_stalled_database(conn, topic, proxy):
+    """Peeks and receives that get no answer fail after call_timeout; the loop keeps peeking
+    and, once the network is back, receives every message. A message whose commit was on its
+    way when the network stalled may come again (at least once): at most one per slot."""
+    ids = enqueue(conn, *({"n": n} for n in range(20)))
+    seen: list[int] = []
+
+    async def handler(message: ReceivedMessage) -> None:
+        await asyncio.sleep(0.02)
+        seen.append(message.id)
+
+    async def run() -> None:
+        loop = ReceiveLoop(proxy.proxied_dsn, TOPIC, handler, peek_interval=0.2, concurrency=2,
+                           call_timeout=1, shutdown_timeout=1)
+        task = asyncio.create_task(loop.run())
+        while len(seen) < 3:
+            await asyncio.sleep(0.01)
+        proxy.stall()
+        await asyncio.sleep(2.5)  # past call_timeout: the calls in flight are being cancelled
+        assert not task.done()
+        proxy.restore()
+        deadline = time.monotonic() + 30
+        while len(set(seen)) < len(ids) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        loop.stop()
+        await asyncio.wait_for(task, 15)
+
+    asyncio.run(run())
+    assert sorted(set(seen)) == ids
+    assert len(seen) - len(ids) <= 2
 
 
 def test_stopping_the_loop_while_a_peek_hangs_is_bounded(topic, proxy):
