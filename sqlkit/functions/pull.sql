@@ -618,6 +618,9 @@ $$;
 -- due time then id first, skipping rows other receivers hold. The candidates are picked into
 -- an array first and the DELETE matches that array: a DELETE ... USING (SELECT ... LIMIT ...
 -- FOR UPDATE SKIP LOCKED) may evaluate its subquery again and delete more rows than the limit.
+-- The array holds their ctids, which stand still while the rows are locked: the DELETE is a
+-- TID scan rather than a primary-key lookup per message (7% of a receive of 100 under
+-- callgrind), as dequeue's UPDATE is.
 -- Expired messages among them are dropped, not returned, and the receive goes on for the rest.
 -- Generic plans, planned once per session, as for dequeue (see its plan notes).
 CREATE OR REPLACE FUNCTION courier.receive(p_topic text, p_count integer DEFAULT 1)
@@ -634,7 +637,7 @@ DECLARE
     v_rate numeric;
     v_limit integer;
     v_left integer;
-    v_ids bigint[];
+    v_tids tid[];
     v_got integer;
     v_rounds integer := 0;
 BEGIN
@@ -652,17 +655,17 @@ BEGIN
     v_left := v_limit;
     WHILE v_left > 0 AND v_rounds < 10 LOOP
         v_rounds := v_rounds + 1;
-        SELECT array_agg(c.id) INTO v_ids FROM (
-            SELECT q.id FROM courier.queue q
+        SELECT array_agg(c.ctid) INTO v_tids FROM (
+            SELECT q.ctid FROM courier.queue q
             WHERE q.endpoint_id = v_topic.id AND q.visible_at <= now() AND q.visible_at IS NOT NULL
               AND q.status IN ('pending', 'processing')
             ORDER BY q.visible_at, q.id
             LIMIT v_left
             FOR UPDATE SKIP LOCKED) c;
-        EXIT WHEN v_ids IS NULL;
+        EXIT WHEN v_tids IS NULL;
         RETURN QUERY
         WITH gone AS (
-            DELETE FROM courier.queue q WHERE q.id = ANY (v_ids)
+            DELETE FROM courier.queue q WHERE q.ctid = ANY (v_tids)
             RETURNING q.id, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.created_at, q.visible_at,
                       q.expires_at
         )
@@ -675,11 +678,11 @@ BEGIN
         -- call (and a statement) for each.
         INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
         SELECT v_topic.id, o.outcome, pg_backend_pid(), o.n
-        FROM (VALUES ('delivered', v_got), ('expired', cardinality(v_ids) - v_got)) AS o(outcome, n)
+        FROM (VALUES ('delivered', v_got), ('expired', cardinality(v_tids) - v_got)) AS o(outcome, n)
         WHERE o.n > 0
         ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total;
         v_left := v_left - v_got;
-        EXIT WHEN v_got = cardinality(v_ids);  -- nothing expired: nothing more is due
+        EXIT WHEN v_got = cardinality(v_tids);  -- nothing expired: nothing more is due
     END LOOP;
     IF v_rate > 0 THEN
         PERFORM courier._return_throughput(v_topic, v_left);
