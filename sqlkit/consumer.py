@@ -96,6 +96,8 @@ class _JsonbBinaryLoader(Loader):
 
 
 class _JsonbTextLoader(Loader):
+    """jsonb in text (the receive loop's client-side cursor), decoded the same way."""
+
     def load(self, data: Buffer) -> Any:
         return {} if data == b"{}" else _loads_json_text(bytes(data).decode())
 

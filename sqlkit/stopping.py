@@ -53,7 +53,6 @@ async def cancel_within(tasks: Iterable[asyncio.Task[Any]], seconds: float) -> b
     return not stuck
 
 
-
 async def answer_within(seconds: float, work: Awaitable[T], what: str) -> T:
     """The result of `work`, or DatabaseUnavailable when it gets no answer within `seconds`: a
     call a running client makes must not wait for TCP to give up on a database that stopped
