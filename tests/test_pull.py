@@ -131,6 +131,28 @@ def test_the_delete_reaper_runs_on_its_interval_setting(conn, orders):
     assert status(conn, second) == "expired"
 
 
+def test_the_reapers_never_change_more_than_their_batch(conn, orders):
+    """`id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` as the inner side of a semi join runs
+    again per row and skips what the statement already changed: all of them went in one call."""
+    conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")
+    for n in range(3):
+        conn.execute("SELECT courier.send_with_options('hook', %s, p_expires_at := now() + interval '1 hour')",
+                     (Jsonb({"n": n}),))
+        enqueue(conn, {"n": n})
+    conn.execute("UPDATE courier.queue SET expires_at = now() - interval '1 second'")
+    assert scalar(conn, "SELECT courier.mark_expired_messages(2)") == 2  # push and pull, pending
+    conn.execute("UPDATE courier.queue SET status = 'pending', completed_at = NULL, last_error = NULL "
+                 "WHERE status = 'expired'")
+    dequeue(conn, 3)
+    conn.execute("UPDATE courier.queue SET expires_at = now() - interval '1 second'")
+    conn.execute("UPDATE courier.queue SET status = 'expired' WHERE visible_at IS NULL")  # out of the way
+    assert scalar(conn, "SELECT courier.run_expiry_reaper(2)") == 2  # pull, processing
+    assert scalar(conn, "SELECT courier.run_expiry_reaper(2)") == 1
+    assert scalar(conn, "SELECT courier.run_delete_reaper(2)") == 2
+    assert scalar(conn, "SELECT courier.run_delete_reaper(2)") == 1
+    assert scalar(conn, "SELECT courier.run_delete_reaper(2)") == 0
+
+
 # Leases and visibility ---------------------------------------------------------------------
 
 

@@ -342,6 +342,11 @@ $$;
 -- Marks pending messages whose expires_at has passed as expired, at most p_batch_size per
 -- call (the leader calls again while it gets a full batch); returns how many. Claims skip
 -- expired messages anyway; this makes them visible and moves them on to the archive.
+-- The batch is picked as an array (an InitPlan, run once), never as `id IN (SELECT ...
+-- LIMIT ... FOR UPDATE SKIP LOCKED)`: as the inner side of a semi join that subquery runs
+-- again for every row, skips the rows this statement has already changed, and so takes the
+-- next ones, until every expired message is changed in one statement. Its ctids hold: the
+-- rows are locked.
 CREATE OR REPLACE FUNCTION courier.mark_expired_messages(p_batch_size integer DEFAULT 10000) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
@@ -353,10 +358,10 @@ BEGIN
         UPDATE courier.queue q
         SET status = 'expired', completed_at = now(), updated_at = now(),
             last_error = 'Expired before delivery'
-        WHERE q.id IN (SELECT id FROM courier.queue
-                       WHERE status = 'pending' AND expires_at <= now()
-                       ORDER BY expires_at LIMIT greatest(p_batch_size, 1)
-                       FOR UPDATE SKIP LOCKED)
+        WHERE q.ctid = ANY (ARRAY(SELECT c.ctid FROM courier.queue c
+                                  WHERE c.status = 'pending' AND c.expires_at <= now()
+                                  ORDER BY c.expires_at LIMIT greatest(p_batch_size, 1)
+                                  FOR UPDATE SKIP LOCKED))
           AND q.status = 'pending'
         RETURNING q.endpoint_id
     )

@@ -793,10 +793,10 @@ BEGIN
     WITH expired AS (
         UPDATE courier.queue q
         SET status = 'expired', completed_at = now(), updated_at = now(), last_error = 'Expired while processing'
-        WHERE q.id IN (SELECT id FROM courier.queue
-                       WHERE status = 'processing' AND expires_at <= now() AND visible_at IS NOT NULL
-                       ORDER BY expires_at LIMIT p_batch_size
-                       FOR UPDATE SKIP LOCKED)
+        WHERE q.ctid = ANY (ARRAY(SELECT c.ctid FROM courier.queue c
+                                  WHERE c.status = 'processing' AND c.expires_at <= now() AND c.visible_at IS NOT NULL
+                                  ORDER BY c.expires_at LIMIT p_batch_size
+                                  FOR UPDATE SKIP LOCKED))  -- once: see mark_expired_messages
           AND q.status = 'processing'
         RETURNING q.endpoint_id
     )
@@ -821,9 +821,9 @@ DECLARE
 BEGIN
     PERFORM courier._require_count('batch_size', p_batch_size, 100000);
     DELETE FROM courier.queue q
-    WHERE q.id IN (SELECT id FROM courier.queue
-                   WHERE status = 'expired' AND visible_at IS NOT NULL
-                   ORDER BY id LIMIT p_batch_size FOR UPDATE SKIP LOCKED)
+    WHERE q.ctid = ANY (ARRAY(SELECT c.ctid FROM courier.queue c
+                              WHERE c.status = 'expired' AND c.visible_at IS NOT NULL
+                              ORDER BY c.id LIMIT p_batch_size FOR UPDATE SKIP LOCKED))  -- see mark_expired_messages
       AND q.status = 'expired';
     GET DIAGNOSTICS v_queue = ROW_COUNT;
     DELETE FROM courier.archive a
