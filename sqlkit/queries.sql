@@ -436,9 +436,6 @@ SELECT courier.mark_expired_messages(%(batch_size)s);
 -- name: run_expiry_reaper
 SELECT courier.run_expiry_reaper(%(batch_size)s);
 
--- name: run_delete_reaper_if_due
-SELECT courier.run_delete_reaper_if_due(%(batch_size)s);
-
 -- name: archive_finished_messages
 SELECT courier.archive_completed_messages(0, %(batch_size)s);
 

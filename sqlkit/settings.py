@@ -27,6 +27,8 @@ class Setting:
     def allowed(self) -> str:
         if self.value_type == "boolean":
             return "true | false"
+        if self.value_type == "cron":
+            return "cron schedule (UTC) | empty"
         return f"{self.min_value} .. {self.max_value}"
 
 

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from sqlkit.reaper_schedule import run_delete_reaper_if_scheduled
 from tests.helpers import scalar
 
 
@@ -151,6 +152,69 @@ def test_the_reapers_never_change_more_than_their_batch(conn, orders):
     assert scalar(conn, "SELECT courier.run_delete_reaper(2)") == 2
     assert scalar(conn, "SELECT courier.run_delete_reaper(2)") == 1
     assert scalar(conn, "SELECT courier.run_delete_reaper(2)") == 0
+
+
+def _expire_one(conn, n: int) -> int:
+    message_id = enqueue(conn, {"n": n})
+    conn.execute("UPDATE courier.queue SET status = 'expired' WHERE id = %s", (message_id,))
+    return message_id
+
+
+def test_the_delete_reaper_runs_on_its_cron_schedule(conn, orders):
+    """queue-ti's delete_reaper_schedule: once per time the schedule names, counted from the
+    last run, or from when the schedule was set; it wins over delete_reaper_interval."""
+    conn.execute("SELECT courier.set_setting('delete_reaper_interval', '60')")
+    assert scalar(conn, "SELECT courier.set_setting('delete_reaper_schedule', '0 3 * * *')") == "0 3 * * *"
+    first = _expire_one(conn, 1)
+    assert run_delete_reaper_if_scheduled(conn, 10_000) == 0  # set just now: the next 03:00 is ahead
+    assert status(conn, first) == "expired"
+    conn.execute("UPDATE courier.settings SET updated_at = now() - interval '2 days' "
+                 "WHERE name = 'delete_reaper_schedule'")  # a 03:00 has come since it was set
+    assert run_delete_reaper_if_scheduled(conn, 10_000) == 1
+    second = _expire_one(conn, 2)
+    assert run_delete_reaper_if_scheduled(conn, 10_000) == 0  # ran now: not before the next 03:00
+    assert status(conn, second) == "expired"
+    conn.execute("UPDATE courier.reaper_runs SET last_run_at = now() - interval '1 day' WHERE reaper = 'delete'")
+    assert run_delete_reaper_if_scheduled(conn, 10_000) == 1
+    assert status(conn, second) is None
+
+
+def test_a_delete_reaper_run_that_filled_its_batch_goes_on_at_the_next_check(conn, orders):
+    conn.execute("SELECT courier.set_setting('delete_reaper_schedule', '@daily')")
+    conn.execute("UPDATE courier.settings SET updated_at = now() - interval '2 days' "
+                 "WHERE name = 'delete_reaper_schedule'")
+    expired = [_expire_one(conn, n) for n in range(3)]
+    assert run_delete_reaper_if_scheduled(conn, 2) == 2  # a full batch: more may be left
+    assert run_delete_reaper_if_scheduled(conn, 2) == 1
+    assert run_delete_reaper_if_scheduled(conn, 2) == 0
+    assert [status(conn, i) for i in expired] == [None, None, None]
+
+
+@pytest.mark.parametrize("given, stored", [
+    ("@daily", "0 0 * * *"), ("@HOURLY", "0 * * * *"), ("  */15   1-5 * *  0,6 ", "*/15 1-5 * * 0,6"),
+    ("5/10 0 1 1 7", "5/10 0 1 1 7"), ("", ""),
+])
+def test_a_cron_schedule_is_stored_normalised(conn, given, stored):
+    assert scalar(conn, "SELECT courier.set_setting('delete_reaper_schedule', %s)", (given,)) == stored
+
+
+@pytest.mark.parametrize("value", ["61 * * * *", "* * * *", "* * * * * *", "daily", "*/0 * * * *",
+                                   "5-1 * * * *", "0 0 0 * *", "0 24 * * *", "1,,2 * * * *", "mon * * * *"])
+def test_a_cron_schedule_that_is_not_one_is_refused_naming_the_setting(conn, value):
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="delete_reaper_schedule must be a cron schedule"):
+        conn.execute("SELECT courier.set_setting('delete_reaper_schedule', %s)", (value,))
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="delete_reaper_schedule"):
+        conn.execute("UPDATE courier.settings SET value = %s WHERE name = 'delete_reaper_schedule'", (value,))
+
+
+def test_a_schedule_that_never_comes_runs_nothing_and_says_so(conn, orders, caplog):
+    conn.execute("SELECT courier.set_setting('delete_reaper_schedule', '0 0 31 2 *')")  # 31 February
+    conn.execute("UPDATE courier.settings SET updated_at = now() - interval '2 days' "
+                 "WHERE name = 'delete_reaper_schedule'")
+    message_id = _expire_one(conn, 1)
+    assert run_delete_reaper_if_scheduled(conn, 10_000) == 0
+    assert status(conn, message_id) == "expired"
+    assert "names no time" in caplog.text
 
 
 # Leases and visibility ---------------------------------------------------------------------

@@ -201,7 +201,9 @@ def test_the_console_shows_a_topics_leases(dsn, conn, orders):
     assert detail["visible until"] == until.astimezone(None).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def test_a_workers_maintenance_leader_runs_both_reapers(dsn, conn, orders):
+@pytest.mark.parametrize("setting, value", [("delete_reaper_interval", "3600"),
+                                            ("delete_reaper_schedule", "@daily")])
+def test_a_workers_maintenance_leader_runs_both_reapers(dsn, conn, orders, setting, value):
     from tests.test_maintenance import stop
     from tests.workers import start_worker_process
     from tests.workers import wait_for as wait_until
@@ -210,7 +212,9 @@ def test_a_workers_maintenance_leader_runs_both_reapers(dsn, conn, orders):
     conn.execute("SELECT * FROM courier.dequeue('orders', 1, 3600)")
     kept = scalar(conn, "SELECT courier.enqueue('orders', '{}')")
     conn.execute("UPDATE courier.queue SET expires_at = now() - interval '1 second' WHERE id = %s", (held,))
-    conn.execute("SELECT courier.set_setting('delete_reaper_interval', '3600')")
+    conn.execute("SELECT courier.set_setting(%s, %s)", (setting, value))
+    # A schedule set two days ago has named a time since (an interval is due at once).
+    conn.execute("UPDATE courier.settings SET updated_at = now() - interval '2 days' WHERE name = %s", (setting,))
     worker = start_worker_process(dsn)
     try:
         wait_until(lambda: scalar(conn, "SELECT count(*) FROM courier.reaper_runs") == 2, timeout=30)

@@ -24,11 +24,13 @@ from sqlkit.archive_retention import LOCK_NOT_AVAILABLE, drop_expired_partitions
 from sqlkit.connection import connect, connect_async
 from sqlkit.errors import CourierError, DatabaseUnavailable
 from sqlkit.hot_table_vacuum import vacuum_hot_tables
+from sqlkit.reaper_schedule import run_delete_reaper_if_scheduled
 
 log = logging.getLogger("courier.maintenance")
 
 LEADER_APPLICATION_NAME = "courier-maintenance"
 LOCK_RETRY_PAUSE = 0.5
+DELETE_REAPER_BATCH = 10_000
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,8 @@ class MaintenanceSchedule:
     expiry_reaper: float = 60.0
     """queue-ti's expiry reaper: also expires pull messages in processing."""
     delete_reaper_check: float = 60.0
-    """How often the delete reaper's own schedule (the delete_reaper_interval setting) is checked."""
+    """How often the delete reaper's own schedule (delete_reaper_schedule, a cron schedule, or
+    else delete_reaper_interval) is checked: a schedule's minute is run within this long."""
     stale_recovery: float = 60.0
     archive: float = 2.0
     partitions: float = 3600.0
@@ -73,7 +76,7 @@ class MaintenanceSchedule:
             MaintenanceJob("stale_recovery", "recover_stale_messages", self.stale_recovery),
             MaintenanceJob("expiry", "mark_expired_messages", self.expiry, batch=10_000),
             MaintenanceJob("expiry_reaper", "run_expiry_reaper", self.expiry_reaper, batch=10_000),
-            MaintenanceJob("delete_reaper", "run_delete_reaper_if_due", self.delete_reaper_check, batch=10_000),
+            MaintenanceJob("delete_reaper", "", self.delete_reaper_check, runner=_delete_reaper),
             MaintenanceJob("archive", "archive_finished_messages", self.archive, batch=5_000),
             MaintenanceJob("partitions", "maintain_archive_partitions", self.partitions),
             MaintenanceJob("archive_retention", "cleanup_old_archive_partitions", self.partitions,
@@ -183,6 +186,18 @@ class MaintenanceLeader:
 def _drop_expired_partitions(dsn: str, budget: float) -> int:
     with connect(dsn, application_name=LEADER_APPLICATION_NAME) as conn:
         return drop_expired_partitions(conn, budget=budget)
+
+
+def _delete_reaper(dsn: str, budget: float) -> int:
+    """The delete reaper when its schedule says so, again while it deletes full batches."""
+    deadline = time.monotonic() + budget
+    total = 0
+    with connect(dsn, application_name=LEADER_APPLICATION_NAME) as conn:
+        while True:
+            done = run_delete_reaper_if_scheduled(conn, DELETE_REAPER_BATCH)
+            total += done
+            if done < DELETE_REAPER_BATCH or time.monotonic() > deadline:
+                return total
 
 
 def _vacuum_hot_tables(dsn: str, budget: float) -> int:

@@ -37,8 +37,42 @@ BEGIN
 END
 $$;
 
--- A setting's value as stored ('true'/'false', or a whole number in range), or an error
--- naming the setting: for set_setting() and for plain UPDATEs of courier.settings alike.
+-- Whether p_schedule is a cron schedule of five fields (minute hour day-of-month month
+-- day-of-week), each a list of *, n or a-b, optionally /step, in range. Numbers only: the
+-- maintenance leader reads it with cronsim, which takes these (and refuses dates that never
+-- come, such as 31 February, which it reports).
+CREATE OR REPLACE FUNCTION courier._cron_schedule_is_valid(p_schedule text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_fields text[] := string_to_array(p_schedule, ' ');
+    v_low integer[] := ARRAY[0, 0, 1, 1, 0];
+    v_high integer[] := ARRAY[59, 23, 31, 12, 7];
+    v_item text;
+    v_part text[];
+BEGIN
+    IF cardinality(v_fields) IS DISTINCT FROM 5 THEN
+        RETURN false;
+    END IF;
+    FOR i IN 1..5 LOOP
+        FOREACH v_item IN ARRAY string_to_array(v_fields[i], ',') LOOP
+            -- 1: the start (NULL for *), 3: the end of a range, 5: the step
+            v_part := regexp_match(v_item, '^(?:\*|([0-9]{1,2})(-([0-9]{1,2}))?)(/([0-9]{1,2}))?$');
+            IF v_part IS NULL
+               OR v_part[1]::integer NOT BETWEEN v_low[i] AND v_high[i]
+               OR v_part[3]::integer NOT BETWEEN v_part[1]::integer AND v_high[i]
+               OR v_part[5]::integer < 1 THEN
+                RETURN false;
+            END IF;
+        END LOOP;
+    END LOOP;
+    RETURN true;
+END
+$$;
+
+-- A setting's value as stored ('true'/'false', a whole number in range, or a cron schedule
+-- with single spaces and its @macro spelled out), or an error naming the setting: for
+-- set_setting() and for plain UPDATEs of courier.settings alike.
 CREATE OR REPLACE FUNCTION courier._normalize_setting(p_setting courier.settings, p_value text) RETURNS text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, courier, pg_temp
@@ -49,7 +83,20 @@ DECLARE
     v_normalized text;
     v_number numeric;
 BEGIN
-    IF v_setting.value_type = 'boolean' THEN
+    IF v_setting.value_type = 'cron' THEN
+        v_normalized := regexp_replace(trim(coalesce(p_value, '')), '\s+', ' ', 'g');
+        v_normalized := CASE lower(v_normalized)
+            WHEN '@yearly' THEN '0 0 1 1 *' WHEN '@annually' THEN '0 0 1 1 *' WHEN '@monthly' THEN '0 0 1 * *'
+            WHEN '@weekly' THEN '0 0 * * 0' WHEN '@daily' THEN '0 0 * * *' WHEN '@midnight' THEN '0 0 * * *'
+            WHEN '@hourly' THEN '0 * * * *' ELSE v_normalized END;
+        IF v_normalized <> '' AND NOT courier._cron_schedule_is_valid(v_normalized) THEN
+            RAISE EXCEPTION '[courier] setting % must be a cron schedule, got "%"', p_name, p_value
+                USING ERRCODE = '22023',
+                      HINT = 'Five fields, minute hour day-of-month month day-of-week, each *, n, a-b or a list '
+                             'of them, with an optional /step ("0 3 * * *": daily at 03:00 UTC); or @hourly, '
+                             '@daily, @weekly, @monthly, @yearly; empty turns it off';
+        END IF;
+    ELSIF v_setting.value_type = 'boolean' THEN
         IF lower(trim(p_value)) IN ('true', 'on', 'yes', '1') THEN
             v_normalized := 'true';
         ELSIF lower(trim(p_value)) IN ('false', 'off', 'no', '0') THEN
