@@ -3,28 +3,39 @@
 
 -- Since when the oldest due pending message of one endpoint has been waiting: its created_at,
 -- or its scheduled_at when it was scheduled, so that a message scheduled for later is not
--- "old" (health_check raised alarms on them). Per priority level, the lowest due id of each of
--- the two indexes that hold the pending messages between them (migration 0024): one probe of
--- queue_ready_idx and one of queue_pending_rest_idx. The second steps over messages scheduled
--- for later, as the single probe of one index did whenever they were older than every ready
--- message (about 16 ms for 100k of them).
+-- "old" (health_check raised alarms on them).
+-- - Push messages: per priority level, the lowest due id of each of the two indexes that hold
+--   the pending ones between them (migration 0024), one probe of queue_ready_idx and one of
+--   queue_pending_rest_idx. The second steps over messages scheduled for later (about 16 ms
+--   for 100k of them): see the closing notes of issue 11.
+-- - Pull messages: the first pending one of queue_pull_due_idx, in due order, up to now. They
+--   used to come from queue_pending_rest_idx too, where a topic with 500k messages scheduled
+--   for tomorrow made get_endpoint_health take 0.7-1 s and metrics() 1.3 s.
 CREATE OR REPLACE FUNCTION courier._oldest_pending_at(p_endpoint_id integer) RETURNS timestamptz
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
     SELECT greatest(q.created_at, q.scheduled_at)
-    FROM generate_series(0, 10) AS p(priority)
-    CROSS JOIN LATERAL (
-        (SELECT id, created_at, scheduled_at FROM courier.queue
-         WHERE endpoint_id = p_endpoint_id AND status = 'pending' AND priority = p.priority
-           AND scheduled_at IS NULL AND next_retry_at IS NULL AND visible_at IS NULL
-         ORDER BY priority DESC, id LIMIT 1)
+    FROM (
+        SELECT h.id, h.created_at, h.scheduled_at
+        FROM generate_series(0, 10) AS p(priority)
+        CROSS JOIN LATERAL (
+            (SELECT id, created_at, scheduled_at FROM courier.queue
+             WHERE endpoint_id = p_endpoint_id AND status = 'pending' AND priority = p.priority
+               AND scheduled_at IS NULL AND next_retry_at IS NULL AND visible_at IS NULL
+             ORDER BY priority DESC, id LIMIT 1)
+            UNION ALL
+            (SELECT id, created_at, scheduled_at FROM courier.queue
+             WHERE endpoint_id = p_endpoint_id AND status = 'pending' AND priority = p.priority
+               AND (scheduled_at IS NOT NULL OR next_retry_at IS NOT NULL) AND visible_at IS NULL
+               AND (scheduled_at IS NULL OR scheduled_at <= now())
+             ORDER BY priority DESC, id LIMIT 1)
+        ) h
         UNION ALL
         (SELECT id, created_at, scheduled_at FROM courier.queue
-         WHERE endpoint_id = p_endpoint_id AND status = 'pending' AND priority = p.priority
-           AND (scheduled_at IS NOT NULL OR next_retry_at IS NOT NULL OR visible_at IS NOT NULL)
-           AND (scheduled_at IS NULL OR scheduled_at <= now())
-         ORDER BY priority DESC, id LIMIT 1)
+         WHERE endpoint_id = p_endpoint_id AND visible_at <= now() AND visible_at IS NOT NULL
+           AND status IN ('pending', 'processing') AND status = 'pending'  -- past lapsed leases
+         ORDER BY visible_at, id LIMIT 1)
     ) q
     ORDER BY q.id LIMIT 1
 $$;
