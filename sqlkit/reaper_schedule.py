@@ -10,7 +10,7 @@ deleted a full batch left more behind, and the next check goes on at once.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 
 import psycopg
 from cronsim import CronSim, CronSimError
@@ -27,10 +27,10 @@ WHERE s.name = 'delete_reaper_schedule'
 
 
 def next_run_after(schedule: str, since: datetime) -> datetime | None:
-    """The first time after `since` that the cron schedule names (UTC), or None when it names
-    none (31 February) or cannot be read."""
+    """The first time after `since` that the cron schedule names, read in UTC whatever the
+    session's time zone, or None when it names none (31 February) or cannot be read."""
     try:
-        return next(CronSim(schedule, since))
+        return next(CronSim(schedule, since.astimezone(UTC)))
     except (CronSimError, StopIteration):
         return None
 

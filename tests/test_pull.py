@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from sqlkit.reaper_schedule import run_delete_reaper_if_scheduled
+from sqlkit.reaper_schedule import next_run_after, run_delete_reaper_if_scheduled
 from tests.helpers import scalar
 
 
@@ -177,6 +179,12 @@ def test_the_delete_reaper_runs_on_its_cron_schedule(conn, orders):
     conn.execute("UPDATE courier.reaper_runs SET last_run_at = now() - interval '1 day' WHERE reaper = 'delete'")
     assert run_delete_reaper_if_scheduled(conn, 10_000) == 1
     assert status(conn, second) is None
+
+
+def test_a_cron_schedule_is_read_in_utc_whatever_the_session_time_zone():
+    since = datetime(2026, 11, 25, 1, 30, tzinfo=ZoneInfo("Asia/Tokyo"))  # 2026-11-24 16:30 UTC
+    assert next_run_after("0 3 * * *", since) == datetime(2026, 11, 25, 3, 0, tzinfo=UTC)
+    assert next_run_after("0 0 31 2 *", since) is None
 
 
 def test_a_delete_reaper_run_that_filled_its_batch_goes_on_at_the_next_check(conn, orders):
