@@ -114,6 +114,11 @@ def _int_array(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
+def _held(batch: list[PulledMessage]) -> dict[str, str]:
+    """The ids and leases parameters of the fenced calls (ack, nack, release, extend_lease)."""
+    return {"ids": _int_array(m.id for m in batch), "leases": _int_array(m.lease for m in batch)}
+
+
 def _check_positive(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise InvalidInput(f"{name} must be a positive number, got {value!r}")
@@ -277,8 +282,7 @@ class Consumer:
             return {}
         for message in batch:  # no more heartbeats for these, whatever the outcome
             self._in_flight.pop(message.id, None)
-        returned: list[tuple[int, str]] = await self._fetch(query, {
-            "ids": _int_array(m.id for m in batch), "leases": _int_array(m.lease for m in batch), **extra})
+        returned: list[tuple[int, str]] = await self._fetch(query, {**_held(batch), **extra})
         results = dict.fromkeys((m.id for m in batch), assumed) if assumed else {}
         results.update(returned)
         lost = [i for i, result in results.items() if result == "lease_lost"]
@@ -302,8 +306,7 @@ class Consumer:
         if not batch:
             return
         rows: list[dict[str, Any]] = await self._fetch("consumer_extend_lease", {
-            "ids": _int_array(m.id for m in batch), "leases": _int_array(m.lease for m in batch),
-            "visibility_timeout": self.visibility_timeout}, row_factory=dict_row)
+            **_held(batch), "visibility_timeout": self.visibility_timeout}, row_factory=dict_row)
         self.heartbeats += 1
         by_id = {m.id: m for m in batch}
         for row in rows:
