@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, ClassVar
 import psycopg
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
+from textual.notifications import SeverityLevel
 from textual.reactive import reactive
 from textual.screen import Screen
 
 from sqlkit.errors import CourierError
 
+from ..literal import printable
 from .database import ConsoleDatabase
 from .live import LivePane
 from .main_screen import MainScreen
@@ -83,6 +85,12 @@ class CourierApp(App[None]):
 
     def on_unmount(self) -> None:
         self.database.close()
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Notifications carry database text (errors, names): literal by default, never markup."""
+        super().notify(printable(message, lines=True), title=printable(title), severity=severity, timeout=timeout,
+                       markup=markup)
 
     def _database_state(self, error: CourierError | None) -> None:
         # Called from worker threads by ConsoleDatabase.

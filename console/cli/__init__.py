@@ -8,10 +8,11 @@ from typing import Any
 
 import click
 import psycopg
-from rich.markup import escape
+from rich.text import Text
 
 from sqlkit.errors import CourierError, from_psycopg
 
+from ..literal import printable
 from .context import dsn_option, error_console, wants_json
 
 
@@ -34,7 +35,7 @@ class CourierGroup(click.Group):
         if wants_json(ctx):
             sys.stdout.write(json.dumps(error.as_dict()) + "\n")
         else:
-            error_console.print(f"[bold red]error:[/] {escape(error.one_line())}",
+            error_console.print(Text.assemble(("error:", "bold red"), " ", printable(error.one_line())),
                                 highlight=False, soft_wrap=True)
         sys.exit(1)
 

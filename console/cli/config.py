@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from sqlkit import settings
 
+from ..literal import literal, printable
 from .context import common_options, console, emit, open_connection
 
 
@@ -35,7 +37,8 @@ def get(name: str | None) -> None:
         if wide:
             table.add_column("description", ratio=1)
         for s in found:
-            value = f"[bold]{s.value}[/] (default {s.default_value})" if s.value != s.default_value else s.value
+            value = (Text.assemble(literal(s.value, "bold"), f" (default {printable(s.default_value)})")
+                     if s.value != s.default_value else s.value)
             cells = [s.name, value, f"{s.allowed} {s.unit or ''}".strip()]
             table.add_row(*cells, *([s.description] if wide else []))
         console.print(table)

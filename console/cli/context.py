@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import math
@@ -14,15 +15,17 @@ from uuid import UUID
 
 import click
 import psycopg
-from rich.console import Console
 
 from sqlkit import embedded
 from sqlkit.connection import connect
 from sqlkit.dsn import resolve_dsn
 from sqlkit.errors import DatabaseUnavailable, SchemaMissing
 
-console = Console()
-error_console = Console(stderr=True)
+from ..literal import LiteralConsole
+
+# Everything printed may hold stored text: both consoles show strings literally.
+console = LiteralConsole()
+error_console = LiteralConsole(stderr=True)
 
 
 def _remember(key: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
@@ -104,6 +107,8 @@ def plain(value: Any) -> Any:
         return str(value)
     if isinstance(value, Decimal):
         return float(value)
+    if isinstance(value, bytes | memoryview):
+        return base64.b64encode(bytes(value)).decode()
     return value
 
 
@@ -111,8 +116,15 @@ def emit(data: Any, render: Callable[[], None] | None = None) -> None:
     """Print data as JSON under --json, otherwise call render (or print data plainly)."""
     if wants_json() or render is None:
         sys.stdout.write(json.dumps(plain(data), indent=2) + "\n")
-    else:
+        return
+    try:
         render()
+    except Exception as error:
+        # What a command took (a receive deletes, a dequeue leases) must reach the user even
+        # if a value will not draw as a table: print it as JSON and say why.
+        sys.stdout.write(json.dumps(plain(data), indent=2, default=str) + "\n")
+        error_console.print(f"warning: could not draw the table ({type(error).__name__}: {error}); "
+                            "printed as JSON instead", highlight=False, soft_wrap=True)
 
 
 class FiniteFloatRange(click.FloatRange):

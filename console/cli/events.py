@@ -8,11 +8,12 @@ import sys
 import time
 
 import click
-from rich.markup import escape
+from rich.text import Text
 
 from sqlkit import observability
 from sqlkit.observability import Event
 
+from ..literal import literal
 from .context import FiniteFloatRange, common_options, console, open_connection, plain, wants_json, when
 
 
@@ -44,10 +45,12 @@ def _print(event: Event) -> None:
         sys.stdout.write(json.dumps(plain(event)) + "\n")
         sys.stdout.flush()
         return
-    subject = f" [bold]{escape(event.endpoint)}[/]" if event.endpoint else ""
-    details = escape(json.dumps(event.details, default=str)) if event.details else ""
-    console.print(f"[dim]{when(event.created_at)}[/] #{event.id} [cyan]{event.event_type}[/]{subject} {details}",
-                  highlight=False, soft_wrap=True)
+    line = Text.assemble((when(event.created_at), "dim"), f" #{event.id} ", literal(event.event_type, "cyan"))
+    if event.endpoint:
+        line.append(" ").append(literal(event.endpoint, "bold"))
+    if event.details:
+        line.append(" ").append(literal(json.dumps(event.details, default=str)))
+    console.print(line, highlight=False, soft_wrap=True)
 
 
 COMMANDS = [events]

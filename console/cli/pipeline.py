@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from .context import common_options, console, database_url, emit, error_console, wants_json
 
@@ -32,7 +33,7 @@ def _session(master: str, verbose: bool) -> Any:
     from console.pipeline.session import get_session, java_executable
 
     if not verbose and not wants_json() and java_executable():
-        error_console.print(f"[dim]starting Spark ({master}); --verbose shows its log[/]", highlight=False)
+        error_console.print(Text(f"starting Spark ({master}); --verbose shows its log", style="dim"), highlight=False)
     return get_session(master, verbose=verbose)
 
 

@@ -15,6 +15,7 @@ from textual.widgets import Static
 from sqlkit import analytics
 from sqlkit.analytics import AnalyticsRun, HourlyStats
 
+from ...literal import printable
 from ..formatting import count, when
 from ..live import LivePane
 from ..widgets.chart import Chart
@@ -75,10 +76,10 @@ class AnalyticsPane(LivePane):
         if data.run is None:
             return
         run, tz = data.run, self.courier.tz
-        self.query_one("#analytics-run", Static).update(Text(
+        self.query_one("#analytics-run", Static).update(Text(printable(
             f"run {run.id} on {run.master}, {count(run.rows_read)} archived messages from "
             f"{when(run.range_from, tz) if run.range_from else 'the start'} to {when(run.range_to, tz)}, "
-            f"finished {when(run.finished_at, tz)}", no_wrap=True, overflow="ellipsis"))
+            f"finished {when(run.finished_at, tz)}"), no_wrap=True, overflow="ellipsis"))
         self.query_one(LiveTable).sync(
             (str(e["endpoint"]), [str(e["endpoint"]), count(e["delivered"]), count(e["failed"]), count(e["expired"]),
                                   count(e["dead_lettered"]), _ms(e["p50_ms"]), _ms(e["p95_ms"]), _ms(e["p99_ms"])])

@@ -16,6 +16,7 @@ from textual.widgets import Input, Static
 from sqlkit import observability
 from sqlkit.observability import WorkerStatus
 
+from ...literal import literal
 from ..formatting import count, since, state_text
 from ..live import LivePane
 from ..widgets.live_table import LiveTable
@@ -86,7 +87,7 @@ class WorkersPane(LivePane):
         rows = []
         for w in sorted(workers, key=lambda w: w.last_heartbeat, reverse=True):
             stale = (now - w.last_heartbeat).total_seconds() > STALE_SECONDS
-            name = Text(w.worker_id)
+            name = literal(w.worker_id)
             if w.worker_id == embedded:
                 name.append(" (this console)", style="dim")
             late = stale and w.state != "stopped"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
+from ...literal import literal
+
 
 class ConnectionBanner(Static):
     DEFAULT_CSS = """
@@ -24,4 +26,4 @@ class ConnectionBanner(Static):
     def _show_state(self, error: str) -> None:
         self.set_class(bool(error), "-lost")
         if error:
-            self.update(f"database unreachable: {error} — reconnecting…")
+            self.update(literal(f"database unreachable: {error} — reconnecting…"))

@@ -36,7 +36,7 @@ class ConfirmModal(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.question, id="question")
+            yield Label(self.question, id="question", markup=False)
             with Horizontal():
                 yield Button("No (n)", id="no")
                 yield Button(f"{self.confirm_label} (y)", id="yes", variant="warning")

@@ -22,6 +22,8 @@ from textual.widgets import Button, Input, Label, Select, Static, TextArea
 from sqlkit import endpoints
 from sqlkit.errors import CourierError
 
+from ...literal import literal
+
 PROTOCOLS = ("http", "redis", "amqp", "mqtt", "nats", "noop")  # what a worker can deliver to
 CONFIG_EXAMPLE = '{"url": "https://example.com/hook"}'
 
@@ -68,7 +70,7 @@ class _DatabaseForm(ModalScreen[str | None]):
             yield Button(f"{submit_label} (ctrl+s)", id="submit", variant="primary")
 
     def show_error(self, text: str) -> None:
-        self.query_one("#form-error", Static).update(text)
+        self.query_one("#form-error", Static).update(literal(text, lines=True))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
@@ -138,7 +140,7 @@ class RetryPolicyForm(_DatabaseForm):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Label(f"Retry policy of {self.endpoint}", classes="title")
+            yield Label(literal(f"Retry policy of {self.endpoint}"), classes="title")
             yield Label("keys: max_retries, backoff (fixed|linear|exponential), base_delay_seconds, "
                         "max_delay_seconds, increment_seconds", classes="field")
             yield TextArea(json.dumps(self.policy, indent=2), id="retry-policy")

@@ -1,4 +1,5 @@
-"""A DataTable that a poll updates in place by row key: no flicker, the cursor stays put."""
+"""A DataTable that a poll updates in place by row key: no flicker, the cursor stays put.
+Every string cell is shown as literal text: DataTable would read a str as markup."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ from rich.text import Text
 from textual._two_way_dict import TwoWayDict
 from textual.widgets import DataTable
 from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
+
+from ...literal import clip, literal
+
+# A cell shows one line of a value; a stored megabyte would only slow the table down.
+CELL_LIMIT = 200
 
 
 class LiveTable(DataTable):
@@ -46,8 +52,11 @@ class LiveTable(DataTable):
     def sync(self, rows: Iterable[tuple[str, Sequence[Any]]]) -> None:
         """Make the table show exactly these rows, in this order, touching only what changed."""
         self._ensure_columns()
-        self._all_rows = [(key, list(cells)) for key, cells in rows]
+        self._all_rows = [(key, [_cell(c) for c in cells]) for key, cells in rows]
         self._apply()
+
+    def update_cell(self, row_key: Any, column_key: Any, value: Any, *, update_width: bool = False) -> None:
+        super().update_cell(row_key, column_key, _cell(value), update_width=update_width)
 
     def set_filter(self, text: str) -> None:
         self.filter_text = text.strip().lower()
@@ -98,3 +107,7 @@ class LiveTable(DataTable):
             return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
         except CellDoesNotExist:
             return None
+
+
+def _cell(value: Any) -> Any:
+    return literal(clip(value, CELL_LIMIT)) if isinstance(value, str) else value

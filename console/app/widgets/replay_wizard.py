@@ -22,6 +22,7 @@ from sqlkit import archive
 from sqlkit.archive import ReplayRange
 from sqlkit.errors import CourierError
 
+from ...literal import literal
 from .confirm import ConfirmModal
 
 BATCH = 500
@@ -122,7 +123,7 @@ class ReplayWizard(ModalScreen[int | None]):
                            status)
 
     def _error(self, text: str) -> None:
-        self.query_one("#replay-error", Static).update(text)
+        self.query_one("#replay-error", Static).update(literal(text, lines=True))
 
     def on_select_changed(self, event: Select.Changed) -> None:
         self._invalidate()
