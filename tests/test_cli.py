@@ -303,6 +303,13 @@ def test_config_set_accepts_in_range_and_rejects_negative(courier, conn):
     assert scalar(conn, "SELECT courier.get_setting('max_queue_size')") == "5000"
 
 
+def test_config_set_refuses_a_reaper_schedule_for_a_day_that_never_comes(courier, conn):
+    """30 February: stored, the delete reaper would never run again."""
+    assert_one_line_error(courier("config", "set", "delete_reaper_schedule", "0 0 30 2 *"),
+                          "delete_reaper_schedule names a day that never comes", "SQLSTATE 22023")
+    assert scalar(conn, "SELECT courier.get_setting('delete_reaper_schedule')") == ""
+
+
 # Exit codes and error output -----------------------------------------------------------
 
 
