@@ -112,7 +112,9 @@ class CourierDataSource(DataSource):
     JSON list of them, that PostgreSQL applies as `payload @@ path`); slice_rows (rows per read
     task, by the planner's estimate; default 250,000) or slice_ids (ids per read task).
     Writing: endpoint, priority, scope (the ledger scope deduplicating rows by their `key`
-    column), batch_size, backpressure_wait (seconds), report (a file for the totals)."""
+    column), replay ("once" or "again": the `key` column holds archived ids, deduplicated by
+    the replay rule courier.claim_replays), batch_size, backpressure_wait (seconds), report (a
+    file for the totals)."""
 
     @classmethod
     def name(cls) -> str:
@@ -368,8 +370,10 @@ class CourierWriter(DataSourceWriter):
             raise ValueError("courier data source: the rows to write need a payload column")
         if "endpoint" not in fields and not options.get("endpoint"):
             raise ValueError("courier data source: give the endpoint option or an endpoint column")
-        if "key" in fields and not options.get("scope"):
-            raise ValueError("courier data source: rows with a key column need the scope option")
+        if "key" in fields and not options.get("scope") and not options.get("replay"):
+            raise ValueError("courier data source: rows with a key column need the scope or replay option")
+        if options.get("replay") not in (None, "once", "again"):
+            raise ValueError(f"courier data source: replay must be once or again, got {options['replay']!r}")
 
     def write(self, iterator: Iterator[Any]) -> Sent:
         default_endpoint = self.options.get("endpoint")
@@ -400,6 +404,7 @@ class CourierWriter(DataSourceWriter):
         from sqlkit import analytics
 
         scope = self.options.get("scope")
+        replay = self.options.get("replay")
         size = int(self.options.get("batch_size", DEFAULT_BATCH))
         carried = [name for name in MESSAGE_FIELDS if name in self.fields]
         sent = 0
@@ -412,12 +417,21 @@ class CourierWriter(DataSourceWriter):
                         fresh = {row["source_key"] for row in analytics.rows(
                             conn, "ledger_claim", {"scope": scope, "keys": keys})}
                         chunk = _first_of_each(chunk, fresh)
+                    elif replay:
+                        archive_ids = [int(m["key"]) for m in chunk if m["key"] is not None]
+                        fresh = {str(row["archive_id"]) for row in analytics.rows(
+                            conn, "claim_replays", {"archive_ids": archive_ids, "again": replay == "again"})}
+                        chunk = _first_of_each(chunk, fresh)
                     if not chunk:
                         continue
                     fields = {name: [m[name] for m in chunk] if name in carried or name == "priority" else None
                               for name in MESSAGE_FIELDS}
-                    analytics.value(conn, "send_batch_with_options", {
+                    ids = analytics.value(conn, "send_batch_with_options", {
                         "endpoint": endpoint, "payloads": [m["payload"] for m in chunk], **fields})
+                    if replay:
+                        copies = [(int(m["key"]), i) for m, i in zip(chunk, ids, strict=True) if m["key"] is not None]
+                        analytics.rows(conn, "record_replay_copies", {
+                            "archive_ids": [a for a, _ in copies], "message_ids": [i for _, i in copies]})
                     sent += len(chunk)
         return sent
 
