@@ -16,9 +16,6 @@ SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%(relation)s);
 -- name: endpoint_names
 SELECT id, name, enabled FROM courier.endpoints ORDER BY id;
 
--- name: max_payload_size
-SELECT value::bigint FROM courier.settings WHERE name = 'max_payload_size';
-
 -- name: ledger_claim
 INSERT INTO courier.pipeline_ledger (scope, source_key)
 SELECT %(scope)s, k FROM unnest(%(keys)s::text[]) AS k

@@ -172,8 +172,9 @@ def ingest_command(path: Path, endpoint: str, priority: int, file_format: str | 
     or Parquet row (its payload column, or all columns) is one message. With --envelope (and
     always for Parquet with a payload column) a row also sets that message's own fields.
 
-    Bad rows are reported by line and skipped; good rows are enqueued once, even if the
-    same file is ingested again. Exits 1 if any row was bad."""
+    Bad rows (any the send path refuses, with the reason it gives) are reported by line
+    and skipped; good rows are enqueued once, even if the same file is ingested again, so a
+    run that failed part way is finished by running it again. Exits 1 if any row was bad."""
     from console.pipeline import ingest
     from console.pipeline.session import one_line_errors, progress
 
