@@ -419,6 +419,9 @@ def test_payload_over_the_size_limit_is_a_one_line_error(courier, conn, billing)
     assert_one_line_error(courier("send", "billing", big), "exceeds max_payload_size", "SQLSTATE 54000")
     assert_one_line_error(courier("send", "billing", "--batch", stdin=big + "\n"),
                           "batch element 1 exceeds max_payload_size", "SQLSTATE 54000")
+    # JSON Lines: the refused element is named by its input line too (blank lines do not count).
+    assert_one_line_error(courier("send", "billing", "--batch", stdin='{"n": 1}\n\n' + big + "\n"),
+                          "stdin line 3: batch element 2 exceeds max_payload_size", "SQLSTATE 54000")
     assert queue_rows(conn) == 0
 
 
