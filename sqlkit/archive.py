@@ -23,16 +23,18 @@ class ArchivePartition:
 @dataclass(frozen=True)
 class ReplayRange:
     """What to replay: one endpoint's messages created in [from_ts, to_ts), optionally only
-    those archived with one status (completed, failed or expired)."""
+    those archived with one status (completed, failed or expired). A message replayed before,
+    by any replay, is skipped unless `again` asks for a fresh copy."""
 
     endpoint_id: int
     from_ts: datetime
     to_ts: datetime
     status: str | None = None
+    again: bool = False
 
     def params(self, **extra: object) -> dict[str, object]:
         return {"endpoint_id": self.endpoint_id, "from_ts": self.from_ts, "to_ts": self.to_ts,
-                "status": self.status, **extra}
+                "status": self.status, "again": self.again, **extra}
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,20 @@ class RunningReplay:
     replayed: int
     last_archive_id: int
     started_at: datetime
+
+
+@dataclass(frozen=True)
+class ReplayCount:
+    """A dry run: how many the replay would enqueue, and how many of the range's messages
+    were replayed before (skipped unless again)."""
+    would_enqueue: int
+    already_replayed: int
+
+
+@dataclass(frozen=True)
+class ReplayedMessage:
+    message_id: int | None  # None: a copy made before copies' ids were recorded
+    enqueued: bool          # False: replayed before, and its earlier copy stands
 
 
 def partitions(conn: psycopg.Connection) -> list[ArchivePartition]:
@@ -64,16 +80,19 @@ def running_replay(conn: psycopg.Connection, replay: ReplayRange) -> RunningRepl
     return None if row is None else RunningReplay(**row)
 
 
-def count_replayable(conn: psycopg.Connection, replay: ReplayRange) -> int:
-    """Dry run: how many messages the replay would still enqueue."""
-    return int(queries.fetch_value(conn, "replay_range", replay.params(batch_size=None, dry_run=True)))
+def count_replayable(conn: psycopg.Connection, replay: ReplayRange) -> ReplayCount:
+    """Dry run: how many messages the replay would enqueue, and how many it skips."""
+    return ReplayCount(**queries.fetch_one(conn, "count_replay_range", replay.params()))
 
 
-def replay_batch(conn: psycopg.Connection, replay: ReplayRange, batch_size: int) -> int:
-    """Replay at most batch_size more messages in one short transaction; returns how many."""
-    return int(queries.fetch_value(conn, "replay_range", replay.params(batch_size=batch_size, dry_run=False)))
+def replay_batch(conn: psycopg.Connection, replay: ReplayRange, batch_size: int) -> tuple[int, bool]:
+    """Walk at most batch_size more archived messages of the range in one short transaction;
+    returns how many it enqueued, and whether the range is done."""
+    enqueued = int(queries.fetch_value(conn, "replay_range", replay.params(batch_size=batch_size, dry_run=False)))
+    return enqueued, running_replay(conn, replay) is None
 
 
-def replay_message(conn: psycopg.Connection, archive_id: int) -> int:
-    """Enqueue one archived message again; returns the new message's id."""
-    return int(queries.fetch_value(conn, "replay_message", {"archive_id": archive_id}))
+def replay_message(conn: psycopg.Connection, archive_id: int, again: bool = False) -> ReplayedMessage:
+    """Enqueue one archived message again, unless it was replayed before (then its earlier
+    copy stands) and again is False."""
+    return ReplayedMessage(**queries.fetch_one(conn, "replay_message", {"archive_id": archive_id, "again": again}))

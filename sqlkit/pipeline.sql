@@ -16,9 +16,6 @@ SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%(relation)s);
 -- name: endpoint_names
 SELECT id, name, enabled FROM courier.endpoints ORDER BY id;
 
--- name: max_payload_size
-SELECT value::bigint FROM courier.settings WHERE name = 'max_payload_size';
-
 -- name: ledger_claim
 INSERT INTO courier.pipeline_ledger (scope, source_key)
 SELECT %(scope)s, k FROM unnest(%(keys)s::text[]) AS k
@@ -27,6 +24,19 @@ RETURNING source_key;
 
 -- name: ledger_count
 SELECT count(*) FROM courier.pipeline_ledger WHERE scope = %(scope)s;
+
+-- Replays share one rule with `courier archive replay` (courier.claim_replays): the archived
+-- ids of this chunk to enqueue now.
+-- name: claim_replays
+SELECT unnest(courier.claim_replays(%(archive_ids)s::bigint[], %(again)s)) AS archive_id;
+
+-- name: record_replay_copies
+UPDATE courier.replayed_messages r SET message_id = c.message_id
+FROM unnest(%(archive_ids)s::bigint[], %(message_ids)s::bigint[]) AS c(archive_id, message_id)
+WHERE r.archive_id = c.archive_id;
+
+-- name: count_replayed
+SELECT count(*) FROM courier.replayed_messages WHERE archive_id = ANY (%(archive_ids)s::bigint[]);
 
 -- name: send_batch_with_options
 SELECT courier.send_batch_with_options(%(endpoint)s, %(payloads)s::text[]::jsonb[], %(priority)s::integer[],

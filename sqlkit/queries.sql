@@ -461,7 +461,12 @@ SELECT courier.count_archive_partition(%(partition)s);
 SELECT id FROM courier.endpoints WHERE name = %(name)s;
 
 -- name: replay_range
-SELECT courier.replay_range(%(endpoint_id)s, %(from_ts)s, %(to_ts)s, %(status)s, %(batch_size)s, %(dry_run)s);
+SELECT courier.replay_range(%(endpoint_id)s, %(from_ts)s, %(to_ts)s, %(status)s, %(batch_size)s, %(dry_run)s,
+                            %(again)s);
+
+-- name: count_replay_range
+SELECT would_enqueue, already_replayed
+FROM courier.count_replay_range(%(endpoint_id)s, %(from_ts)s, %(to_ts)s, %(status)s, %(again)s);
 
 -- name: running_replay
 SELECT id, replayed, last_archive_id, started_at FROM courier.replays
@@ -469,7 +474,7 @@ WHERE endpoint_id = %(endpoint_id)s AND from_ts = %(from_ts)s AND to_ts = %(to_t
   AND coalesce(status_filter, '') = coalesce(%(status)s::text, '') AND state = 'running';
 
 -- name: replay_message
-SELECT courier.replay_message(%(archive_id)s);
+SELECT message_id, enqueued FROM courier.replay_archived_message(%(archive_id)s, %(again)s);
 
 -- name: health_check
 SELECT * FROM courier.health_check();

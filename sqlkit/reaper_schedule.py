@@ -28,7 +28,8 @@ WHERE s.name = 'delete_reaper_schedule'
 
 def next_run_after(schedule: str, since: datetime) -> datetime | None:
     """The first time after `since` that the cron schedule names, read in UTC whatever the
-    session's time zone, or None when it names none (31 February) or cannot be read."""
+    session's time zone, or None when it names none or cannot be read (set_setting refuses
+    such schedules, 31 February among them; one stored before it did can still be found)."""
     try:
         return next(CronSim(schedule, since.astimezone(UTC)))
     except (CronSimError, StopIteration):

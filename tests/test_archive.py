@@ -181,8 +181,9 @@ def test_expiry_frees_the_idempotency_key_and_unblocks_the_ordering_key(conn, ho
 # Replay -------------------------------------------------------------------------------------
 
 def replay_range(conn, endpoint: int, status: str | None = None, **options) -> int:
-    return scalar(conn, "SELECT courier.replay_range(%s, %s, %s, %s, %s, %s)",
-                  (endpoint, FAR_PAST, FAR_FUTURE, status, options.get("batch_size"), options.get("dry_run", False)))
+    return scalar(conn, "SELECT courier.replay_range(%s, %s, %s, %s, %s, %s, %s)",
+                  (endpoint, FAR_PAST, FAR_FUTURE, status, options.get("batch_size"), options.get("dry_run", False),
+                   options.get("again", False)))
 
 
 def replayed_from(conn) -> list[int]:
@@ -207,10 +208,11 @@ def test_replay_range_by_status(conn, hook, history, status):
 def test_the_seed_examples_run_as_written(conn, hook, history):
     conn.execute("UPDATE courier.archive SET created_at = '2025-01-10'")
     conn.execute("SELECT courier.maintain_archive_partitions(3)")
-    assert scalar(conn, "SELECT courier.replay_range(p_endpoint_id := 1, p_from_ts := '2025-01-01'::timestamptz, "
-                        "p_to_ts := '2025-01-31'::timestamptz)") == 9
     assert scalar(conn, "SELECT courier.replay_range(1, '2025-01-01', '2025-01-31', 'failed')") == 3
-    assert scalar(conn, "SELECT courier.replay_message(%s)", (history["completed"][0],)) > 0
+    # The failed ones were replayed just now: a message is replayed once.
+    assert scalar(conn, "SELECT courier.replay_range(p_endpoint_id := 1, p_from_ts := '2025-01-01'::timestamptz, "
+                        "p_to_ts := '2025-01-31'::timestamptz)") == 9 - 3
+    assert scalar(conn, "SELECT courier.replay_message(%s)", (history["completed"][0],)) > 0  # its copy
 
 
 def test_a_dry_run_counts_and_enqueues_nothing(conn, hook, history):
@@ -241,8 +243,53 @@ def test_an_interrupted_replay_resumes_without_duplicates(conn, hook):
     assert sorted(origins) == list(range(1, 2501)) and set(origins.values()) == {1}
     replay = conn.execute("SELECT state, replayed FROM courier.replays").fetchall()
     assert replay == [("finished", 2500)]
-    # Finished, the same range is a new replay (an operator asking twice means twice).
-    assert replay_range(conn, hook, dry_run=True) == 2500
+    # Finished, the same range again enqueues nothing: each message was replayed once.
+    assert replay_range(conn, hook, dry_run=True) == 0
+    assert replay_range(conn, hook, dry_run=True, again=True) == 2500
+
+
+def test_replaying_a_range_twice_enqueues_once_and_says_what_it_skipped(conn, hook, history):
+    everything = sorted(i for ids in history.values() for i in ids)
+    assert replay_range(conn, hook) == len(everything)
+    counts = "SELECT * FROM courier.count_replay_range(%s, %s, %s)"
+    assert conn.execute(counts, (hook, FAR_PAST, FAR_FUTURE)).fetchone() == (0, len(everything))
+    assert replay_range(conn, hook, dry_run=True) == 0
+    assert replay_range(conn, hook) == 0  # the second run: nothing twice
+    batches = []
+    while not batches or scalar(conn, "SELECT count(*) FROM courier.replays WHERE state = 'running'"):
+        batches.append(replay_range(conn, hook, batch_size=2))  # nor batch by batch, as the CLI runs it
+    assert batches == [0] * 5  # 9 messages, 2 a batch
+    assert Counter(replayed_from(conn)) == Counter(everything)
+    finished = conn.execute("SELECT details FROM courier.event_log WHERE event_type = 'archive.replay_finished' "
+                            "ORDER BY id").fetchall()
+    assert [row[0]["replayed"] for row in finished] == [len(everything), 0, 0]
+
+
+def test_again_enqueues_a_fresh_copy(conn, hook, history):
+    failed = history["failed"]
+    assert replay_range(conn, hook, "failed") == len(failed)
+    assert replay_range(conn, hook, "failed", dry_run=True, again=True) == len(failed)
+    assert replay_range(conn, hook, "failed", again=True) == len(failed)
+    assert Counter(replayed_from(conn)) == Counter(failed * 2)
+    copies = conn.execute("SELECT archive_id, copies, message_id FROM courier.replayed_messages ORDER BY 1").fetchall()
+    newest = dict(conn.execute("SELECT (metadata ->> 'replayed_from')::bigint, max(id) FROM courier.queue GROUP BY 1"))
+    assert copies == [(i, 2, newest[i]) for i in sorted(failed)]
+
+
+def test_replay_message_twice_enqueues_once_unless_again(conn, hook, history):
+    original = history["completed"][0]
+    replay_once = "SELECT * FROM courier.replay_archived_message(%s)"
+    first = conn.execute(replay_once, (original,)).fetchone()
+    assert first[1] is True
+    assert conn.execute(replay_once, (original,)).fetchone() == (first[0], False)
+    assert scalar(conn, "SELECT courier.replay_message(%s)", (original,)) == first[0]  # the seed's form: the copy
+    assert replayed_from(conn) == [original]
+    fresh = conn.execute("SELECT * FROM courier.replay_archived_message(%s, true)", (original,)).fetchone()
+    assert fresh[1] is True and fresh[0] > first[0]
+    assert replayed_from(conn) == [original, original]
+    # A range replay counts it as replayed before, and skips it.
+    assert replay_range(conn, hook, "completed") == len(history["completed"]) - 1
+    assert Counter(replayed_from(conn))[original] == 2
 
 
 def test_replay_message(conn, hook, history):

@@ -303,6 +303,13 @@ def test_config_set_accepts_in_range_and_rejects_negative(courier, conn):
     assert scalar(conn, "SELECT courier.get_setting('max_queue_size')") == "5000"
 
 
+def test_config_set_refuses_a_reaper_schedule_for_a_day_that_never_comes(courier, conn):
+    """30 February: stored, the delete reaper would never run again."""
+    assert_one_line_error(courier("config", "set", "delete_reaper_schedule", "0 0 30 2 *"),
+                          "delete_reaper_schedule names a day that never comes", "SQLSTATE 22023")
+    assert scalar(conn, "SELECT courier.get_setting('delete_reaper_schedule')") == ""
+
+
 # Exit codes and error output -----------------------------------------------------------
 
 
@@ -412,6 +419,9 @@ def test_payload_over_the_size_limit_is_a_one_line_error(courier, conn, billing)
     assert_one_line_error(courier("send", "billing", big), "exceeds max_payload_size", "SQLSTATE 54000")
     assert_one_line_error(courier("send", "billing", "--batch", stdin=big + "\n"),
                           "batch element 1 exceeds max_payload_size", "SQLSTATE 54000")
+    # JSON Lines: the refused element is named by its input line too (blank lines do not count).
+    assert_one_line_error(courier("send", "billing", "--batch", stdin='{"n": 1}\n\n' + big + "\n"),
+                          "stdin line 3: batch element 2 exceeds max_payload_size", "SQLSTATE 54000")
     assert queue_rows(conn) == 0
 
 

@@ -106,7 +106,23 @@ def test_archive_replay_dry_run_then_replay_with_the_count(courier, busy):
     assert "replayed 2 message(s) of billing" in done.text
     assert scalar(busy, "SELECT count(*) FROM courier.queue WHERE endpoint_id = 1") == 2
     everything = assert_ok(courier("archive", "replay", *window, "--batch-size", "4", "--json")).json()
-    assert everything["replayed"] == 6
+    assert everything["replayed"] == 4 and everything["already_replayed"] == 2  # the failed two: once
+
+
+def test_archive_replay_twice_enqueues_once_and_says_so_unless_again(courier, busy):
+    today = datetime.now(UTC).date()
+    window = ["--endpoint", "billing", "--from", str(today), "--to", str(today + timedelta(days=1)), "--yes"]
+    assert "replayed 6 message(s) of billing" in assert_ok(courier("archive", "replay", *window)).text
+    dry = assert_ok(courier("archive", "replay", *window, "--dry-run")).text
+    assert "would replay 0 message(s) of billing; 6 replayed before, skipped (--again enqueues fresh copies)" in dry
+    second = assert_ok(courier("archive", "replay", *window, "--batch-size", "2")).text
+    assert "replayed 0 message(s) of billing; 6 replayed before, skipped" in second
+    assert scalar(busy, "SELECT count(*) FROM courier.queue WHERE endpoint_id = 1") == 6
+    again = assert_ok(courier("archive", "replay", *window, "--again", "--json")).json()
+    assert (again["replayed"], again["already_replayed"], again["again"]) == (6, 6, True)
+    copies = busy.execute("SELECT metadata ->> 'replayed_from', count(*) FROM courier.queue WHERE endpoint_id = 1 "
+                          "GROUP BY 1").fetchall()
+    assert len(copies) == 6 and {n for _, n in copies} == {2}
 
 
 def test_an_interrupted_cli_replay_resumes(courier, busy):
@@ -117,7 +133,8 @@ def test_an_interrupted_cli_replay_resumes(courier, busy):
     assert scalar(busy, "SELECT count(*) FROM courier.queue WHERE endpoint_id = 1") == 4
     busy.execute("SELECT courier.set_setting('max_queue_size', '0')")
     dry = assert_ok(courier("archive", "replay", *window, "--dry-run")).text
-    assert "would replay 2 message(s) of billing (resuming replay #1, 4 already replayed)" in dry
+    assert "would replay 2 message(s) of billing; 4 replayed before, skipped (--again enqueues fresh copies) " \
+           "(resuming replay #1)" in dry
     assert "replayed 2 message(s)" in assert_ok(courier("archive", "replay", *window)).text
     origins = [row[0] for row in busy.execute("SELECT metadata ->> 'replayed_from' FROM courier.queue "
                                               "WHERE endpoint_id = 1 ORDER BY id")]
@@ -128,6 +145,13 @@ def test_archive_replay_message(courier, busy):
     archived_id = scalar(busy, "SELECT min(id) FROM courier.archive")
     done = assert_ok(courier("archive", "replay-message", str(archived_id), "--json")).json()
     assert scalar(busy, "SELECT status FROM courier.queue WHERE id = %s", (done["message_id"],)) == "pending"
+    twice = assert_ok(courier("archive", "replay-message", str(archived_id))).text
+    assert f"archived message {archived_id} was replayed before as message {done['message_id']}; nothing " \
+           "enqueued (--again enqueues a fresh copy)" in twice
+    fresh = assert_ok(courier("archive", "replay-message", str(archived_id), "--again", "--json")).json()
+    assert fresh["enqueued"] and fresh["message_id"] > done["message_id"]
+    assert scalar(busy, "SELECT count(*) FROM courier.queue WHERE metadata ->> 'replayed_from' = %s",
+                  (str(archived_id),)) == 2
     assert_one_line_error(courier("archive", "replay-message", "424242"), "archived message 424242 does not exist",
                           "P0002")
 

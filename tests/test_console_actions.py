@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from textual.widgets import Input, Select, TextArea
+from textual.widgets import Checkbox, Input, Select, TextArea
 
 from console.app.panes.dlq import DlqPane
 from console.app.widgets.confirm import ConfirmModal
@@ -284,6 +284,34 @@ def test_replay_wizard_replays_with_progress(dsn, conn, noop_endpoints):
         assert wizard.query_one("#replay-progress").progress == 6
     run_console(dsn, scenario)
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE metadata ? 'replayed_from'") == 6
+
+
+def test_the_wizard_replays_a_message_once_unless_fresh_copies_are_asked_for(dsn, conn, noop_endpoints):
+    archive_rows(conn, "alpha", 6)
+    conn.execute("SELECT courier.replay_range(e.id, now() - interval '1 day', now()) FROM courier.endpoints e "
+                 "WHERE e.name = 'alpha'")  # `courier archive replay` ran first
+
+    def count_text(wizard) -> str:
+        return str(wizard.query_one("#replay-count").render())
+
+    async def scenario(pilot, app):
+        wizard = await fill_wizard(pilot, app, "alpha", None)
+        await pilot.press("ctrl+d")
+        text = await wait_for(pilot, lambda: "dry run" in count_text(wizard) and count_text(wizard),
+                              what="the dry-run count")
+        assert "0 message(s) would be replayed; 6 replayed before, skipped" in text
+        assert wizard.query_one("#replay").disabled
+        wizard.query_one("#replay-again", Checkbox).value = True
+        await pilot.pause()
+        await pilot.press("ctrl+d")
+        text = await wait_for(pilot, lambda: "dry run" in count_text(wizard) and count_text(wizard),
+                              what="the second count")
+        assert "6 message(s) would be replayed; 6 replayed before, copied again" in text
+        wizard.confirm_replay()
+        await confirm(pilot, "Replay 6 archived message(s) of alpha")
+        await wait_for(pilot, lambda: "replayed 6" in count_text(wizard), what="the result")
+    run_console(dsn, scenario)
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE metadata ? 'replayed_from'") == 12
 
 
 # Navigation ----------------------------------------------------------------------------

@@ -118,6 +118,39 @@ def test_replay_from_the_archive_agrees_with_postgres_jsonpath(spark, archive_ds
     assert conn.execute("SELECT count(*) FROM courier.queue").fetchone()[0] == want
 
 
+def test_pipeline_and_archive_replays_of_one_message_enqueue_one_copy_unless_again(spark, archive_dsn, conn):  # noqa: F811
+    """One rule for every replay: replay-message, `courier pipeline replay` and `courier
+    archive replay` of the same archived message enqueue it once; --again a fresh copy."""
+    from console.pipeline import replay
+
+    selection = replay.Selection(endpoints=("billing",), where=('$.order.currency == "EUR"', "$.order.total <= 40"))
+    picked = [r[0] for r in conn.execute(
+        "SELECT a.id FROM courier.archive a JOIN courier.endpoints e ON e.id = a.endpoint_id WHERE e.name = 'billing' "
+        "AND a.payload @@ '$.order.currency == \"EUR\"' AND a.payload @@ '$.order.total <= 40' ORDER BY 1")]
+    assert len(picked) > 1
+    conn.execute("SELECT courier.replay_message(%s)", (picked[0],))
+
+    assert replay.run(spark, archive_dsn, selection, dry_run=True).would_enqueue == len(picked) - 1
+    done = replay.run(spark, archive_dsn, selection)
+    assert (done.matched, done.already_replayed, done.enqueued) == (len(picked), 1, len(picked) - 1)
+    billing = conn.execute("SELECT id, count(*) FROM courier.archive WHERE endpoint_id = "
+                           "(SELECT id FROM courier.endpoints WHERE name = 'billing') GROUP BY 1").fetchall()
+    ranged = conn.execute("SELECT courier.replay_range(e.id, '2000-01-01', '2100-01-01') FROM courier.endpoints e "
+                          "WHERE e.name = 'billing'").fetchone()[0]
+    assert ranged == len(billing) - len(picked)
+    copies = dict(conn.execute("SELECT (metadata ->> 'replayed_from')::bigint, count(*) FROM courier.queue "
+                               "GROUP BY 1").fetchall())
+    assert sorted(copies) == sorted(i for i, _ in billing) and set(copies.values()) == {1}
+    unrecorded = "SELECT count(*) FROM courier.replayed_messages WHERE message_id IS NULL"
+    assert conn.execute(unrecorded).fetchone()[0] == 0  # every copy's id is known, whoever made it
+
+    fresh = replay.run(spark, archive_dsn, selection, again=True)
+    assert (fresh.already_replayed, fresh.enqueued) == (len(picked), len(picked))
+    again = dict(conn.execute("SELECT (metadata ->> 'replayed_from')::bigint, count(*) FROM courier.queue "
+                              "WHERE (metadata ->> 'replayed_from')::bigint = ANY (%s) GROUP BY 1", (picked,)))
+    assert again == {i: 2 for i in picked}
+
+
 def test_a_replayed_message_keeps_every_field(spark, archive_dsn, conn):  # noqa: F811
     from console.pipeline import replay
 

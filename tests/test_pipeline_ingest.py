@@ -4,6 +4,7 @@ good rows enqueued exactly once however often the file is ingested."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -88,8 +89,8 @@ def test_an_ingested_message_keeps_every_field_and_bad_fields_are_reported(spark
     path.write_text("\n".join(lines) + "\n")
     result = _ingest(dsn, str(path), "--endpoint", "billing", "--envelope", "--priority", "2")
     assert result.exit_code == 1, result.output
-    for line, reason in ((3, "priority must be an integer from 0 to 10"), (4, "correlation_id is not a UUID"),
-                         (5, "headers must have string values"), (6, "unknown field colour"),
+    for line, reason in ((3, "priority must be between 0 and 10, got 11"), (4, "correlation_id is not a UUID"),
+                         (5, "header X-A must have a string value, not number"), (6, "unknown field colour"),
                          (7, "payload is missing")):
         assert f"messages.jsonl:{line}: {reason}" in result.stderr
     queued = conn.execute("SELECT payload, priority, scheduled_at, idempotency_key, correlation_id::text, expires_at, "
@@ -98,3 +99,76 @@ def test_an_ingested_message_keeps_every_field_and_bad_fields_are_reported(spark
         ({"order": 1}, 7, datetime(2030, 1, 1, tzinfo=UTC), "order-1", correlation, datetime(2030, 1, 2, tzinfo=UTC),
          "customer-9", {"X-Tenant": "acme"}, {"source": "backfill"}),
         ([1, 2], 2, None, None, None, None, None, {}, {})]
+
+
+def test_rows_the_send_path_refuses_are_reported_by_line_and_the_rest_enqueued_once(spark, dsn, conn, billing,  # noqa: F811
+                                                                                    tmp_path):
+    """The database's own send rules decide (a header Courier sets, metadata nested past 32
+    levels, a key too long, priority out of range, an idempotency key conflict), each bad row
+    is named by its line, and the good rows of every Spark partition are enqueued once."""
+    deep: dict = {}
+    for _ in range(40):
+        deep = {"d": deep}
+    held = conn.execute("SELECT courier.send_with_options('billing', '{\"other\": 1}', "
+                        "p_idempotency_key := 'taken')").fetchone()[0]
+    lines = [json.dumps({"payload": {"n": n}, "ordering_key": f"customer-{n % 4}"}) for n in range(1, 41)]
+    bad = {3: ({"headers": {"Host": "evil.example"}}, "header Host is set by Courier"),
+           8: ({"headers": {"X-Courier-Attempt": "1"}}, "header X-Courier-Attempt is set by Courier"),
+           13: ({"metadata": deep}, "metadata is nested more than 32 levels deep"),
+           16: ({"priority": 10 ** 12}, "priority must be an integer, got 1000000000000"),
+           17: ({"metadata": {"x": 1e400}}, "invalid input syntax for type json"),  # fails the whole array: halved
+           21: ({"ordering_key": "k" * 300}, "idempotency and ordering keys must be 1 to 255 characters"),
+           26: ({"priority": 11}, "priority must be between 0 and 10, got 11"),
+           34: ({"idempotency_key": "taken"}, "idempotency key 'taken' conflict"),
+           39: ({"payload": {"blob": "x" * 4000}}, "exceeds max_payload_size (2048 bytes)")}
+    for line, (fields, _) in bad.items():
+        lines[line - 1] = json.dumps({**json.loads(lines[line - 1]), **fields})
+    path = tmp_path / "messages.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+
+    first = _ingest(dsn, str(path), "--endpoint", "billing", "--envelope", "--json")
+    assert first.exit_code == 1, first.output
+    result = json.loads(first.stdout)
+    errors = {e["line"]: e["error"] for e in result["errors"]}
+    assert sorted(errors) == sorted(bad) and all(reason in errors[line] for line, (_, reason) in bad.items()), errors
+    assert (result["rows"], result["good"], result["enqueued"], result["bad"]) == (40, 31, 31, 9)
+    good = sorted(n for n in range(1, 41) if n not in bad)
+    queued = "SELECT (payload->>'n')::int FROM courier.queue WHERE id <> %s ORDER BY 1"
+    assert [r[0] for r in conn.execute(queued, (held,))] == good
+
+    text = _ingest(dsn, str(path), "--endpoint", "billing", "--envelope")
+    for line, (_, reason) in bad.items():
+        assert f"messages.jsonl:{line}: " in text.stderr and reason in text.stderr
+    said = " ".join(text.stdout.split())
+    assert "enqueued 0 of 31 good row(s)" in said and "9 bad row(s) skipped" in said
+    assert [r[0] for r in conn.execute(queued, (held,))] == good
+
+
+def test_a_rerun_after_a_failed_ingest_writes_the_rest_exactly_once(spark, dsn, conn, billing, tmp_path):  # noqa: F811
+    """A failure that is not a row's (the endpoint full) stops the job after some Spark
+    partitions committed; run again, the file's rows end up enqueued exactly once."""
+    conn.execute("SELECT courier.alter_endpoint('billing', p_config := '{\"max_depth\": 12}')")
+    path = tmp_path / "orders.jsonl"
+    path.write_text("".join(json.dumps({"payload": {"n": n}, "ordering_key": f"c{n % 8}"}) + "\n"
+                            for n in range(1, 41)))
+    conf = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "8"}  # 8 partitions, one per key
+    saved = {name: spark.conf.get(name) for name in conf}
+    try:
+        for name, value in conf.items():
+            spark.conf.set(name, value)
+        failed = _ingest(dsn, str(path), "--endpoint", "billing", "--envelope")
+        assert failed.exit_code == 1 and "max_depth" in str(failed.exception), failed.exception
+        tracker = spark.sparkContext.statusTracker()
+        deadline = time.monotonic() + 60
+        while tracker.getActiveStageIds() and time.monotonic() < deadline:  # tasks under way when the job failed
+            time.sleep(0.2)
+        partial = conn.execute("SELECT count(*) FROM courier.queue").fetchone()[0]
+        assert 0 < partial < 40  # the partitions that fitted committed
+        conn.execute("SELECT courier.alter_endpoint('billing', p_config := '{\"max_depth\": 0}')")
+        done = json.loads(_ingest(dsn, str(path), "--endpoint", "billing", "--envelope", "--json").stdout)
+    finally:
+        for name, value in saved.items():
+            spark.conf.set(name, value)
+    assert (done["already_ingested"], done["enqueued"], done["bad"]) == (partial, 40 - partial, 0)
+    assert [r[0] for r in conn.execute("SELECT (payload->>'n')::int FROM courier.queue ORDER BY 1")] == \
+        list(range(1, 41))

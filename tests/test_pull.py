@@ -215,10 +215,33 @@ def test_a_cron_schedule_that_is_not_one_is_refused_naming_the_setting(conn, val
         conn.execute("UPDATE courier.settings SET value = %s WHERE name = 'delete_reaper_schedule'", (value,))
 
 
+@pytest.mark.parametrize("value", ["0 0 30 2 *", "0 0 31 4 *", "0 0 31 2,4,6,9,11 *", "0 0 30-31 2 *",
+                                   "0 0 30 2 */2", "0 0 31/2 9 *"])
+def test_a_schedule_naming_a_date_that_never_comes_is_refused_naming_the_setting(conn, value):
+    """30 February or 31 April: the leader's cronsim finds no time, so the reaper would never run."""
+    with pytest.raises(psycopg.errors.InvalidParameterValue,
+                       match="delete_reaper_schedule names a day that never comes"):
+        conn.execute("SELECT courier.set_setting('delete_reaper_schedule', %s)", (value,))
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="delete_reaper_schedule"):
+        conn.execute("UPDATE courier.settings SET value = %s WHERE name = 'delete_reaper_schedule'", (value,))
+    assert scalar(conn, "SELECT value FROM courier.settings WHERE name = 'delete_reaper_schedule'") == ""
+
+
+@pytest.mark.parametrize("value", ["0 0 29 2 *", "0 0 31 1-12 *", "0 0 30,1 2 *", "0 0 */30 2 *",
+                                   "0 0 30 2 1", "0 0 31 4 1-5"])
+def test_a_schedule_whose_day_comes_in_some_month_or_year_is_kept(conn, value):
+    """29 February comes in leap years; a restricted day of week (not starting with *) is
+    either-or with the day of month, as in cron and cronsim."""
+    assert scalar(conn, "SELECT courier.set_setting('delete_reaper_schedule', %s)", (value,)) == value
+    assert next_run_after(value, datetime(2026, 1, 1, tzinfo=UTC)) is not None
+
+
 def test_a_schedule_that_never_comes_runs_nothing_and_says_so(conn, orders, caplog):
-    conn.execute("SELECT courier.set_setting('delete_reaper_schedule', '0 0 31 2 *')")  # 31 February
-    conn.execute("UPDATE courier.settings SET updated_at = now() - interval '2 days' "
+    """A value stored before such schedules were refused (set here past the trigger)."""
+    conn.execute("ALTER TABLE courier.settings DISABLE TRIGGER settings_validate")
+    conn.execute("UPDATE courier.settings SET value = '0 0 31 2 *', updated_at = now() - interval '2 days' "
                  "WHERE name = 'delete_reaper_schedule'")
+    conn.execute("ALTER TABLE courier.settings ENABLE TRIGGER settings_validate")
     message_id = _expire_one(conn, 1)
     assert run_delete_reaper_if_scheduled(conn, 10_000) == 0
     assert status(conn, message_id) == "expired"

@@ -54,30 +54,35 @@ def partitions(exact: bool) -> None:
 @click.option("--from", "from_ts", required=True, type=click.DateTime(), help="Created at or after (UTC).")
 @click.option("--to", "to_ts", required=True, type=click.DateTime(), help="Created before (UTC).")
 @click.option("--status", type=click.Choice(STATUSES), help="Only messages that ended in this status.")
-@click.option("--dry-run", is_flag=True, help="Count what would be replayed, and stop.")
+@click.option("--again", is_flag=True, help="Enqueue a fresh copy even of messages replayed before.")
+@click.option("--dry-run", is_flag=True, help="Count what would be enqueued and what was replayed before, and stop.")
 @click.option("--batch-size", type=click.IntRange(1, 10_000), default=REPLAY_BATCH, show_default=True,
-              help="Messages enqueued per transaction.")
+              help="Archived messages walked per transaction.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @common_options
-def replay(endpoint: str, from_ts: datetime, to_ts: datetime, status: str | None, dry_run: bool,
+def replay(endpoint: str, from_ts: datetime, to_ts: datetime, status: str | None, again: bool, dry_run: bool,
            batch_size: int, yes: bool) -> None:
     """Enqueue archived messages again, as new pending messages.
 
-    The replay runs in batches, each in its own short transaction. Interrupted, it resumes
-    where it stopped when run again with the same range, without enqueueing anything twice.
+    A message is replayed once: one replayed before (by this command, replay-message, the
+    console or `courier pipeline replay`) is skipped unless --again asks for a fresh copy.
+    The replay runs in batches, each in its own short transaction; interrupted, it resumes
+    where it stopped when run again with the same range.
     """
     if from_ts >= to_ts:
         raise click.BadParameter("must be later than --from", param_hint="--to")
     with open_connection() as conn:
-        chosen = ReplayRange(archive.endpoint_id(conn, endpoint), _utc(from_ts), _utc(to_ts), status)
-        total = archive.count_replayable(conn, chosen)
+        chosen = ReplayRange(archive.endpoint_id(conn, endpoint), _utc(from_ts), _utc(to_ts), status, again)
+        counted = archive.count_replayable(conn, chosen)
+        total = counted.would_enqueue
         resumed = archive.running_replay(conn, chosen)
-        summary = {"endpoint": endpoint, "from": chosen.from_ts, "to": chosen.to_ts, "status": status,
+        summary = {"endpoint": endpoint, "from": chosen.from_ts, "to": chosen.to_ts, "status": status, "again": again,
                    "resumed_replay_id": resumed.id if resumed else None,
-                   "already_replayed": resumed.replayed if resumed else 0}
+                   "already_replayed": counted.already_replayed}
         if dry_run:
+            notes = _skipped_note(counted, again) + _resume_note(resumed)
             emit({**summary, "would_replay": total}, lambda: console.print(
-                f"would replay {total:,} message(s) of {endpoint}{_resume_note(resumed)}", highlight=False))
+                f"would replay {total:,} message(s) of {endpoint}{notes}", highlight=False))
             return
         if total and not yes and not wants_json():
             click.confirm(f"Replay {total:,} message(s) of {endpoint}{_resume_note(resumed)}?", abort=True)
@@ -85,25 +90,38 @@ def replay(endpoint: str, from_ts: datetime, to_ts: datetime, status: str | None
         with Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, disable=wants_json() or total == 0) as progress:
             task = progress.add_task("replay", total=total)
-            while True:
-                n = archive.replay_batch(conn, chosen, batch_size)
+            finished = False
+            while not finished:
+                n, finished = archive.replay_batch(conn, chosen, batch_size)
                 done += n
                 progress.update(task, completed=done)
-                if n < batch_size:
-                    break
     emit({**summary, "replayed": done},
-         lambda: console.print(f"replayed {done:,} message(s) of {endpoint}", highlight=False))
+         lambda: console.print(f"replayed {done:,} message(s) of {endpoint}{_skipped_note(counted, again)}",
+                               highlight=False))
 
 
 @archive_group.command("replay-message")
 @click.argument("archive_id", type=int)
+@click.option("--again", is_flag=True, help="Enqueue a fresh copy even if the message was replayed before.")
 @common_options
-def replay_message(archive_id: int) -> None:
-    """Enqueue one archived message again; prints the new message's id."""
+def replay_message(archive_id: int, again: bool) -> None:
+    """Enqueue one archived message again; prints the new message's id. A message replayed
+    before is not enqueued again (its earlier copy is named) unless --again."""
     with open_connection() as conn:
-        message_id = archive.replay_message(conn, archive_id)
-    emit({"archive_id": archive_id, "message_id": message_id},
-         lambda: console.print(f"replayed archived message {archive_id} as message {message_id}", highlight=False))
+        copy = archive.replay_message(conn, archive_id, again)
+    as_message = "" if copy.message_id is None else f" as message {copy.message_id}"
+    emit({"archive_id": archive_id, "message_id": copy.message_id, "enqueued": copy.enqueued},
+         lambda: console.print(f"replayed archived message {archive_id}{as_message}" if copy.enqueued else
+                               f"archived message {archive_id} was replayed before{as_message}; nothing enqueued "
+                               "(--again enqueues a fresh copy)", highlight=False))
+
+
+def _skipped_note(counted: archive.ReplayCount, again: bool) -> str:
+    if not counted.already_replayed:
+        return ""
+    if again:
+        return f"; {counted.already_replayed:,} of them replayed before, copied again (--again)"
+    return f"; {counted.already_replayed:,} replayed before, skipped (--again enqueues fresh copies)"
 
 
 def _utc(value: datetime) -> datetime:
@@ -114,7 +132,7 @@ def _utc(value: datetime) -> datetime:
 def _resume_note(resumed: archive.RunningReplay | None) -> str:
     if resumed is None:
         return ""
-    return f" (resuming replay #{resumed.id}, {resumed.replayed:,} already replayed)"
+    return f" (resuming replay #{resumed.id})"
 
 
 def _day(value: datetime | None) -> str:

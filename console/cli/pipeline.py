@@ -122,14 +122,16 @@ def export_command(before: datetime, to: Path, drop: bool, master: str, verbose:
 @click.option("--correlation-id", "correlation_ids", multiple=True, help="Only these correlation ids (repeatable).")
 @click.option("--where", "where", multiple=True, metavar="PREDICATE",
               help="A JSON-path test on the payload, e.g. '$.order.total > 100' (repeatable, all must hold).")
-@click.option("--dry-run", is_flag=True, help="Count what would be replayed, and stop.")
+@click.option("--again", is_flag=True, help="Enqueue a fresh copy even of messages replayed before.")
+@click.option("--dry-run", is_flag=True, help="Count what would be enqueued and what was replayed before, and stop.")
 @spark_options
 @common_options
 def replay_command(source: Path | None, endpoints: tuple[str, ...], since: datetime | None, until: datetime | None,
                    statuses: tuple[str, ...], correlation_ids: tuple[str, ...], where: tuple[str, ...],
-                   dry_run: bool, master: str, verbose: bool) -> None:
+                   again: bool, dry_run: bool, master: str, verbose: bool) -> None:
     """Enqueue archived messages again, selected by endpoint, time, status, correlation id
-    and payload. Running the same selection again enqueues nothing twice."""
+    and payload. A message is replayed once: one replayed before (by this command, `courier
+    archive replay`, replay-message or the console) is skipped unless --again."""
     from console.pipeline import predicates, replay
     from console.pipeline.session import one_line_errors, progress
 
@@ -139,18 +141,18 @@ def replay_command(source: Path | None, endpoints: tuple[str, ...], since: datet
     dsn = database_url()
     spark = _session(master, verbose)
     with one_line_errors(), progress(spark, "replaying", enabled=not wants_json()):
-        result = replay.run(spark, dsn, selection, source, dry_run=dry_run)
+        result = replay.run(spark, dsn, selection, source, dry_run=dry_run, again=again)
+    skipped = "copied again (--again)" if again else "skipped (--again enqueues fresh copies)"
 
     def render() -> None:
         if dry_run:
-            console.print(f"would replay {result.matched - result.already_replayed:,} message(s): "
-                          f"{result.matched:,} match, {result.already_replayed:,} already replayed by this selection",
-                          highlight=False)
+            console.print(f"would replay {result.would_enqueue:,} message(s): {result.matched:,} match, "
+                          f"{result.already_replayed:,} replayed before, {skipped}", highlight=False)
         else:
             console.print(f"replayed {result.enqueued:,} message(s) of {result.matched:,} matching; "
-                          f"{result.matched - result.enqueued:,} had been replayed before", highlight=False)
+                          f"{result.already_replayed:,} replayed before, {skipped}", highlight=False)
 
-    emit(vars(result), render)
+    emit({**vars(result), "would_enqueue": result.would_enqueue}, render)
 
 
 @pipeline_group.command("ingest")
@@ -171,8 +173,9 @@ def ingest_command(path: Path, endpoint: str, priority: int, file_format: str | 
     or Parquet row (its payload column, or all columns) is one message. With --envelope (and
     always for Parquet with a payload column) a row also sets that message's own fields.
 
-    Bad rows are reported by line and skipped; good rows are enqueued once, even if the
-    same file is ingested again. Exits 1 if any row was bad."""
+    Bad rows (any the send path refuses, with the reason it gives) are reported by line
+    and skipped; good rows are enqueued once, even if the same file is ingested again, so a
+    run that failed part way is finished by running it again. Exits 1 if any row was bad."""
     from console.pipeline import ingest
     from console.pipeline.session import one_line_errors, progress
 

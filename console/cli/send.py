@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,6 +11,7 @@ from uuid import UUID
 import click
 
 from sqlkit import messages
+from sqlkit.errors import CourierError
 from sqlkit.messages import SendOptions
 
 from .context import FiniteFloatRange, common_options, console, emit, open_connection, parse_json, parse_json_object
@@ -55,13 +57,24 @@ def _read_input(payload: str | None, file: click.File | None) -> tuple[str, str]
     return sys.stdin.read(), "stdin"
 
 
-def _batch_payloads(text: str, source: str) -> list[Any]:
-    stripped = text.strip()
-    if stripped.startswith("["):
-        value = parse_json(stripped, source)
-        return list(value)
-    return [parse_json(line, f"{source} line {n}")
-            for n, line in enumerate(stripped.splitlines(), 1) if line.strip()]
+def _batch_payloads(text: str, source: str) -> tuple[list[Any], list[int] | None]:
+    """The payloads, and for JSON Lines the input line of each (blank lines are skipped)."""
+    if text.strip().startswith("["):
+        value = parse_json(text.strip(), source)
+        return list(value), None
+    numbered = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    return [parse_json(line, f"{source} line {n}") for n, line in numbered], [n for n, _ in numbered]
+
+
+_BATCH_ELEMENT = re.compile(r"^batch element (\d+)\b")
+
+
+def _naming_the_line(error: CourierError, source: str, lines: list[int] | None) -> CourierError:
+    """A batch refusal names its element; with JSON Lines, say which input line that is."""
+    found = _BATCH_ELEMENT.match(error.message)
+    if lines is None or found is None or not 1 <= int(found.group(1)) <= len(lines):
+        return error
+    return type(error)(f"{source} line {lines[int(found.group(1)) - 1]}: {error.message}", error.sqlstate, error.hint)
 
 
 @click.command("send")
@@ -102,9 +115,12 @@ def send(endpoint: str, payload: str | None, file: click.File | None, priority: 
                        expires_at, ttl, metadata, *headers]
         if any(v is not None for v in single_only):
             raise click.UsageError("--batch takes only --priority; other options apply to single sends")
-        payloads = _batch_payloads(text, source)
+        payloads, lines = _batch_payloads(text, source)
         with open_connection() as conn:
-            ids = messages.send_batch(conn, endpoint, payloads, priority)
+            try:
+                ids = messages.send_batch(conn, endpoint, payloads, priority)
+            except CourierError as error:
+                raise _naming_the_line(error, source, lines) from None
         emit({"endpoint": endpoint, "ids": ids, "count": len(ids)},
              lambda: console.print(f"sent {len(ids)} message(s) to {endpoint}"
                                    + (f": ids {ids[0]}..{ids[-1]}" if ids else ""), highlight=False))

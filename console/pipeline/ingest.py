@@ -1,6 +1,11 @@
 """`courier pipeline ingest`: a JSONL, CSV or Parquet file into the queue through the batch
-path. Every row is checked first; bad rows are reported by line (or row) number and skipped,
-good rows are enqueued once, however often the same file is ingested."""
+path. Bad rows are reported by line (or row) number and skipped, good rows are enqueued once,
+however often the same file is ingested (a ledger keyed by line, written with the messages).
+
+Whether a row is good is the send path's to say: send_batch_with_options checks each row as
+send_with_options checks one message, and the writer leaves out and reports each row it
+refuses (skip_refused). Python checks only what must hold before a row can be passed at all:
+its JSON parses as PostgreSQL parses it, and each field has the type its array needs."""
 
 from __future__ import annotations
 
@@ -68,20 +73,26 @@ def fingerprint(path: Path) -> str:
     return digest.hexdigest()[:24]
 
 
-def check_payload(text: str, limit: int) -> str | None:
-    """Why PostgreSQL would refuse this payload, or None if it is fine."""
+def check_payload(text: str) -> str | None:
+    """Why PostgreSQL could not read this text as jsonb, or None if it can. (Its size, like
+    every other send rule, is the send path's to check.)"""
     def refuse(constant: str) -> Any:
         raise ValueError(f"{constant} is not JSON")
 
     try:
-        json.loads(text, parse_constant=refuse)
+        parsed = json.loads(text, parse_constant=refuse)
     except ValueError as error:
         return f"invalid JSON: {error}"
-    if "\\u0000" in text:
+    return _storable(text, parsed)
+
+
+def _storable(text: str, parsed: Any) -> str | None:
+    if "\\u0000" in text or "\x00" in text:
         return "contains \\u0000, which PostgreSQL cannot store in jsonb"
-    size = len(text.encode())
-    if size > limit:
-        return f"payload of {size} bytes exceeds max_payload_size ({limit} bytes)"
+    try:
+        json.dumps(parsed, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return "contains a lone UTF-16 surrogate, which PostgreSQL cannot store in jsonb"
     return None
 
 
@@ -107,7 +118,9 @@ def _moment(value: Any, name: str) -> str | None:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()
 
 
-def _json_object(value: Any, name: str) -> str | None:
+def _json_text(value: Any, name: str) -> str | None:
+    """headers or metadata as JSON text (that they are objects, and what they hold, is checked
+    by the send path)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -115,26 +128,30 @@ def _json_object(value: Any, name: str) -> str | None:
             raise ValueError(f"{name} is not JSON") from None
     if value is None:
         return None
-    if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a JSON object, not {type(value).__name__}")
-    if name == "headers" and not all(isinstance(v, str) for v in value.values()):
-        raise ValueError("headers must have string values")
-    return json.dumps(value, ensure_ascii=False)
+    text = json.dumps(value, ensure_ascii=False)
+    problem = _storable(text, value)
+    if problem:
+        raise ValueError(f"{name} {problem}")
+    return text
 
 
 def _key(value: Any, name: str) -> str | None:
+    """A key as text (its length is the send path's to check)."""
     if value is None:
         return None
-    if not isinstance(value, str) or not 1 <= len(value) <= 255:
-        raise ValueError(f"{name} must be a string of 1 to 255 characters")
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, not {type(value).__name__}")
+    if "\x00" in value:
+        raise ValueError(f"{name} contains NUL, which PostgreSQL cannot store in text")
     return value
 
 
-def check_envelope(record: Any, limit: int, *, payload_is_text: bool = False) -> tuple[
+def check_envelope(record: Any, *, payload_is_text: bool = False) -> tuple[
         str | None, str | None, tuple[Any, ...]]:
     """A message given as an object of ENVELOPE_FIELDS: (payload text, error, fields), each
-    field checked for type and range here so that a bad one is reported with its line. The
-    payload is any JSON value, or (a CSV cell, a Parquet column) its JSON text."""
+    field checked for the type its array needs, so that a bad one is reported with its line
+    (its value is then the send path's to check). The payload is any JSON value, or (a CSV
+    cell, a Parquet column) its JSON text."""
     if not isinstance(record, dict):
         return None, "a message must be a JSON object with a payload", _NO_FIELDS
     unknown = sorted(set(record) - set(ENVELOPE_FIELDS))
@@ -147,12 +164,10 @@ def check_envelope(record: Any, limit: int, *, payload_is_text: bool = False) ->
     try:
         priority = record.get("priority")
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
-                                     or not 0 <= priority <= 10):
-            raise ValueError(f"priority must be an integer from 0 to 10, got {priority!r}")
+                                     or not -2 ** 31 <= priority < 2 ** 31):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
         scheduled, expires = _moment(record.get("scheduled_at"), "scheduled_at"), _moment(
             record.get("expires_at"), "expires_at")
-        if scheduled and expires and datetime.fromisoformat(expires) <= datetime.fromisoformat(scheduled):
-            raise ValueError("expires_at is not after scheduled_at")
         correlation = record.get("correlation_id")
         if correlation is not None:
             try:
@@ -160,15 +175,15 @@ def check_envelope(record: Any, limit: int, *, payload_is_text: bool = False) ->
             except ValueError:
                 raise ValueError(f"correlation_id is not a UUID: {correlation!r}") from None
         fields = (priority, scheduled, _key(record.get("idempotency_key"), "idempotency_key"), correlation, expires,
-                  _key(record.get("ordering_key"), "ordering_key"), _json_object(record.get("headers"), "headers"),
-                  _json_object(record.get("metadata"), "metadata"))
+                  _key(record.get("ordering_key"), "ordering_key"), _json_text(record.get("headers"), "headers"),
+                  _json_text(record.get("metadata"), "metadata"))
     except ValueError as error:
         return None, str(error), _NO_FIELDS
-    error = check_payload(text, limit)
+    error = check_payload(text)
     return (None, error, _NO_FIELDS) if error else (text, None, fields)
 
 
-def _jsonl(limit: int, envelope: bool) -> Any:
+def _jsonl(envelope: bool) -> Any:
     def check(item: tuple[str, int]) -> tuple[Any, ...] | None:
         text, index = item
         text = text.strip()
@@ -179,14 +194,14 @@ def _jsonl(limit: int, envelope: bool) -> Any:
                 record = json.loads(text)
             except ValueError as error:
                 return index + 1, None, f"invalid JSON: {error}", *_NO_FIELDS
-            payload, error, fields = check_envelope(record, limit)
+            payload, error, fields = check_envelope(record)
             return index + 1, payload, error, *fields
-        error = check_payload(text, limit)
+        error = check_payload(text)
         return index + 1, None if error else text, error, *_NO_FIELDS
     return check
 
 
-def _csv(header: list[str], limit: int, envelope: bool) -> Any:
+def _csv(header: list[str], envelope: bool) -> Any:
     def check(item: tuple[str, int]) -> tuple[Any, ...] | None:
         text, index = item
         if not text.strip():
@@ -204,15 +219,14 @@ def _csv(header: list[str], limit: int, envelope: bool) -> Any:
                 if "priority" in record:
                     record["priority"] = int(record["priority"])
             except ValueError:
-                return index + 1, None, f"priority must be an integer from 0 to 10, got {record['priority']!r}", \
-                    *_NO_FIELDS
+                return index + 1, None, f"priority must be an integer, got {record['priority']!r}", *_NO_FIELDS
             for name in ("headers", "metadata"):
                 if name in record:
                     record[name] = _parsed(record[name])
-            payload, error, fields = check_envelope(record, limit, payload_is_text=True)
+            payload, error, fields = check_envelope(record, payload_is_text=True)
             return index + 1, payload, error, *fields
         payload = json.dumps(row, ensure_ascii=False)
-        error = check_payload(payload, limit)
+        error = check_payload(payload)
         return index + 1, None if error else payload, error, *_NO_FIELDS
     return check
 
@@ -225,17 +239,17 @@ def _parsed(text: str) -> Any:
         return text
 
 
-def _parquet_row(limit: int, fields: list[str]) -> Any:
+def _parquet_row(fields: list[str]) -> Any:
     def check(item: tuple[Any, int]) -> tuple[Any, ...]:
         row, index = item
         if not fields:
             text = row[0]
             if text is None:
                 return index + 1, None, "payload is null", *_NO_FIELDS
-            error = check_payload(text, limit)
+            error = check_payload(text)
             return index + 1, None if error else text, error, *_NO_FIELDS
         record = {name: row[name] for name in ("payload", *fields) if row[name] is not None}
-        payload, error, checked = check_envelope(record, limit, payload_is_text=True)
+        payload, error, checked = check_envelope(record, payload_is_text=True)
         return index + 1, payload, error, *checked
     return check
 
@@ -251,7 +265,6 @@ def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: i
     kind = detect_format(path, file_format)
     with connect(dsn) as conn:
         state = {row["name"]: row["enabled"] for row in store.rows(conn, "endpoint_names")}
-        limit = int(store.value(conn, "max_payload_size"))
     if endpoint not in state:
         raise PipelineError(f'endpoint "{endpoint}" does not exist', "P0002",
                             "Create it with `courier endpoint create`")
@@ -268,9 +281,9 @@ def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: i
             columns = [F.col(n) if types[n] in ("string", "int", "bigint", "smallint") else
                        F.col(n).cast("string") if types[n].startswith("timestamp") else F.to_json(n).alias(n)
                        for n in ("payload", *fields)]
-            checked = df.select(*columns).rdd.zipWithIndex().map(_parquet_row(limit, fields))
+            checked = df.select(*columns).rdd.zipWithIndex().map(_parquet_row(fields))
         else:
-            checked = df.select(F.to_json(F.struct(*df.columns))).rdd.zipWithIndex().map(_parquet_row(limit, []))
+            checked = df.select(F.to_json(F.struct(*df.columns))).rdd.zipWithIndex().map(_parquet_row([]))
     else:
         lines = sc.textFile(str(path)).zipWithIndex()
         if kind == "csv":
@@ -282,9 +295,9 @@ def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: i
                 raise PipelineError(f"{path.name} has no payload column",
                                     hint="With --envelope the CSV needs a payload column of JSON")
             lines = lines.filter(lambda item: item[1] > 0)
-            checked = lines.map(_csv(header, limit, envelope))
+            checked = lines.map(_csv(header, envelope))
         else:
-            checked = lines.map(_jsonl(limit, envelope))
+            checked = lines.map(_jsonl(envelope))
     rows = spark.createDataFrame(checked.filter(lambda r: r is not None), ROW_SCHEMA).cache()
     try:
         totals = rows.agg(F.count(F.lit(1)).alias("rows"), F.count("error").alias("bad")).collect()[0]
@@ -298,9 +311,11 @@ def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: i
                 F.col("line").cast("string").alias("key"), "payload", *MESSAGE_FIELDS)
             (good.write.format("courier").mode("append").option("dsn", dsn).option("endpoint", endpoint)
              .option("priority", priority).option("scope", scope).option("batch_size", batch_size)
-             .option("report", str(report)).save())
-            sent = json.loads(report.read_text())["sent"] if report.exists() else 0
+             .option("skip_refused", "true").option("report", str(report)).save())
+            written = json.loads(report.read_text()) if report.exists() else {}
     finally:
         rows.unpersist()
-    return IngestResult(str(path), totals["rows"], totals["rows"] - totals["bad"], sent, already,
-                        totals["bad"], errors)
+    refused = [RowError(int(line), reason) for line, reason in written.get("refused", [])]
+    bad = totals["bad"] + written.get("refused_count", 0)
+    errors = sorted(errors + refused, key=lambda e: e.line)[:REPORTED_ERRORS]
+    return IngestResult(str(path), totals["rows"], totals["rows"] - bad, written.get("sent", 0), already, bad, errors)

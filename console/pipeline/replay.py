@@ -1,13 +1,14 @@
 """`courier pipeline replay`: archived messages (from the archive or from exported Parquet)
 selected by endpoint, time, status, correlation id and JSON-path predicates, enqueued again
-through the batch path. A selection enqueues each message at most once, however often it runs."""
+through the batch path. A message is replayed once, by whichever replay (this one, `courier
+archive replay`, replay-message, the console): the rule is courier.claim_replays, applied in
+each batch's transaction; `again` asks for fresh copies."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,8 +31,7 @@ CARRIED = ("payload", "priority", "headers", "metadata", "ordering_key", "correl
 
 @dataclass(frozen=True)
 class Selection:
-    """What to replay. Its fingerprint names the ledger scope, so the same selection run again
-    (from the archive or from its Parquet export) skips what it already enqueued."""
+    """What to replay."""
     endpoints: tuple[str, ...] = ()
     since: datetime | None = None
     until: datetime | None = None
@@ -39,21 +39,19 @@ class Selection:
     correlation_ids: tuple[str, ...] = ()
     where: tuple[str, ...] = ()
 
-    @property
-    def scope(self) -> str:
-        text = json.dumps({k: v.isoformat() if isinstance(v, datetime) else sorted(v) if isinstance(v, tuple) else v
-                           for k, v in asdict(self).items()}, sort_keys=True)
-        return "replay:" + hashlib.sha256(text.encode()).hexdigest()[:24]
-
 
 @dataclass(frozen=True)
 class ReplayResult:
-    scope: str
     matched: int
-    already_replayed: int
+    already_replayed: int  # of the matching messages, replayed before by any replay
     enqueued: int = 0
     by_endpoint: dict[str, int] = field(default_factory=dict)
     dry_run: bool = False
+    again: bool = False
+
+    @property
+    def would_enqueue(self) -> int:
+        return self.matched if self.again else self.matched - self.already_replayed
 
 
 def select(spark: SparkSession, dsn: str, selection: Selection, source: Path | None) -> DataFrame:
@@ -111,17 +109,29 @@ def _replayed_from(metadata: Any, archive_id: Any) -> Any:
         .otherwise(F.format_string('%s, "replayed_from": %d}', opened, archive_id))
 
 
+def _count_replayed(dsn: str) -> Any:
+    """Per Spark partition of archived ids: how many were replayed before."""
+    def count(rows: Any) -> Any:
+        ids = [row[0] for row in rows]
+        if not ids:
+            return iter([0])
+        with connect(dsn) as conn:
+            return iter([sum(int(store.value(conn, "count_replayed", {"archive_ids": ids[at:at + 10_000]}))
+                             for at in range(0, len(ids), 10_000))])
+    return count
+
+
 def run(spark: SparkSession, dsn: str, selection: Selection, source: Path | None = None, *,
-        dry_run: bool = False, batch_size: int = 1000) -> ReplayResult:
+        dry_run: bool = False, batch_size: int = 1000, again: bool = False) -> ReplayResult:
     from pyspark.sql import functions as F
 
     chosen = select(spark, dsn, selection, source).cache()
     try:
         counts = {row["endpoint"]: row["count"] for row in chosen.groupBy("endpoint").count().collect()}
+        already = int(chosen.select("id").rdd.mapPartitions(_count_replayed(dsn)).sum()) if counts else 0
         with connect(dsn) as conn:
-            already = int(store.value(conn, "ledger_count", {"scope": selection.scope}))
             enabled = {row["name"]: row["enabled"] for row in store.rows(conn, "endpoint_names")}
-        result = ReplayResult(selection.scope, sum(counts.values()), already, by_endpoint=counts, dry_run=dry_run)
+        result = ReplayResult(sum(counts.values()), already, by_endpoint=counts, dry_run=dry_run, again=again)
         if dry_run or not counts:
             return result
         unusable = sorted(str(e) for e in counts if not enabled.get(e))
@@ -134,9 +144,9 @@ def run(spark: SparkSession, dsn: str, selection: Selection, source: Path | None
              .select("endpoint", *(c for c in CARRIED if c != "metadata"),
                      _replayed_from(F.col("metadata"), F.col("id")).alias("metadata"),
                      F.col("id").cast("string").alias("key"))
-             .write.format("courier").mode("append").option("dsn", dsn).option("scope", selection.scope)
+             .write.format("courier").mode("append").option("dsn", dsn).option("replay", "again" if again else "once")
              .option("batch_size", batch_size).option("report", str(report)).save())
             totals: dict[str, Any] = json.loads(report.read_text())
-        return ReplayResult(selection.scope, result.matched, already, totals["sent"], counts)
+        return ReplayResult(result.matched, already, totals["sent"], counts, again=again)
     finally:
         chosen.unpersist()

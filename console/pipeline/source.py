@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -112,7 +113,9 @@ class CourierDataSource(DataSource):
     JSON list of them, that PostgreSQL applies as `payload @@ path`); slice_rows (rows per read
     task, by the planner's estimate; default 250,000) or slice_ids (ids per read task).
     Writing: endpoint, priority, scope (the ledger scope deduplicating rows by their `key`
-    column), batch_size, backpressure_wait (seconds), report (a file for the totals)."""
+    column), replay ("once" or "again": the `key` column holds archived ids, deduplicated by
+    the replay rule courier.claim_replays), batch_size, backpressure_wait (seconds), report (a
+    file for the totals)."""
 
     @classmethod
     def name(cls) -> str:
@@ -352,6 +355,36 @@ class Sent(WriterCommitMessage):
     rows: int
     sent: int
     skipped: int
+    refused: list[tuple[str | None, str]] = field(default_factory=list)  # (key, why): the first REPORTED_REFUSALS
+    refused_count: int = 0
+
+
+REPORTED_REFUSALS = 1000
+
+
+class _Refused(Exception):
+    """send_batch_with_options refused one row of a chunk for its content."""
+
+    def __init__(self, error: Exception, message: dict[str, Any], reason: str) -> None:
+        super().__init__(reason)
+        self.error = error
+        self.message = message
+        self.reason = reason
+
+
+# A batch element the send path refused for its own content: send_batch_with_options names the
+# first such element ("batch element 3: ..."), with a data exception, a key conflict or a size.
+_REFUSED_ELEMENT = re.compile(r"^batch element (\d+): (.*)$", re.DOTALL)
+_ROW_SQLSTATES = ("22", "23505", "54000")
+
+
+def _refused_element(error: Exception) -> tuple[int, str] | None:
+    """The 1-based element and the reason, if the error is one row's refusal."""
+    sqlstate = getattr(error, "sqlstate", None) or ""
+    found = _REFUSED_ELEMENT.match(getattr(error, "message", ""))
+    if found is None or not any(sqlstate.startswith(prefix) for prefix in _ROW_SQLSTATES):
+        return None
+    return int(found.group(1)), found.group(2)
 
 
 class CourierWriter(DataSourceWriter):
@@ -359,7 +392,10 @@ class CourierWriter(DataSourceWriter):
     leaves nothing behind. Rows need `payload` (JSON text) and, unless the endpoint option is
     set, `endpoint`; they may carry any of MESSAGE_FIELDS (headers and metadata as JSON text),
     each kept on its message, and `key`. With a scope, a row whose key that scope already
-    enqueued (a re-run, a retried task) is skipped."""
+    enqueued (a re-run, a retried task) is skipped. With skip_refused, a row the send path
+    refuses (its rules, in the database) is left out and reported by its key, and the rest
+    is enqueued: each refusal rolls back only its batch's attempt (a savepoint) and the batch
+    is sent again without that row."""
 
     def __init__(self, options: dict[str, str], fields: list[str]) -> None:
         self.options = options
@@ -368,8 +404,10 @@ class CourierWriter(DataSourceWriter):
             raise ValueError("courier data source: the rows to write need a payload column")
         if "endpoint" not in fields and not options.get("endpoint"):
             raise ValueError("courier data source: give the endpoint option or an endpoint column")
-        if "key" in fields and not options.get("scope"):
-            raise ValueError("courier data source: rows with a key column need the scope option")
+        if "key" in fields and not options.get("scope") and not options.get("replay"):
+            raise ValueError("courier data source: rows with a key column need the scope or replay option")
+        if options.get("replay") not in (None, "once", "again"):
+            raise ValueError(f"courier data source: replay must be once or again, got {options['replay']!r}")
 
     def write(self, iterator: Iterator[Any]) -> Sent:
         default_endpoint = self.options.get("endpoint")
@@ -388,44 +426,98 @@ class CourierWriter(DataSourceWriter):
         delay = 0.2
         while True:
             try:
-                sent = self._send(groups)
-                return Sent(rows, sent, rows - sent)
+                sent, refused = self._send(groups)
+                return Sent(rows, sent, rows - sent - len(refused), refused[:REPORTED_REFUSALS], len(refused))
             except Exception as error:
                 if getattr(error, "sqlstate", None) != BACKPRESSURE or time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay)  # the workers drain the queue meanwhile
                 delay = min(delay * 2, 5.0)
 
-    def _send(self, groups: dict[str, list[dict[str, Any]]]) -> int:
-        from sqlkit import analytics
-
-        scope = self.options.get("scope")
+    def _send(self, groups: dict[str, list[dict[str, Any]]]) -> tuple[int, list[tuple[str | None, str]]]:
         size = int(self.options.get("batch_size", DEFAULT_BATCH))
-        carried = [name for name in MESSAGE_FIELDS if name in self.fields]
+        skip_refused = self.options.get("skip_refused") == "true"
         sent = 0
+        refused: list[tuple[str | None, str]] = []
         with _connect(self.options["dsn"], autocommit=False) as conn, conn.transaction():
             for endpoint, items in groups.items():
                 for start in range(0, len(items), size):
                     chunk = items[start:start + size]
-                    if scope:
-                        keys = [m["key"] for m in chunk if m["key"] is not None]
-                        fresh = {row["source_key"] for row in analytics.rows(
-                            conn, "ledger_claim", {"scope": scope, "keys": keys})}
-                        chunk = _first_of_each(chunk, fresh)
-                    if not chunk:
-                        continue
-                    fields = {name: [m[name] for m in chunk] if name in carried or name == "priority" else None
-                              for name in MESSAGE_FIELDS}
-                    analytics.value(conn, "send_batch_with_options", {
-                        "endpoint": endpoint, "payloads": [m["payload"] for m in chunk], **fields})
-                    sent += len(chunk)
-        return sent
+                    if skip_refused:
+                        sent += self._send_skipping(conn, endpoint, chunk, refused)
+                    else:
+                        try:
+                            sent += self._send_chunk(conn, endpoint, chunk)
+                        except _Refused as refusal:
+                            raise refusal.error from None
+        return sent, refused
+
+    def _send_skipping(self, conn: Any, endpoint: str, chunk: list[dict[str, Any]],
+                       refused: list[tuple[str | None, str]]) -> int:
+        """Send the chunk without the rows the database refuses, adding those to refused. A
+        refusal that names no element (a value PostgreSQL cannot convert, failing the whole
+        array) is narrowed down by halves."""
+        while chunk:
+            try:
+                with conn.transaction():  # a savepoint: a refused row undoes only this attempt
+                    return self._send_chunk(conn, endpoint, chunk)
+            except _Refused as refusal:
+                refused.append((refusal.message["key"], refusal.reason))
+                chunk = [m for m in chunk if m is not refusal.message]
+            except Exception as error:
+                if not str(getattr(error, "sqlstate", None) or "").startswith("22"):
+                    raise
+                if len(chunk) == 1:
+                    refused.append((chunk[0]["key"], getattr(error, "message", str(error))))
+                    return 0
+                half = len(chunk) // 2
+                return (self._send_skipping(conn, endpoint, chunk[:half], refused)
+                        + self._send_skipping(conn, endpoint, chunk[half:], refused))
+        return 0
+
+    def _send_chunk(self, conn: Any, endpoint: str, chunk: list[dict[str, Any]]) -> int:
+        """Enqueue the chunk's rows its ledger has not seen; raises _Refused naming a refused row."""
+        from sqlkit import analytics
+
+        scope = self.options.get("scope")
+        replay = self.options.get("replay")
+        carried = [name for name in MESSAGE_FIELDS if name in self.fields]
+        if scope:
+            keys = [m["key"] for m in chunk if m["key"] is not None]
+            fresh = {row["source_key"] for row in analytics.rows(
+                conn, "ledger_claim", {"scope": scope, "keys": keys})}
+            chunk = _first_of_each(chunk, fresh)
+        elif replay:
+            archive_ids = [int(m["key"]) for m in chunk if m["key"] is not None]
+            fresh = {str(row["archive_id"]) for row in analytics.rows(
+                conn, "claim_replays", {"archive_ids": archive_ids, "again": replay == "again"})}
+            chunk = _first_of_each(chunk, fresh)
+        if not chunk:
+            return 0
+        fields = {name: [m[name] for m in chunk] if name in carried or name == "priority" else None
+                  for name in MESSAGE_FIELDS}
+        try:
+            ids = analytics.value(conn, "send_batch_with_options", {
+                "endpoint": endpoint, "payloads": [m["payload"] for m in chunk], **fields})
+        except Exception as error:
+            element = _refused_element(error)
+            if element is None or not 1 <= element[0] <= len(chunk):
+                raise
+            raise _Refused(error, chunk[element[0] - 1], element[1]) from error
+        if replay:
+            copies = [(int(m["key"]), i) for m, i in zip(chunk, ids, strict=True) if m["key"] is not None]
+            analytics.rows(conn, "record_replay_copies", {
+                "archive_ids": [a for a, _ in copies], "message_ids": [i for _, i in copies]})
+        return len(chunk)
 
     def commit(self, messages: list[Sent | None]) -> None:
         report = self.options.get("report")
         if report:
             done = [m for m in messages if m is not None]
-            totals = {"rows": sum(m.rows for m in done), "sent": sum(m.sent for m in done),
-                      "skipped": sum(m.skipped for m in done)}
+            totals: dict[str, Any] = {"rows": sum(m.rows for m in done), "sent": sum(m.sent for m in done),
+                                      "skipped": sum(m.skipped for m in done)}
+            if self.options.get("skip_refused") == "true":
+                totals["refused"] = [list(item) for m in done for item in m.refused]
+                totals["refused_count"] = sum(m.refused_count for m in done)
             with open(report, "w", encoding="utf-8") as out:
                 json.dump(totals, out)

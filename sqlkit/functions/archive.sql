@@ -371,18 +371,61 @@ BEGIN
 END
 $$;
 
--- Enqueues archived messages again as new pending messages, in their original order, with
--- their idempotency key and expiry cleared (ulak) and metadata.replayed_from naming the
--- archived id; returns how many it enqueued.
-CREATE OR REPLACE FUNCTION courier._replay(p_archive_ids bigint[], p_from_ts timestamptz, p_to_ts timestamptz)
+-- Replay ----------------------------------------------------------------------------------
+
+-- The one replay rule, shared by replay_range, replay_message (and so the CLI and the
+-- console's wizard) and `courier pipeline replay`: an archived message is enqueued again
+-- once. Claims p_archive_ids in courier.replayed_messages, in the caller's transaction, and
+-- returns the ones to enqueue now: those never replayed, or with p_again (a fresh copy the
+-- operator asked for) all of them. A concurrent replay of the same message waits on the
+-- claim, and skips the message once the first commits.
+CREATE OR REPLACE FUNCTION courier.claim_replays(p_archive_ids bigint[], p_again boolean DEFAULT false)
+RETURNS bigint[]
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_claimed bigint[];
+BEGIN
+    IF coalesce(p_again, false) THEN
+        WITH claimed AS (
+            INSERT INTO courier.replayed_messages AS r (archive_id)
+            SELECT DISTINCT u.id FROM unnest(p_archive_ids) AS u(id) WHERE u.id IS NOT NULL
+            ON CONFLICT (archive_id) DO UPDATE SET copies = r.copies + 1, replayed_at = now(), message_id = NULL
+            RETURNING archive_id
+        )
+        SELECT array_agg(archive_id ORDER BY archive_id) INTO v_claimed FROM claimed;
+    ELSE
+        WITH claimed AS (
+            INSERT INTO courier.replayed_messages (archive_id)
+            SELECT DISTINCT u.id FROM unnest(p_archive_ids) AS u(id) WHERE u.id IS NOT NULL
+            ON CONFLICT (archive_id) DO NOTHING
+            RETURNING archive_id
+        )
+        SELECT array_agg(archive_id ORDER BY archive_id) INTO v_claimed FROM claimed;
+    END IF;
+    RETURN coalesce(v_claimed, '{}');
+END
+$$;
+
+-- Enqueues the given archived messages created in [p_from_ts, p_to_ts) that claim_replays
+-- lets through as new pending messages, in their original order, with their idempotency key
+-- and expiry cleared (ulak) and metadata.replayed_from naming the archived id; records each
+-- copy's id; returns how many it enqueued.
+CREATE OR REPLACE FUNCTION courier._replay(p_archive_ids bigint[], p_from_ts timestamptz, p_to_ts timestamptz,
+                                           p_again boolean)
 RETURNS integer
 LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
+    v_fresh bigint[];
     v_endpoint_ids integer[];
 BEGIN
-    PERFORM courier._require_room(cardinality(p_archive_ids));
+    v_fresh := courier.claim_replays(ARRAY(SELECT a.id FROM courier.archive a
+                                           WHERE a.id = ANY (p_archive_ids)
+                                             AND a.created_at >= p_from_ts AND a.created_at < p_to_ts), p_again);
+    PERFORM courier._require_room(cardinality(v_fresh));
     WITH replayed AS (
         -- A pull message comes back without its key, as without its idempotency key.
         INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, ordering_key, correlation_id,
@@ -391,9 +434,12 @@ BEGIN
                a.priority, a.ordering_key, a.correlation_id, a.payload_binary, a.body,
                courier._pull_visible_at(e.protocol, NULL)
         FROM courier.archive a JOIN courier.endpoints e ON e.id = a.endpoint_id
-        WHERE a.id = ANY (p_archive_ids) AND a.created_at >= p_from_ts AND a.created_at < p_to_ts
+        WHERE a.id = ANY (v_fresh) AND a.created_at >= p_from_ts AND a.created_at < p_to_ts
         ORDER BY a.id
-        RETURNING endpoint_id
+        RETURNING id, endpoint_id, (metadata ->> 'replayed_from')::bigint AS archive_id
+    ), recorded AS (
+        UPDATE courier.replayed_messages r SET message_id = c.id
+        FROM replayed c WHERE r.archive_id = c.archive_id
     )
     SELECT array_agg(endpoint_id) INTO v_endpoint_ids FROM replayed;
     PERFORM courier._count_outcomes(v_endpoint_ids, 'replayed');
@@ -401,38 +447,99 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION courier.replay_message(archive_id bigint) RETURNS bigint
+-- Enqueues one archived message again, unless it was replayed before (by any replay) and
+-- p_again is false: then the earlier copy stands, as a duplicate send's earlier message does.
+-- Returns the copy's id (NULL for a copy made before its id was recorded) and whether this
+-- call enqueued it.
+CREATE OR REPLACE FUNCTION courier.replay_archived_message(p_archive_id bigint, p_again boolean DEFAULT false)
+RETURNS TABLE (message_id bigint, enqueued boolean)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
     v_row courier.archive;
-    v_message_id bigint;
+    v_enqueued boolean;
 BEGIN
-    SELECT * INTO v_row FROM courier.archive a WHERE a.id = replay_message.archive_id;
+    SELECT * INTO v_row FROM courier.archive a WHERE a.id = p_archive_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION '[courier] archived message % does not exist', replay_message.archive_id
+        RAISE EXCEPTION '[courier] archived message % does not exist', coalesce(p_archive_id::text, 'NULL')
             USING ERRCODE = 'P0002', HINT = 'It may be in the queue still, or its partition was dropped by retention';
     END IF;
     PERFORM courier._require_endpoint(v_row.endpoint_id);
-    PERFORM courier._replay(ARRAY[v_row.id], v_row.created_at, v_row.created_at + interval '1 microsecond');
-    v_message_id := currval(pg_get_serial_sequence('courier.queue', 'id'));
-    PERFORM courier._log_event('archive.replay_message', v_row.endpoint_id,
-        jsonb_build_object('archive_id', v_row.id, 'message_id', v_message_id, 'original_status', v_row.status));
-    PERFORM pg_notify('courier_new_msg', v_row.endpoint_id::text);
-    RETURN v_message_id;
+    v_enqueued := courier._replay(ARRAY[v_row.id], v_row.created_at, v_row.created_at + interval '1 microsecond',
+                                  p_again) > 0;
+    SELECT r.message_id INTO message_id FROM courier.replayed_messages r WHERE r.archive_id = v_row.id;
+    enqueued := v_enqueued;
+    IF v_enqueued THEN
+        PERFORM courier._log_event('archive.replay_message', v_row.endpoint_id,
+            jsonb_build_object('archive_id', v_row.id, 'message_id', message_id, 'original_status', v_row.status));
+        PERFORM pg_notify('courier_new_msg', v_row.endpoint_id::text);
+    END IF;
+    RETURN NEXT;
+END
+$$;
+
+-- The seed's replay_message: replay_archived_message's copy id.
+CREATE OR REPLACE FUNCTION courier.replay_message(archive_id bigint, p_again boolean DEFAULT false) RETURNS bigint
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$ SELECT r.message_id FROM courier.replay_archived_message(replay_message.archive_id, p_again) r $$;
+
+CREATE OR REPLACE FUNCTION courier._check_replay_range(p_from_ts timestamptz, p_to_ts timestamptz, p_status text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    IF p_from_ts IS NULL OR p_to_ts IS NULL OR p_from_ts >= p_to_ts THEN
+        PERFORM courier._raise_invalid(format('the replay range must have p_from_ts before p_to_ts, got %s to %s',
+                                              coalesce(p_from_ts::text, 'NULL'), coalesce(p_to_ts::text, 'NULL')));
+    END IF;
+    IF p_status IS NOT NULL AND p_status NOT IN ('completed', 'failed', 'expired') THEN
+        PERFORM courier._raise_invalid(format('p_status must be completed, failed or expired, got %L', p_status),
+                                       'NULL replays every status');
+    END IF;
+END
+$$;
+
+-- What replay_range would do with this range now: how many messages it would enqueue (past
+-- the cursor of an interrupted replay of the range, if any), and how many of the range's
+-- messages were replayed before (by any replay), which it skips unless p_again.
+CREATE OR REPLACE FUNCTION courier.count_replay_range(p_endpoint_id integer, p_from_ts timestamptz,
+                                                      p_to_ts timestamptz, p_status text DEFAULT NULL,
+                                                      p_again boolean DEFAULT false)
+RETURNS TABLE (would_enqueue bigint, already_replayed bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_cursor bigint;
+BEGIN
+    PERFORM courier._require_endpoint(p_endpoint_id);
+    PERFORM courier._check_replay_range(p_from_ts, p_to_ts, p_status);
+    SELECT r.last_archive_id INTO v_cursor FROM courier.replays r
+    WHERE r.endpoint_id = p_endpoint_id AND r.from_ts = p_from_ts AND r.to_ts = p_to_ts
+      AND coalesce(r.status_filter, '') = coalesce(p_status, '') AND r.state = 'running';
+    RETURN QUERY
+    SELECT count(*) FILTER (WHERE a.id > coalesce(v_cursor, 0) AND (coalesce(p_again, false) OR r.archive_id IS NULL)),
+           count(r.archive_id)
+    FROM courier.archive a LEFT JOIN courier.replayed_messages r ON r.archive_id = a.id
+    WHERE a.endpoint_id = p_endpoint_id AND a.created_at >= p_from_ts AND a.created_at < p_to_ts
+      AND (p_status IS NULL OR a.status = p_status);
 END
 $$;
 
 -- Replays the endpoint's archived messages created in [p_from_ts, p_to_ts), optionally only
--- those archived with status p_status, oldest id first. Each call works on the replay of
--- that exact range that is still running, if any, so an interrupted replay resumes where
--- it stopped. p_batch_size NULL replays everything left in this call; a number replays at
--- most that many and returns, so a caller can run each batch in its own short
--- transaction. p_dry_run counts what is left without enqueueing. Returns the count.
+-- those archived with status p_status, oldest id first; a message replayed before (by any
+-- replay) is skipped unless p_again (claim_replays). Each call works on the replay of that
+-- exact range that is still running, if any, so an interrupted replay resumes where it
+-- stopped. p_batch_size NULL walks the whole range left in this call; a number walks at most
+-- that many archived messages and returns, so a caller can run each batch in its own short
+-- transaction until the replay is no longer running. p_dry_run counts what would be enqueued
+-- (count_replay_range) without enqueueing. Returns the count enqueued.
 CREATE OR REPLACE FUNCTION courier.replay_range(p_endpoint_id integer, p_from_ts timestamptz, p_to_ts timestamptz,
                                      p_status text DEFAULT NULL, p_batch_size integer DEFAULT NULL,
-                                     p_dry_run boolean DEFAULT false)
+                                     p_dry_run boolean DEFAULT false, p_again boolean DEFAULT false)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
@@ -443,18 +550,16 @@ DECLARE
     v_chunk integer := least(coalesce(p_batch_size, 1000), 10000);
     v_limit integer;
     v_ids bigint[];
+    v_seen bigint := 0;
     v_done bigint := 0;
 BEGIN
-    IF p_from_ts IS NULL OR p_to_ts IS NULL OR p_from_ts >= p_to_ts THEN
-        PERFORM courier._raise_invalid(format('the replay range must have p_from_ts before p_to_ts, got %s to %s',
-                                              coalesce(p_from_ts::text, 'NULL'), coalesce(p_to_ts::text, 'NULL')));
-    END IF;
-    IF p_status IS NOT NULL AND p_status NOT IN ('completed', 'failed', 'expired') THEN
-        PERFORM courier._raise_invalid(format('p_status must be completed, failed or expired, got %L', p_status),
-                                       'NULL replays every status');
-    END IF;
+    PERFORM courier._check_replay_range(p_from_ts, p_to_ts, p_status);
     IF p_batch_size IS NOT NULL AND p_batch_size < 1 THEN
         PERFORM courier._raise_invalid(format('p_batch_size must be at least 1, got %s', p_batch_size));
+    END IF;
+    IF p_dry_run THEN
+        RETURN (SELECT c.would_enqueue FROM courier.count_replay_range(p_endpoint_id, p_from_ts, p_to_ts, p_status,
+                                                                       p_again) c);
     END IF;
 
     SELECT * INTO v_replay FROM courier.replays r
@@ -462,23 +567,18 @@ BEGIN
       AND coalesce(r.status_filter, '') = coalesce(p_status, '') AND r.state = 'running'
     FOR UPDATE;  -- a second caller of the same replay waits, then continues after our cursor
 
-    IF p_dry_run THEN
-        RETURN (SELECT count(*) FROM courier.archive a
-                WHERE a.endpoint_id = p_endpoint_id AND a.created_at >= p_from_ts AND a.created_at < p_to_ts
-                  AND (p_status IS NULL OR a.status = p_status) AND a.id > coalesce(v_replay.last_archive_id, 0));
-    END IF;
-
     IF v_replay.id IS NULL THEN
         INSERT INTO courier.replays (endpoint_id, from_ts, to_ts, status_filter)
         VALUES (p_endpoint_id, p_from_ts, p_to_ts, p_status)
         RETURNING * INTO v_replay;
         PERFORM courier._log_event('archive.replay_started', p_endpoint_id, jsonb_build_object(
             'replay_id', v_replay.id, 'endpoint', v_endpoint.name, 'from', p_from_ts, 'to', p_to_ts,
-            'status', p_status));
+            'status', p_status, 'again', coalesce(p_again, false)));
     END IF;
 
     LOOP
-        v_limit := least(v_chunk, coalesce(p_batch_size - v_done, v_chunk));
+        v_limit := least(v_chunk, coalesce(p_batch_size - v_seen, v_chunk));
+        EXIT WHEN v_limit < 1;
         SELECT array_agg(id ORDER BY id) INTO v_ids FROM (
             SELECT a.id FROM courier.archive a
             WHERE a.endpoint_id = p_endpoint_id AND a.created_at >= p_from_ts AND a.created_at < p_to_ts
@@ -487,9 +587,10 @@ BEGIN
             LIMIT v_limit
         ) picked;
         EXIT WHEN v_ids IS NULL;
-        v_done := v_done + courier._replay(v_ids, p_from_ts, p_to_ts);
+        v_done := v_done + courier._replay(v_ids, p_from_ts, p_to_ts, p_again);
+        v_seen := v_seen + cardinality(v_ids);
         v_replay.last_archive_id := v_ids[cardinality(v_ids)];
-        EXIT WHEN cardinality(v_ids) < v_limit OR v_done >= coalesce(p_batch_size, v_done + 1);
+        EXIT WHEN cardinality(v_ids) < v_limit;
     END LOOP;
 
     UPDATE courier.replays SET last_archive_id = v_replay.last_archive_id, replayed = replayed + v_done,

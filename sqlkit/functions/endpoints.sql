@@ -70,6 +70,37 @@ BEGIN
 END
 $$;
 
+-- The values one field of a valid cron schedule names: each item *, n or a-b, with an
+-- optional /step (n/step runs from n to p_high, as cronsim reads it).
+CREATE OR REPLACE FUNCTION courier._cron_field_values(p_field text, p_low integer, p_high integer)
+RETURNS integer[]
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT array_agg(DISTINCT v ORDER BY v)
+    FROM unnest(string_to_array(p_field, ',')) AS item,
+         LATERAL regexp_match(item, '^(?:\*|([0-9]{1,2})(-([0-9]{1,2}))?)(/([0-9]{1,2}))?$') AS m,
+         LATERAL generate_series(coalesce(m[1]::integer, p_low),
+                                 CASE WHEN m[3] IS NOT NULL THEN m[3]::integer
+                                      WHEN m[1] IS NULL OR m[5] IS NOT NULL THEN p_high
+                                      ELSE m[1]::integer END,
+                                 coalesce(m[5]::integer, 1)) AS v
+$$;
+
+-- Whether a valid cron schedule names a day that never comes (30 February, 31 April): the
+-- leader's cronsim finds no time for it, and the reaper would never run. When the day of
+-- month or of week starts with *, both must match (Debian cron, cronsim), so some month the
+-- schedule names must have its first day of month; 29 February counts, leap years have it.
+-- Otherwise either day matches, and the day of week always comes.
+CREATE OR REPLACE FUNCTION courier._cron_day_never_comes(p_schedule text) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT (left(f[3], 1) = '*' OR left(f[5], 1) = '*')
+           AND (SELECT min(d) FROM unnest(courier._cron_field_values(f[3], 1, 31)) d)
+               > (SELECT max(CASE WHEN m = 2 THEN 29 WHEN m IN (4, 6, 9, 11) THEN 30 ELSE 31 END)
+                  FROM unnest(courier._cron_field_values(f[4], 1, 12)) m)
+    FROM string_to_array(p_schedule, ' ') AS f
+$$;
+
 -- A setting's value as stored ('true'/'false', a whole number in range, or a cron schedule
 -- with single spaces and its @macro spelled out), or an error naming the setting: for
 -- set_setting() and for plain UPDATEs of courier.settings alike.
@@ -95,6 +126,12 @@ BEGIN
                       HINT = 'Five fields, minute hour day-of-month month day-of-week, each *, n, a-b or a list '
                              'of them, with an optional /step ("0 3 * * *": daily at 03:00 UTC); or @hourly, '
                              '@daily, @weekly, @monthly, @yearly; empty turns it off';
+        END IF;
+        IF v_normalized <> '' AND courier._cron_day_never_comes(v_normalized) THEN
+            RAISE EXCEPTION '[courier] setting % names a day that never comes: "%"', p_name, p_value
+                USING ERRCODE = '22023',
+                      HINT = 'No month it names has that day of the month (30 February, 31 April); '
+                             'choose a day every such month has, or a day of the week';
         END IF;
     ELSIF v_setting.value_type = 'boolean' THEN
         IF lower(trim(p_value)) IN ('true', 'on', 'yes', '1') THEN

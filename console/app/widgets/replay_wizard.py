@@ -1,8 +1,10 @@
 """The archive replay wizard: endpoint, time range and status; a dry-run count; confirm;
 then a progress bar while the replay runs in batches, and the result.
 
-Replays keep a cursor per range in the database, so cancelling half-way (escape) and
-running the same range again resumes without enqueueing anything twice.
+A message is replayed once, by whichever replay (the CLI's, this wizard, the pipeline's):
+one replayed before is skipped unless "fresh copies" is ticked. Replays keep a cursor per
+range in the database, so cancelling half-way (escape) and running the same range again
+resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, ProgressBar, Select, Static
+from textual.widgets import Button, Checkbox, Input, Label, ProgressBar, Select, Static
 
 from sqlkit import archive
 from sqlkit.archive import ReplayRange
@@ -87,6 +89,7 @@ class ReplayWizard(ModalScreen[int | None]):
                 yield Input(end, id="replay-to")
             yield Label("3. status", classes="field")
             yield Select([(s, s) for s in STATUSES], prompt="any status", id="replay-status")
+            yield Checkbox("fresh copies of messages replayed before", id="replay-again")
             yield Static("", id="replay-count")
             yield Static("", id="replay-error")
             yield ProgressBar(total=None, show_eta=False, id="replay-progress")
@@ -119,8 +122,8 @@ class ReplayWizard(ModalScreen[int | None]):
         status = None if status_select.is_blank() else str(status_select.value)
         self._error("")
         self._endpoint_name = str(endpoint)
-        return ReplayRange(0, start.astimezone(UTC), end.astimezone(UTC),
-                           status)
+        again = self.query_one("#replay-again", Checkbox).value
+        return ReplayRange(0, start.astimezone(UTC), end.astimezone(UTC), status, again)
 
     def _error(self, text: str) -> None:
         self.query_one("#replay-error", Static).update(literal(text, lines=True))
@@ -129,6 +132,9 @@ class ReplayWizard(ModalScreen[int | None]):
         self._invalidate()
 
     def on_input_changed(self, event: Input.Changed) -> None:
+        self._invalidate()
+
+    def on_checkbox_changed(self, event: Checkbox.Changed) -> None:
         self._invalidate()
 
     def _invalidate(self) -> None:
@@ -160,7 +166,7 @@ class ReplayWizard(ModalScreen[int | None]):
     def dry_run(self, endpoint: str, selection: ReplayRange) -> None:
         def count(conn):
             chosen = ReplayRange(archive.endpoint_id(conn, endpoint), selection.from_ts, selection.to_ts,
-                                 selection.status)
+                                 selection.status, selection.again)
             return chosen, archive.count_replayable(conn, chosen), archive.running_replay(conn, chosen)
         try:
             chosen, total, running = self.app.database.run(count)  # type: ignore[attr-defined]
@@ -170,11 +176,15 @@ class ReplayWizard(ModalScreen[int | None]):
             return
         self.app.call_from_thread(self._counted, chosen, total, running)
 
-    def _counted(self, chosen: ReplayRange, total: int, running) -> None:
+    def _counted(self, chosen: ReplayRange, counted: archive.ReplayCount, running) -> None:
+        total = counted.would_enqueue
         self.counted = (chosen, total)
         text = f"dry run: {total:,} message(s) would be replayed"
+        if counted.already_replayed:
+            text += (f"; {counted.already_replayed:,} replayed before"
+                     + (", copied again" if chosen.again else ", skipped (tick fresh copies to copy them again)"))
         if running is not None:
-            text += f" (resuming an interrupted replay: {running.replayed:,} already done)"
+            text += " (resuming an interrupted replay)"
         self.query_one("#replay-count", Static).update(text)
         self.query_one("#replay", Button).disabled = total == 0
         if total:
@@ -209,11 +219,12 @@ class ReplayWizard(ModalScreen[int | None]):
         error: CourierError | None = None
         try:
             while not self._cancel_requested.is_set():
-                n = self.app.database.run(lambda conn: archive.replay_batch(conn, chosen, BATCH))  # type: ignore[attr-defined]
+                n, finished = self.app.database.run(  # type: ignore[attr-defined]
+                    lambda conn: archive.replay_batch(conn, chosen, BATCH))
                 self.replayed += n
                 self.app.call_from_thread(self.query_one("#replay-progress", ProgressBar).update,
                                           progress=self.replayed)
-                if n < BATCH:  # the range is done: another call would start it over
+                if finished:  # the range is done: another call would start it over
                     break
         except CourierError as exc:
             error = exc
