@@ -21,7 +21,7 @@ import pytest
 from console.workers.pool import PoolSettings, WorkerPool
 from sqlkit import endpoints, observability
 from tests.brokers import PORTS, Broker, Received, require_broker, url_for
-from tests.helpers import scalar
+from tests.helpers import global_id, scalar
 from tests.tcp_proxy import TcpProxy
 from tests.workers import start_worker_process
 
@@ -148,13 +148,14 @@ def test_each_message_arrives_once_with_payload_and_headers(dsn, conn, protocol)
         for key, value in expected["headers"].items():
             assert message.headers[key] == value, key
         assert message.headers["courier-attempt"] == "1"
+        assert message.headers["courier-global-id"] == global_id(conn, int(message.headers["courier-message-id"]))
     if protocol == "amqp":
-        assert all(m.headers["amqp-message-id"] == m.headers["courier-message-id"] for m in received)
+        assert all(m.headers["amqp-message-id"] == m.headers["courier-global-id"] for m in received)
         assert all(m.headers["amqp-correlation-id"] == m.headers["courier-correlation-id"] for m in received)
     if protocol == "mqtt":
         assert all(m.headers["mqtt-correlation-data"] == m.headers["courier-correlation-id"] for m in received)
     if protocol == "nats":
-        assert all(m.headers["Nats-Msg-Id"] == f"courier-{m.headers['courier-message-id']}" for m in received)
+        assert all(m.headers["Nats-Msg-Id"] == m.headers["courier-global-id"] for m in received)
     # The Endpoints pane and `courier endpoint health` show the broker endpoint like HTTP's.
     health = {h.endpoint_name: h for h in observability.endpoint_health(conn)}
     assert (health["dest"].protocol, health["dest"].circuit_state) == (protocol, "closed")

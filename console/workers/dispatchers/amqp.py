@@ -4,10 +4,11 @@ config.routing_key and `mandatory`, and a batch's confirms are awaited together.
 delivered once the broker confirmed it (basic.ack); a message the broker returns as
 unroutable (no queue bound for the routing key) or nacks is not.
 
-Each message: the payload JSON as the body (content type application/json), Courier's id as
-message_id, its correlation id as correlation_id, persistent (delivery mode 2) unless
-config.persistent is false, and as AMQP headers the producer's headers plus
-courier-message-id, courier-attempt, courier-correlation-id and courier-idempotency-key.
+Each message: the payload JSON as the body (content type application/json), its global id
+(unique across databases) as message_id, its correlation id as correlation_id, persistent
+(delivery mode 2) unless config.persistent is false, and as AMQP headers the producer's headers
+plus courier-message-id, courier-global-id, courier-attempt, courier-correlation-id and
+courier-idempotency-key.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Publisher:
 
 def amqp_message(message: ClaimedMessage, persistent: bool) -> aio_pika.Message:
     return aio_pika.Message(
-        message.payload_json.encode(), content_type="application/json", message_id=str(message.id),
+        message.payload_json.encode(), content_type="application/json", message_id=message.global_id,
         correlation_id=str(message.correlation_id) if message.correlation_id else None,
         headers=courier_headers(message),
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT if persistent else aio_pika.DeliveryMode.NOT_PERSISTENT)

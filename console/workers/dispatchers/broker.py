@@ -40,11 +40,12 @@ def timeout_of(target: Target) -> float:
 
 
 def courier_headers(message: ClaimedMessage) -> dict[str, str]:
-    """The producer's headers, then Courier's own (which win a clash): the message id, the
-    attempt, and the correlation id and idempotency key where the message has them, so a
-    consumer can deduplicate."""
+    """The producer's headers, then Courier's own (which win a clash): the message id, its
+    global id (unique across databases: what a consumer deduplicates on), the attempt, and the
+    correlation id and idempotency key where the message has them."""
     headers = {str(k): _text(v) for k, v in (message.headers or {}).items()}
     headers["courier-message-id"] = str(message.id)
+    headers["courier-global-id"] = message.global_id
     headers["courier-attempt"] = str(message.retry_count + 1)
     if message.correlation_id:
         headers["courier-correlation-id"] = str(message.correlation_id)

@@ -122,9 +122,12 @@ class HttpDispatcher(BaseDispatcher):
 
     @staticmethod
     def _request_body(config: dict[str, Any], message: ClaimedMessage) -> tuple[bytes, dict[str, str]]:
-        message_id = f"msg_{message.id}"
+        # webhook-id and the CloudEvents id are what receivers deduplicate on: unique across
+        # databases, the same for every attempt.
+        message_id = message.global_id
         headers = {"content-type": "application/json", "user-agent": "courier",
-                   "x-courier-message-id": str(message.id), "x-courier-attempt": str(message.retry_count + 1)}
+                   "x-courier-message-id": str(message.id), "x-courier-global-id": message_id,
+                   "x-courier-attempt": str(message.retry_count + 1)}
         if message.correlation_id:
             headers["x-correlation-id"] = str(message.correlation_id)
         headers.update({k.lower(): str(v) for k, v in (config.get("headers") or {}).items()})

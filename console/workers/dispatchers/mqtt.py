@@ -8,8 +8,8 @@ client handed it to the socket, without any acknowledgement.
 
 Each message: the payload JSON as the payload (content type application/json, payload format
 indicator UTF-8), Courier's correlation id as Correlation Data, and as MQTT 5 user properties
-the producer's headers plus courier-message-id, courier-attempt, courier-correlation-id and
-courier-idempotency-key.
+the producer's headers plus courier-message-id, courier-global-id, courier-attempt,
+courier-correlation-id and courier-idempotency-key.
 """
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 config.subject, a batch's publishes concurrently.
 
 With JetStream (the default, `"jetstream": true`) a message is delivered once the stream that
-captures the subject returned its PubAck; each carries `Nats-Msg-Id: courier-<id>`, so the
-stream's duplicate window also drops a redelivery of a message whose PubAck was lost. Core
+captures the subject returned its PubAck; each carries its global id as `Nats-Msg-Id`, so the
+stream's duplicate window also drops a redelivery of a message whose PubAck was lost, and
+only that: another database's message of the same id is not a duplicate. Core
 NATS (`"jetstream": false`, asked for explicitly) is at most once: a batch counts as delivered
 once the server answered the PING that follows it, whether or not anyone was subscribed.
 
 Each message: the payload JSON as the data, and as NATS headers the producer's headers plus
-courier-message-id, courier-attempt, courier-correlation-id and courier-idempotency-key.
+courier-message-id, courier-global-id, courier-attempt, courier-correlation-id and
+courier-idempotency-key.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ async def _quiet(_error: Exception) -> None:
 def nats_headers(message: ClaimedMessage, jetstream: bool) -> dict[str, str]:
     headers = courier_headers(message)
     if jetstream:
-        headers["Nats-Msg-Id"] = f"courier-{message.id}"
+        headers["Nats-Msg-Id"] = message.global_id
     return headers
 
 

@@ -3,7 +3,7 @@
 A message is delivered once its XADD returned an entry id.
 
 Fields of each entry: `payload` (the JSON text), the producer's headers by name, then
-Courier's courier-message-id, courier-attempt, courier-correlation-id and
+Courier's courier-message-id, courier-global-id, courier-attempt, courier-correlation-id and
 courier-idempotency-key (which win over a producer header of the same name).
 """
 
