@@ -16,11 +16,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aio_pika
 import aio_pika.exceptions as pex
 import aiormq.exceptions as aex
+from aiormq.connection import TransportFactory
 from pamqp.commands import Basic
+from yarl import URL
 
 from sqlkit.messages import ClaimedMessage
 
@@ -44,10 +47,38 @@ def amqp_message(message: ClaimedMessage, persistent: bool) -> aio_pika.Message:
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT if persistent else aio_pika.DeliveryMode.NOT_PERSISTENT)
 
 
+class _PinnedTransport(TransportFactory):
+    """aiormq's TCP and TLS transports, connecting to the pinned address; TLS checks the URL's host."""
+
+    def __init__(self, pinned: str) -> None:
+        self.pinned = pinned
+
+    async def create(self, url: URL, **kwargs: Any) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        provider = kwargs.pop("ssl_context_provider")
+        tls = url.scheme == "amqps"
+        context = await provider.get_context() if tls else None
+        try:
+            return await asyncio.open_connection(host=self.pinned, port=url.port, ssl=context,
+                                                 server_hostname=url.host if tls else None, **kwargs)
+        except OSError as error:
+            raise aex.AMQPConnectionError(*error.args) from error
+
+
+def _pinned(pinned: str) -> type[aio_pika.Connection]:
+    class Pinned(aio_pika.Connection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.kwargs["transport_factory"] = _PinnedTransport(pinned)  # handed on to aiormq
+
+    return Pinned
+
+
 class AmqpDispatcher(BrokerDispatcher[Publisher]):
-    async def open(self, target: Target) -> Publisher:
-        connection = await aio_pika.connect(target.config["url"], timeout=timeout_of(target),
-                                            client_properties={"connection_name": f"courier {target.name}"})
+    async def open(self, target: Target, pinned: str | None) -> Publisher:
+        connection = await aio_pika.connect(
+            target.config["url"], timeout=timeout_of(target),
+            client_properties={"connection_name": f"courier {target.name}"},
+            connection_class=aio_pika.Connection if pinned is None else _pinned(pinned))
         try:
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             name = target.config.get("exchange") or ""
