@@ -80,9 +80,34 @@ def test_the_admin_role_that_runs_workers_reads_the_identity_and_cannot_change_i
         conn.execute("RESET ROLE")
 
 
+@pytest.fixture
+def two_copies(server_dsn: str, template_name: str) -> Iterator[tuple[str, str]]:
+    """Two copies of one migrated database (as a restored backup or a staging clone is):
+    the same identity, the same sequences."""
+    names = [f"courier_c_{uuid.uuid4().hex[:12]}" for _ in range(2)]
+    try:
+        yield tuple(create_database(server_dsn, name, template=template_name) for name in names)
+    finally:
+        for name in names:
+            drop_database(server_dsn, name)
+
+
 def test_two_databases_delivering_message_1_to_one_jetstream_stream_both_land(two_databases):
     """Before: both published Nats-Msg-Id courier-1 within the stream's duplicate window, the
     stream kept one message, and both databases recorded theirs as delivered."""
+    headers = deliver_message_1_from_each(two_databases)
+    for dsn, h in zip(two_databases, headers, strict=True):
+        assert h["Nats-Msg-Id"].startswith(f"courier-{identity(dsn)}-1-")
+
+
+def test_copies_of_one_database_sharing_its_identity_do_not_collide_either(two_copies):
+    assert identity(two_copies[0]) == identity(two_copies[1])
+    deliver_message_1_from_each(two_copies)
+
+
+def deliver_message_1_from_each(databases: tuple[str, str]) -> list[dict[str, str]]:
+    """Each database sends message 1 to one JetStream stream and delivers it; the headers of
+    the messages the stream holds, asserted to be both, apart."""
     require_broker("nats")
     stream = Broker.of("nats").name
     subject = f"{stream}.created"
@@ -103,7 +128,7 @@ def test_two_databases_delivering_message_1_to_one_jetstream_stream_both_land(tw
 
     asyncio.run(nats(lambda js: js.add_stream(name=stream, subjects=[f"{stream}.>"])))
     try:
-        for dsn in two_databases:
+        for dsn in databases:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("SELECT courier.create_endpoint('events', 'nats', %s::jsonb)",
                              (json.dumps(Broker.of("nats").config() | {"subject": subject}),))
@@ -118,8 +143,39 @@ def test_two_databases_delivering_message_1_to_one_jetstream_stream_both_land(tw
         asyncio.run(nats(lambda js: js.delete_stream(stream)))
     assert len(headers) == 2, "the stream holds both databases' message 1"
     assert [h["courier-message-id"] for h in headers] == ["1", "1"]
-    ids = [h["Nats-Msg-Id"] for h in headers]
-    assert ids[0] != ids[1]
-    for dsn, msg_id, h in zip(two_databases, ids, headers, strict=True):
-        assert msg_id.startswith(f"courier-{identity(dsn)}-1-")
-        assert h["courier-global-id"] == msg_id
+    assert headers[0]["Nats-Msg-Id"] != headers[1]["Nats-Msg-Id"]
+    assert all(h["courier-global-id"] == h["Nats-Msg-Id"] for h in headers)
+    return headers
+
+
+def test_a_redelivery_of_one_message_is_still_dropped_by_the_stream(conn):
+    """The global id is the same for every attempt: JetStream's duplicate window still drops a
+    second publish of a message whose first PubAck was lost."""
+    import dataclasses
+
+    from console.workers.dispatchers import Target
+    from console.workers.dispatchers.nats import NatsDispatcher
+    from sqlkit.messages import claim_batch
+
+    require_broker("nats")
+    broker = Broker.of("nats")
+    conn.execute("SELECT courier.create_endpoint('events', 'nats', %s::jsonb)", (json.dumps(broker.config()),))
+    conn.execute("SELECT courier.send('events', '{\"n\": 1}')")
+    (message,) = claim_batch(conn, "test", 10, scalar(conn, "SELECT id FROM courier.endpoints"))
+    retried = dataclasses.replace(message, retry_count=1, lease=message.lease + 1)
+    assert retried.global_id == message.global_id
+
+    async def scenario():
+        await broker.setup()
+        dispatcher = NatsDispatcher()
+        try:
+            target = Target(message.endpoint_id, "events", "nats", broker.config())
+            outcomes = [await dispatcher.deliver_batch(target, [m]) for m in (message, retried)]
+            return outcomes, await broker.read()
+        finally:
+            await dispatcher.close()
+            await broker.cleanup()
+
+    outcomes, stored = asyncio.run(scenario())
+    assert [str(o[0].kind) for o in outcomes] == ["success", "success"]
+    assert len(stored) == 1
