@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -16,6 +16,8 @@ from . import queries
 from .errors import InvalidInput, NotFound
 
 STATUSES = ("pending", "processing", "completed", "failed", "expired")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -99,10 +101,22 @@ class ClaimedMessage:
     created_at: datetime
     lease: int = 0
     """This claim's lease: reports and releases name it, and are no-ops once it is stale."""
+    database_id: UUID | None = None
+    """The identity of the database the message lives in (courier.database_identity)."""
 
     @property
     def payload(self) -> Any:
         return json.loads(self.payload_json)
+
+    @property
+    def global_id(self) -> str:
+        """The id brokers and receivers deduplicate on: the same for every attempt at this message,
+        different for any other message of any database. The id alone repeats across databases
+        (and in a restored backup whose sequence went back); the database's identity tells
+        databases apart, and the creation time a copy of one database (a restored backup, a
+        staging clone) from its original, which share the identity."""
+        created = (self.created_at - _EPOCH) // _MICROSECOND
+        return f"courier-{self.database_id}-{self.id}-{created}"
 
 
 def send(conn: psycopg.Connection, endpoint: str, payload: Any,
@@ -188,7 +202,7 @@ def claimed_from_row(row: dict[str, Any]) -> ClaimedMessage:
         priority=row["priority"], retry_count=row["retry_count"], max_retries=row["max_retries"],
         correlation_id=row["correlation_id"], ordering_key=row["ordering_key"], idempotency_key=row["idempotency_key"],
         scheduled_at=row["scheduled_at"], expires_at=row["expires_at"], created_at=row["created_at"],
-        lease=row["lease"])
+        lease=row["lease"], database_id=row["database_id"])
 
 
 def _json_object(text: str) -> Any:

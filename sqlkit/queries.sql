@@ -303,7 +303,7 @@ FROM courier.endpoints WHERE enabled AND protocol <> 'pull' ORDER BY id;
 SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, headers::text AS headers,
        metadata::text AS metadata, priority,
        retry_count, max_retries, correlation_id, ordering_key, idempotency_key, scheduled_at, expires_at, created_at,
-       lease
+       lease, (SELECT d.id FROM courier.database_identity d) AS database_id
 FROM courier.claim_batch_v3(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
 
 -- name: sends_committing
@@ -315,7 +315,8 @@ SELECT courier.sends_committing_v1(%(endpoint_id)s);
 SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, headers::text AS headers,
        metadata::text AS metadata, priority,
        retry_count, max_retries, correlation_id, ordering_key, idempotency_key, scheduled_at, expires_at, created_at,
-       lease, delivered, retried, dead_lettered, stale
+       lease, (SELECT d.id FROM courier.database_identity d) AS database_id,
+       delivered, retried, dead_lettered, stale
 FROM courier.report_and_claim_v1(%(worker_id)s, %(batch_size)s, %(endpoint_id)s, %(ids)s::bigint[],
                                  %(leases)s::integer[], %(outcomes)s::text[], %(errors)s::text[],
                                  %(retry_after)s::integer[], %(responses)s::jsonb[]);

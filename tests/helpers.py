@@ -47,3 +47,12 @@ def message_status(conn: psycopg.Connection, message_id: int) -> str | None:
 
 def archived(conn: psycopg.Connection, status: str = "completed") -> int:
     return scalar(conn, "SELECT count(*) FROM courier.archive WHERE status = %s", (status,))
+
+
+def global_id(conn: psycopg.Connection, message_id: int) -> str:
+    """The id a message carries for receivers to deduplicate on, as the test expects it:
+    courier-<database identity>-<id>-<created_at in microseconds since the epoch>."""
+    return scalar(conn, "SELECT format('courier-%%s-%%s-%%s', (SELECT id FROM courier.database_identity), m.id, "
+                        "(extract(epoch FROM m.created_at) * 1000000)::bigint) "
+                        "FROM (SELECT id, created_at FROM courier.queue UNION ALL "
+                        "SELECT id, created_at FROM courier.archive) m WHERE m.id = %s", (message_id,))

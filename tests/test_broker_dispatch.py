@@ -20,8 +20,8 @@ import pytest
 
 from console.workers.pool import PoolSettings, WorkerPool
 from sqlkit import endpoints, observability
-from tests.brokers import PORTS, Broker, Received, require_broker, url_for
-from tests.helpers import scalar
+from tests.brokers import LOOPBACK, PORTS, Broker, Received, require_broker, url_for
+from tests.helpers import global_id, scalar
 from tests.tcp_proxy import TcpProxy
 from tests.workers import start_worker_process
 
@@ -148,13 +148,14 @@ def test_each_message_arrives_once_with_payload_and_headers(dsn, conn, protocol)
         for key, value in expected["headers"].items():
             assert message.headers[key] == value, key
         assert message.headers["courier-attempt"] == "1"
+        assert message.headers["courier-global-id"] == global_id(conn, int(message.headers["courier-message-id"]))
     if protocol == "amqp":
-        assert all(m.headers["amqp-message-id"] == m.headers["courier-message-id"] for m in received)
+        assert all(m.headers["amqp-message-id"] == m.headers["courier-global-id"] for m in received)
         assert all(m.headers["amqp-correlation-id"] == m.headers["courier-correlation-id"] for m in received)
     if protocol == "mqtt":
         assert all(m.headers["mqtt-correlation-data"] == m.headers["courier-correlation-id"] for m in received)
     if protocol == "nats":
-        assert all(m.headers["Nats-Msg-Id"] == f"courier-{m.headers['courier-message-id']}" for m in received)
+        assert all(m.headers["Nats-Msg-Id"] == m.headers["courier-global-id"] for m in received)
     # The Endpoints pane and `courier endpoint health` show the broker endpoint like HTTP's.
     health = {h.endpoint_name: h for h in observability.endpoint_health(conn)}
     assert (health["dest"].protocol, health["dest"].circuit_state) == (protocol, "closed")
@@ -190,7 +191,8 @@ def test_qos_0_and_core_nats_deliver_when_asked(dsn, conn):
             await mqtt.cleanup()
 
     create(conn, "m0", "mqtt", mqtt.config(qos=0))
-    create(conn, "n0", "nats", {"url": url_for("nats"), "subject": f"{core.name}.created", "jetstream": False})
+    create(conn, "n0", "nats", {"url": url_for("nats"), "subject": f"{core.name}.created", "jetstream": False,
+                                **LOOPBACK})
     send_many(conn, "m0", 10)
     send_many(conn, "n0", 10)
     mqtt_received, nats_received = asyncio.run(scenario())
@@ -202,7 +204,7 @@ def test_qos_0_and_core_nats_deliver_when_asked(dsn, conn):
 
 def test_unroutable_amqp_message_is_not_completed(dsn, conn):
     require_broker("amqp")
-    create(conn, "nowhere", "amqp", {"url": url_for("amqp"), "routing_key": f"no-queue-{uuid.uuid4().hex}"})
+    create(conn, "nowhere", "amqp", {"url": url_for("amqp"), "routing_key": f"no-queue-{uuid.uuid4().hex}", **LOOPBACK})
     message_id = send_many(conn, "nowhere", 1).popitem()[0]
 
     async def scenario():
@@ -221,9 +223,9 @@ def test_unroutable_amqp_message_is_not_completed(dsn, conn):
 def test_missing_exchange_and_bad_credentials_disable(dsn, conn):
     require_broker("amqp")
     create(conn, "no-exchange", "amqp", {"url": url_for("amqp"), "exchange": f"missing-{uuid.uuid4().hex}",
-                                         "routing_key": "k"})
+                                         "routing_key": "k", **LOOPBACK})
     create(conn, "bad-login", "amqp", {"url": f"amqp://guest:wrong@127.0.0.1:{PORTS['amqp']}/",
-                                       "routing_key": "k"})
+                                       "routing_key": "k", **LOOPBACK})
     ids = list(send_many(conn, "no-exchange", 1)) + list(send_many(conn, "bad-login", 1))
 
     async def scenario():

@@ -15,7 +15,7 @@ import pytest
 from console.sink import WebhookSink
 from console.workers.dispatchers.http import classify, parse_retry_after, standard_webhooks_signature
 from console.workers.outcome import OutcomeKind
-from tests.helpers import message_status, scalar
+from tests.helpers import global_id, message_status, scalar
 from tests.workers import run_pool_until
 
 
@@ -81,6 +81,7 @@ def test_success_is_delivered_once_with_headers_and_body(dsn, conn, sink):
     assert json.loads(request.body) == {"order": 1}
     assert request.headers["x-team"] == "billing" and request.headers["x-tenant"] == "acme"
     assert request.headers["x-courier-message-id"] == str(message)
+    assert request.headers["x-courier-global-id"] == global_id(conn, message)
     assert request.headers["x-correlation-id"] == "550e8400-e29b-41d4-a716-446655440000"
 
 
@@ -163,9 +164,10 @@ def test_basic_and_bearer_auth(dsn, conn, sink):
 def test_standard_webhooks_signature_verifies(dsn, conn, sink):
     secret = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
     create(conn, "signed", f"{sink.url}/healthy", signing={"secret": secret})
-    send(conn, "signed", {"amount": 5})
+    message = send(conn, "signed", {"amount": 5})
     deliver(dsn, conn)
     (request,) = sink.received
+    assert request.headers["webhook-id"] == global_id(conn, message)  # what receivers deduplicate on
     signed = f"{request.headers['webhook-id']}.{request.headers['webhook-timestamp']}.".encode() + request.body
     expected = base64.b64encode(hmac.new(b"0123456789abcdef0123456789abcdef", signed, hashlib.sha256).digest())
     assert request.headers["webhook-signature"] == "v1," + expected.decode()
@@ -174,17 +176,19 @@ def test_standard_webhooks_signature_verifies(dsn, conn, sink):
 def test_cloudevents_binary_and_structured(dsn, conn, sink):
     create(conn, "ce-binary", f"{sink.url}/binary", cloudevents={"mode": "binary", "type": "order.created"})
     create(conn, "ce-structured", f"{sink.url}/structured", cloudevents={"mode": "structured", "source": "shop"})
-    send(conn, "ce-binary", {"order": 1})
-    send(conn, "ce-structured", {"order": 2})
+    first = send(conn, "ce-binary", {"order": 1})
+    second = send(conn, "ce-structured", {"order": 2})
     deliver(dsn, conn)
     by_path = {r.path: r for r in sink.received}
     binary = by_path["/binary"]
     assert binary.headers["ce-specversion"] == "1.0" and binary.headers["ce-type"] == "order.created"
+    assert binary.headers["ce-id"] == global_id(conn, first)
     assert json.loads(binary.body) == {"order": 1}
     structured = by_path["/structured"]
     assert structured.headers["content-type"] == "application/cloudevents+json"
     envelope = json.loads(structured.body)
     assert envelope["source"] == "shop" and envelope["data"] == {"order": 2} and envelope["specversion"] == "1.0"
+    assert envelope["id"] == global_id(conn, second)
 
 
 def test_response_capture_with_correlation_id(dsn, conn, sink):

@@ -1,6 +1,7 @@
-"""SSRF protection (issue 10, item 15): internal literals refused at create_endpoint and
-alter_endpoint, names checked on every address they resolve to, the connection pinned to the
-checked address, and http_allow_internal_urls read live by a running worker.
+"""SSRF protection (issue 10, item 15, and for broker URLs issue 23, item 13): internal literals
+refused at create_endpoint and alter_endpoint, names checked on every address they resolve to,
+the connection pinned to the checked address, and http_allow_internal_urls read live by a
+running worker.
 
 DNS cannot be run for real here, so the rebinding tests replace only the resolver function
 (the event loop's getaddrinfo, which the old check and aiohttp's resolver both called) with one
@@ -19,8 +20,11 @@ import psycopg
 import pytest
 
 from console.sink import WebhookSink
-from console.workers.dispatchers.address_guard import is_internal
+from console.workers.dispatchers import address_guard
+from console.workers.dispatchers.address_guard import InternalAddressRefused, checked_address, is_internal
+from tests.brokers import Broker, require_broker, url_for
 from tests.helpers import scalar
+from tests.test_broker_dispatch import RunningPool, until
 from tests.workers import run_pool_until, start_worker_process, wait_for
 
 INTERNAL_URLS = [
@@ -156,3 +160,188 @@ def test_turning_internal_urls_off_takes_effect_in_a_running_worker(dsn, conn, s
         worker.wait(30)
     assert sink.count() == 1  # was delivered: the worker read the setting once, at start
     assert "internal address 127.0.0.1 blocked" in scalar(conn, "SELECT last_error FROM courier.dlq")
+
+
+# Broker URLs (issue 23, item 13): the same policy and opt-in as HTTP ---------------------------
+
+BROKER_DESTINATIONS = {"redis": {"stream": "s"}, "amqp": {"routing_key": "k"}, "mqtt": {"topic": "t"},
+                       "nats": {"subject": "s"}}
+INTERNAL_BROKER_URLS = [
+    ("redis", "redis://169.254.169.254"), ("redis", "rediss://:pw@127.1:6380/0"), ("redis", "redis://localhost/0"),
+    ("amqp", "amqp://10.0.0.1"), ("amqp", "amqps://u:p@[::ffff:10.0.0.1]:5671/vhost"),
+    ("amqp", "amqp://guest:guest@2130706433:5672/"),
+    ("mqtt", "mqtt://0x7f.1"), ("mqtt", "mqtts://broker.localhost:8883"), ("mqtt", "mqtt://[fd00::1]:1883"),
+    ("nats", "nats://[::ffff:127.0.0.1]"), ("nats", "tls://u:p@017700000001:4222"), ("nats", "nats://0.0.0.0"),
+    ("nats", "nats://[64:ff9b::a9fe:a9fe]:4222"), ("redis", "redis://192.168.1.1:6379"),
+]
+PUBLIC_BROKER_URLS = [("redis", "redis://cache.example.com:6379/0"), ("amqp", "amqps://u:p@8.8.8.8/"),
+                      ("mqtt", "mqtt://[2606:4700:4700::1111]:1883"), ("nats", "tls://nats.example.com:4222")]
+
+
+def create_broker(conn, name: str, protocol: str, url: str, **extra) -> None:
+    config = {"url": url, **BROKER_DESTINATIONS[protocol], **extra}
+    conn.execute("SELECT courier.create_endpoint(%s, %s, %s::jsonb)", (name, protocol, json.dumps(config)))
+
+
+@pytest.mark.parametrize(("protocol", "url"), INTERNAL_BROKER_URLS)
+def test_create_endpoint_refuses_a_broker_on_an_internal_address(conn, protocol, url):
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+        create_broker(conn, "broker", protocol, url)
+    assert f"{protocol} config.url points at an internal address" in caught.value.diag.message_primary
+    assert "allow_internal" in caught.value.diag.message_hint
+    assert scalar(conn, "SELECT count(*) FROM courier.endpoints") == 0
+
+
+@pytest.mark.parametrize(("protocol", "url"), PUBLIC_BROKER_URLS)
+def test_create_endpoint_accepts_a_broker_on_a_public_address(conn, protocol, url):
+    create_broker(conn, "broker", protocol, url)
+
+
+@pytest.mark.parametrize("protocol", sorted(BROKER_DESTINATIONS))
+def test_allow_internal_or_the_setting_permits_an_internal_broker(conn, protocol):
+    create_broker(conn, "trusted", protocol, f"{protocol}://10.0.0.1", allow_internal=True)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="allow_internal must be true or false"):
+        create_broker(conn, "typo", protocol, f"{protocol}://10.0.0.1", allow_internal="yes")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="internal address"):
+        create_broker(conn, "untrusted", protocol, f"{protocol}://10.0.0.1", allow_internal=False)
+    conn.execute("SELECT courier.set_setting('http_allow_internal_urls', 'true')")
+    create_broker(conn, "untrusted", protocol, f"{protocol}://10.0.0.1")
+
+
+def test_alter_endpoint_and_a_plain_update_refuse_an_internal_broker(conn):
+    create_broker(conn, "events", "nats", "nats://nats.example.com:4222")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"nats config\.url points at an internal address"):
+        conn.execute("SELECT courier.alter_endpoint('events', %s::jsonb)",
+                     (json.dumps({"url": "nats://[::ffff:127.0.0.1]", "subject": "s"}),))
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="internal address"):
+        conn.execute("UPDATE courier.endpoints SET config = config || '{\"url\": \"nats://127.0.0.1\"}'")
+    assert scalar(conn, "SELECT config->>'url' FROM courier.endpoints") == "nats://nats.example.com:4222"
+
+
+# ... and at delivery, on the addresses a broker's host resolves to -------------------------------
+
+BROKER_PROTOCOLS = sorted(BROKER_DESTINATIONS)
+
+
+@pytest.mark.parametrize(("host", "address"), [
+    ("127.1", "127.0.0.1"), ("0x7f.1", "127.0.0.1"), ("2130706433", "127.0.0.1"), ("017700000001", "127.0.0.1"),
+    ("0251.0376.0251.0376", "169.254.169.254"), ("::ffff:127.0.0.1", "::ffff:127.0.0.1"), ("localhost", "localhost"),
+    ("broker.localhost", "localhost"), ("10.1", "10.0.0.1"),
+])
+def test_the_broker_check_reads_odd_spellings_as_the_address_they_mean(host, address):
+    with pytest.raises(InternalAddressRefused) as caught:
+        asyncio.run(checked_address(host))
+    assert caught.value.address == address
+
+
+def _through_name(protocol: str, broker: Broker, **extra) -> dict:
+    """The broker's config with its URL naming the host broker.test instead of 127.0.0.1."""
+    return broker.config(url=url_for(protocol).replace("127.0.0.1", "broker.test"), **extra)
+
+
+def _deliver(dsn, conn, broker: Broker, count: int, done: str) -> list:
+    async def scenario() -> list:
+        await broker.setup()
+        try:
+            async with RunningPool(dsn):
+                await until(lambda: scalar(conn, done) == count, 30, done)
+            return await broker.read()
+        finally:
+            await broker.cleanup()
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("protocol", BROKER_PROTOCOLS)
+def test_a_broker_host_resolving_to_an_internal_address_is_refused_at_delivery(dsn, conn, monkeypatch, protocol):
+    require_broker(protocol)
+    broker = Broker.of(protocol)
+    conn.execute("SELECT courier.create_endpoint('b', %s, %s::jsonb)",
+                 (protocol, json.dumps(_through_name(protocol, broker, allow_internal=False))))
+    RebindingDns(monkeypatch, "broker.test", [["93.184.216.34", "127.0.0.1"]])
+    conn.execute("SELECT courier.send('b', '{\"n\": 1}')")
+    received = _deliver(dsn, conn, broker, 1, "SELECT count(*) FROM courier.dlq")
+    assert received == []
+    assert scalar(conn, "SELECT last_error FROM courier.dlq").startswith(
+        "[PERMANENT] internal address 127.0.0.1 blocked (broker.test resolves to it)")
+
+
+@pytest.mark.parametrize("protocol", BROKER_PROTOCOLS)
+def test_a_broker_connection_goes_to_the_address_that_was_checked(dsn, conn, monkeypatch, protocol):
+    """The broker on loopback stands in for a public one (the check is told 127.0.0.1 is
+    external); its name answers 127.0.0.1 to the first lookup and an unroutable address to any
+    later one, so only a connection pinned to the checked address can deliver."""
+    require_broker(protocol)
+    broker = Broker.of(protocol)
+    conn.execute("SELECT courier.create_endpoint('b', %s, %s::jsonb)",
+                 (protocol, json.dumps(_through_name(protocol, broker, allow_internal=False, timeout=3))))
+    real_is_internal = address_guard.is_internal
+    monkeypatch.setattr(address_guard, "is_internal",
+                        lambda address: str(address) != "127.0.0.1" and real_is_internal(address))
+    dns = RebindingDns(monkeypatch, "broker.test", [["127.0.0.1"], ["10.255.255.1"]])
+    for n in range(3):
+        conn.execute("SELECT courier.send('b', %s::jsonb)", (json.dumps({"n": n}),))
+    received = _deliver(dsn, conn, broker, 3, "SELECT count(*) FROM courier.archive WHERE status = 'completed'")
+    assert sorted(r.payload["n"] for r in received) == [0, 1, 2]
+    assert dns.lookups == 1
+
+
+@pytest.mark.parametrize("protocol", BROKER_PROTOCOLS)
+def test_turning_internal_urls_off_drops_a_running_broker_connection(dsn, conn, protocol):
+    """Allowed by the setting when made, the endpoint's URL spells loopback as 127.1; once the
+    setting is off, the next batch reconnects through the check and is refused."""
+    require_broker(protocol)
+    conn.execute("SELECT courier.set_setting('http_allow_internal_urls', 'true')")
+    broker = Broker.of(protocol)
+    config = broker.config(url=url_for(protocol).replace("127.0.0.1", "127.1"))
+    del config["allow_internal"]
+    conn.execute("SELECT courier.create_endpoint('b', %s, %s::jsonb)", (protocol, json.dumps(config)))
+    seen = {}
+
+    async def scenario() -> list:
+        await broker.setup()
+        try:
+            async with RunningPool(dsn, refresh_interval=0.2):
+                conn.execute("SELECT courier.send('b', '{\"n\": 1}')")
+                await until(lambda: scalar(conn, "SELECT count(*) FROM courier.archive") == 1, 30, "first delivered")
+                conn.execute("SELECT courier.set_setting('http_allow_internal_urls', 'false')")
+                await asyncio.sleep(1)  # the pool's next endpoint refresh
+                conn.execute("SELECT courier.send('b', '{\"n\": 2}')")
+                await until(lambda: scalar(conn, "SELECT count(*) FROM courier.dlq") == 1, 30, "second refused")
+            seen["error"] = scalar(conn, "SELECT last_error FROM courier.dlq")
+            return await broker.read()
+        finally:
+            await broker.cleanup()
+
+    received = asyncio.run(scenario())
+    assert [r.payload for r in received] == [{"n": 1}]
+    assert seen["error"].startswith("[PERMANENT] internal address 127.0.0.1 blocked (127.1 resolves to it)")
+
+
+def test_an_upgrade_keeps_existing_internal_broker_endpoints_delivering(empty_dsn):
+    """Made before brokers were checked, a broker endpoint on loopback is opted in by migration
+    0026 (and the event log says so); one on a public host, and HTTP endpoints, are left alone."""
+    from sqlkit import migrate
+
+    migrate.migrate(empty_dsn, target=25)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        # The release before had its function files applied at version 25, the address check
+        # among them (internals.sql); a partial migrate applies none.
+        internals = next(f for f in migrate.function_files() if f.area == "internals")
+        conn.execute(internals.sql.encode())
+        for name, protocol, config in [
+                ("local-redis", "redis", {"url": "redis://127.0.0.1:6379/0", "stream": "s"}),
+                ("local-nats", "nats", {"url": "nats://[::ffff:127.0.0.1]", "subject": "s"}),
+                ("remote-amqp", "amqp", {"url": "amqp://rabbit.example.com/", "routing_key": "k"}),
+                ("hook", "http", {"url": "http://10.0.0.1/", "allow_internal": True})]:
+            conn.execute("INSERT INTO courier.endpoints (name, protocol, config) VALUES (%s, %s, %s::jsonb)",
+                         (name, protocol, json.dumps(config)))
+    migrate.migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        configs = dict(conn.execute("SELECT name, config FROM courier.endpoints").fetchall())
+        details = scalar(conn, "SELECT details FROM courier.event_log WHERE event_type = 'config.changed' "
+                               "AND details ? 'endpoints'")
+    assert configs["local-redis"]["allow_internal"] is True and configs["local-nats"]["allow_internal"] is True
+    assert "allow_internal" not in configs["remote-amqp"]
+    assert configs["hook"] == {"url": "http://10.0.0.1/", "allow_internal": True}
+    assert details["endpoints"] == ["local-redis", "local-nats"]

@@ -31,6 +31,8 @@ URLS = {
     "mqtt": os.environ.get("COURIER_BENCH_MQTT_URL", "mqtt://127.0.0.1:1883"),
     "nats": os.environ.get("COURIER_BENCH_NATS_URL", "nats://127.0.0.1:4222"),
 }
+# The bench's brokers are the operator's own, on loopback by default: internal addresses allowed.
+_TRUSTED = {"allow_internal": True}
 
 
 def _message(n: int) -> tuple[bytes, dict[str, str]]:
@@ -70,7 +72,7 @@ async def _redis(messages: int):
             await pipe.execute()
 
     try:
-        yield {"url": URLS["redis"], "stream": stream, "maxlen": 100_000}, publish
+        yield {"url": URLS["redis"], "stream": stream, "maxlen": 100_000, **_TRUSTED}, publish
     finally:
         await client.delete(stream)
         await client.aclose()
@@ -95,7 +97,7 @@ async def _amqp(messages: int):
             for payload, headers in map(_message, batch)))
 
     try:
-        yield {"url": URLS["amqp"], "exchange": name, "routing_key": "bench"}, publish
+        yield {"url": URLS["amqp"], "exchange": name, "routing_key": "bench", **_TRUSTED}, publish
     finally:
         await queue.delete(if_unused=False, if_empty=False)
         await exchange.delete()
@@ -128,7 +130,7 @@ async def _mqtt(messages: int):
         await asyncio.gather(*(one(n) for n in batch))
 
     try:
-        yield {"url": URLS["mqtt"], "topic": topic, "qos": 1}, publish
+        yield {"url": URLS["mqtt"], "topic": topic, "qos": 1, **_TRUSTED}, publish
     finally:
         await client.__aexit__(None, None, None)
 
@@ -151,7 +153,7 @@ async def _nats(messages: int):
         await asyncio.gather(*(one(n) for n in batch))
 
     try:
-        yield {"url": URLS["nats"], "subject": f"{name}.bench", "jetstream": True}, publish
+        yield {"url": URLS["nats"], "subject": f"{name}.bench", "jetstream": True, **_TRUSTED}, publish
     finally:
         with contextlib.suppress(Exception):
             await js.delete_stream(name)

@@ -206,6 +206,27 @@ BEGIN
 END
 $$;
 
+-- The internal-address policy, the same for every protocol with a URL: a URL whose host is
+-- internal by itself (courier._is_internal_host) is refused unless the endpoint says
+-- "allow_internal": true or the setting http_allow_internal_urls is on. Names are checked
+-- again at delivery, on every address they resolve to.
+CREATE OR REPLACE FUNCTION courier._require_external_url(p_what text, p_config jsonb) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    PERFORM courier._require_boolean(p_what, p_config, 'allow_internal');
+    IF courier._is_internal_host(courier._url_host(p_config ->> 'url'))
+       AND NOT coalesce((p_config -> 'allow_internal')::boolean, false)
+       AND NOT courier._setting_bool('http_allow_internal_urls') THEN
+        RAISE EXCEPTION '[courier] %.url points at an internal address: "%"', p_what, p_config ->> 'url'
+            USING ERRCODE = '22023',
+                  HINT = 'Loopback, private, link-local and metadata addresses are refused; set "allow_internal": '
+                         'true on the endpoint (or the setting http_allow_internal_urls) for a trusted internal service';
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION courier.validate_endpoint_config(p_protocol text, p_config jsonb) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
@@ -248,16 +269,7 @@ BEGIN
         ELSIF p_config ? 'headers' THEN
             PERFORM courier._check_headers(p_config -> 'headers');
         END IF;
-        PERFORM courier._require_boolean(v_what, p_config, 'allow_internal');
         PERFORM courier._require_boolean(v_what, p_config, 'capture_response');
-        IF courier._is_internal_host(courier._url_host(p_config ->> 'url'))
-           AND NOT coalesce((p_config -> 'allow_internal')::boolean, false)
-           AND NOT courier._setting_bool('http_allow_internal_urls') THEN
-            RAISE EXCEPTION '[courier] http config.url points at an internal address: "%"', p_config ->> 'url'
-                USING ERRCODE = '22023',
-                      HINT = 'Loopback, private, link-local and metadata addresses are refused; set "allow_internal": '
-                             'true on the endpoint (or the setting http_allow_internal_urls) for a trusted internal service';
-        END IF;
         IF p_config ? 'method' AND jsonb_typeof(p_config -> 'method') <> 'string' THEN
             PERFORM courier._raise_invalid(format('http config.method must be a string, got %s', p_config -> 'method'));
         END IF;
@@ -290,24 +302,28 @@ BEGIN
             END IF;
         END IF;
     WHEN 'redis' THEN
-        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'stream', 'maxlen', 'timeout']);
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY[
+            'url', 'stream', 'maxlen', 'timeout', 'allow_internal']);
         PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['redis', 'rediss']);
         PERFORM courier._require_string(v_what, p_config, 'stream', true);
         PERFORM courier._require_integer(v_what, p_config, 'maxlen', 1, 9223372036854775807);
     WHEN 'amqp' THEN
-        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'exchange', 'routing_key', 'persistent', 'timeout']);
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY[
+            'url', 'exchange', 'routing_key', 'persistent', 'timeout', 'allow_internal']);
         PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['amqp', 'amqps']);
         PERFORM courier._require_string(v_what, p_config, 'routing_key', true);
         PERFORM courier._require_string(v_what, p_config, 'exchange', false);
         PERFORM courier._require_boolean(v_what, p_config, 'persistent');
     WHEN 'mqtt' THEN
-        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'topic', 'qos', 'retain', 'timeout']);
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY[
+            'url', 'topic', 'qos', 'retain', 'timeout', 'allow_internal']);
         PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['mqtt', 'mqtts']);
         PERFORM courier._require_string(v_what, p_config, 'topic', true);
         PERFORM courier._require_integer(v_what, p_config, 'qos', 0, 2);
         PERFORM courier._require_boolean(v_what, p_config, 'retain');
     WHEN 'nats' THEN
-        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY['url', 'subject', 'jetstream', 'timeout']);
+        PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY[
+            'url', 'subject', 'jetstream', 'timeout', 'allow_internal']);
         PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['nats', 'tls']);
         PERFORM courier._require_string(v_what, p_config, 'subject', true);
         PERFORM courier._require_boolean(v_what, p_config, 'jetstream');
@@ -335,6 +351,9 @@ BEGIN
     IF p_protocol IN ('redis', 'amqp', 'mqtt', 'nats') THEN
         -- Seconds a broker dispatcher waits to connect and for a batch's acknowledgements.
         PERFORM courier._require_positive_number(v_what, p_config, 'timeout', 0.001, 300);
+    END IF;
+    IF p_protocol IN ('http', 'redis', 'amqp', 'mqtt', 'nats') THEN
+        PERFORM courier._require_external_url(v_what, p_config);
     END IF;
 
     IF p_config ? 'rate_limit' THEN

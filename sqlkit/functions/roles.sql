@@ -150,3 +150,6 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA courier TO courier_admin;
 -- courier.send_limits is courier.settings as the sends read it, written only by its trigger:
 -- an admin changes settings, never that copy of them.
 REVOKE INSERT, UPDATE, DELETE ON courier.send_limits FROM courier_admin;
+-- The database's identity is read by workers (every broker and webhook dedup id carries it)
+-- and never changed: a changed identity would let a redelivery through as a new message.
+REVOKE INSERT, UPDATE, DELETE ON courier.database_identity FROM courier_admin;

@@ -67,14 +67,14 @@ def dispatcher_for(protocol: str, settings: dict[str, str]) -> Dispatcher | None
         return HttpDispatcher(settings)
     if protocol == "redis":
         from .redis import RedisDispatcher
-        return RedisDispatcher()
+        return RedisDispatcher(settings)
     if protocol == "amqp":
         from .amqp import AmqpDispatcher
-        return AmqpDispatcher()
+        return AmqpDispatcher(settings)
     if protocol == "mqtt":
         from .mqtt import MqttDispatcher
-        return MqttDispatcher()
+        return MqttDispatcher(settings)
     if protocol == "nats":
         from .nats import NatsDispatcher
-        return NatsDispatcher()
+        return NatsDispatcher(settings)
     return None

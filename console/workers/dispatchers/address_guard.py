@@ -1,20 +1,25 @@
-"""SSRF protection for HTTP delivery: which addresses are internal, and a resolver that refuses
-names resolving to one.
+"""SSRF protection for delivery: which addresses are internal, a resolver that refuses names
+resolving to one (HTTP), and the checked address a broker connection is pinned to.
 
 The check and the connection must use the same resolution, or a name that answers a public
-address to the check and 127.0.0.1 to the connection (DNS rebinding) slips through. So the
-check lives in the resolver of the connector: aiohttp resolves a name once per connection
+address to the check and 127.0.0.1 to the connection (DNS rebinding) slips through. So for HTTP
+the check lives in the resolver of the connector: aiohttp resolves a name once per connection
 through it and connects only to the addresses it returned, with the Host header and the TLS
-server name (SNI and certificate check) still the URL's name.
+server name (SNI and certificate check) still the URL's name. A broker dispatcher resolves
+its URL's host once with checked_address() and connects to the address that returned, the TLS
+server name still the URL's host.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
+
+from ..outcome import Outcome
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -75,3 +80,27 @@ class GuardedResolver(AbstractResolver):
 
     async def close(self) -> None:
         await self._resolver.close()
+
+
+async def checked_address(host: str) -> str:
+    """The address to connect to for host: host resolved once, and refused (InternalAddressRefused)
+    when it is an internal literal or any address it resolves to is internal. Odd spellings of
+    an IPv4 address (127.1, 0x7f.1, 2130706433, 017700000001) resolve to what they mean."""
+    literal = internal_literal(host)
+    if literal:
+        raise InternalAddressRefused(host, literal)
+    answers = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    addresses = [str(answer[4][0]).split("%")[0] for answer in answers]
+    for address in addresses:
+        if is_internal(ipaddress.ip_address(address)):
+            raise InternalAddressRefused(host, address)
+    if not addresses:
+        raise OSError(f"{host} resolves to no address")
+    return addresses[0]
+
+
+def refused(address: str, host: str | None = None) -> Outcome:
+    """The outcome of a delivery refused for an internal address, whatever the protocol."""
+    via = f" ({host} resolves to it)" if host and host != address else ""
+    return Outcome.permanent(f"internal address {address} blocked{via}; set allow_internal on the endpoint "
+                             "or http_allow_internal_urls to allow it")

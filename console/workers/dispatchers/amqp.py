@@ -4,10 +4,11 @@ config.routing_key and `mandatory`, and a batch's confirms are awaited together.
 delivered once the broker confirmed it (basic.ack); a message the broker returns as
 unroutable (no queue bound for the routing key) or nacks is not.
 
-Each message: the payload JSON as the body (content type application/json), Courier's id as
-message_id, its correlation id as correlation_id, persistent (delivery mode 2) unless
-config.persistent is false, and as AMQP headers the producer's headers plus
-courier-message-id, courier-attempt, courier-correlation-id and courier-idempotency-key.
+Each message: the payload JSON as the body (content type application/json), its global id
+(unique across databases) as message_id, its correlation id as correlation_id, persistent
+(delivery mode 2) unless config.persistent is false, and as AMQP headers the producer's headers
+plus courier-message-id, courier-global-id, courier-attempt, courier-correlation-id and
+courier-idempotency-key.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aio_pika
 import aio_pika.exceptions as pex
 import aiormq.exceptions as aex
+from aiormq.connection import TransportFactory
 from pamqp.commands import Basic
+from yarl import URL
 
 from sqlkit.messages import ClaimedMessage
 
@@ -37,16 +41,44 @@ class Publisher:
 
 def amqp_message(message: ClaimedMessage, persistent: bool) -> aio_pika.Message:
     return aio_pika.Message(
-        message.payload_json.encode(), content_type="application/json", message_id=str(message.id),
+        message.payload_json.encode(), content_type="application/json", message_id=message.global_id,
         correlation_id=str(message.correlation_id) if message.correlation_id else None,
         headers=courier_headers(message),
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT if persistent else aio_pika.DeliveryMode.NOT_PERSISTENT)
 
 
+class _PinnedTransport(TransportFactory):
+    """aiormq's TCP and TLS transports, connecting to the pinned address; TLS checks the URL's host."""
+
+    def __init__(self, pinned: str) -> None:
+        self.pinned = pinned
+
+    async def create(self, url: URL, **kwargs: Any) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        provider = kwargs.pop("ssl_context_provider")
+        tls = url.scheme == "amqps"
+        context = await provider.get_context() if tls else None
+        try:
+            return await asyncio.open_connection(host=self.pinned, port=url.port, ssl=context,
+                                                 server_hostname=url.host if tls else None, **kwargs)
+        except OSError as error:
+            raise aex.AMQPConnectionError(*error.args) from error
+
+
+def _pinned(pinned: str) -> type[aio_pika.Connection]:
+    class Pinned(aio_pika.Connection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.kwargs["transport_factory"] = _PinnedTransport(pinned)  # handed on to aiormq
+
+    return Pinned
+
+
 class AmqpDispatcher(BrokerDispatcher[Publisher]):
-    async def open(self, target: Target) -> Publisher:
-        connection = await aio_pika.connect(target.config["url"], timeout=timeout_of(target),
-                                            client_properties={"connection_name": f"courier {target.name}"})
+    async def open(self, target: Target, pinned: str | None) -> Publisher:
+        connection = await aio_pika.connect(
+            target.config["url"], timeout=timeout_of(target),
+            client_properties={"connection_name": f"courier {target.name}"},
+            connection_class=aio_pika.Connection if pinned is None else _pinned(pinned))
         try:
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             name = target.config.get("exchange") or ""

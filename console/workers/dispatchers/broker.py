@@ -7,6 +7,11 @@ A connection is shared by every batch in flight for its endpoint. A failure that
 broken it (a connection error or a timeout) discards it: the next batch reconnects, but not
 before the backoff has passed; until then batches fail at once as RETRYABLE, without
 touching the broker, and count towards the endpoint's circuit like the failure itself.
+
+Internal addresses are refused as for HTTP: unless the endpoint says "allow_internal": true (or
+the setting http_allow_internal_urls is on), a connection is opened only to an address its
+URL's host resolved to and that checked external, and the refusal is PERMANENT. A connection
+opened while internal addresses were allowed is dropped at the next batch once they are not.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from sqlkit.messages import ClaimedMessage
 
 from ..outcome import Outcome
 from . import BaseDispatcher, Target
+from .address_guard import InternalAddressRefused, checked_address, refused
 
 log = logging.getLogger("courier.worker")
 
@@ -40,11 +46,12 @@ def timeout_of(target: Target) -> float:
 
 
 def courier_headers(message: ClaimedMessage) -> dict[str, str]:
-    """The producer's headers, then Courier's own (which win a clash): the message id, the
-    attempt, and the correlation id and idempotency key where the message has them, so a
-    consumer can deduplicate."""
+    """The producer's headers, then Courier's own (which win a clash): the message id, its
+    global id (unique across databases: what a consumer deduplicates on), the attempt, and the
+    correlation id and idempotency key where the message has them."""
     headers = {str(k): _text(v) for k, v in (message.headers or {}).items()}
     headers["courier-message-id"] = str(message.id)
+    headers["courier-global-id"] = message.global_id
     headers["courier-attempt"] = str(message.retry_count + 1)
     if message.correlation_id:
         headers["courier-correlation-id"] = str(message.correlation_id)
@@ -87,7 +94,8 @@ class Unavailable(Exception):
 
 @dataclass
 class _Entry(Generic[C]):
-    config: dict[str, Any]
+    signature: Any
+    """What the connection was opened for: a change means a new connection."""
     connection: C | None = None
     failures: int = 0
     retry_at: float = 0.0
@@ -98,21 +106,25 @@ class _Entry(Generic[C]):
 
 
 class Connections(Generic[C]):
-    """One connection per endpoint, opened by `open(target)` and closed by `close(connection)`."""
+    """One connection per endpoint, opened by `open(target)` and closed by `close(connection)`;
+    `signature(target)` (by default its config) says what it was opened for."""
 
-    def __init__(self, open: Callable[[Target], Awaitable[C]], close: Callable[[C], Awaitable[None]]) -> None:
+    def __init__(self, open: Callable[[Target], Awaitable[C]], close: Callable[[C], Awaitable[None]],
+                 signature: Callable[[Target], Any] = lambda target: target.config) -> None:
         self._open = open
         self._close = close
+        self._signature = signature
         self._entries: dict[int, _Entry[C]] = {}
 
     async def get(self, target: Target) -> C:
         entry = self._entries.get(target.id)
-        if entry is not None and entry.config != target.config:
+        signature = self._signature(target)
+        if entry is not None and entry.signature != signature:
             # A config change takes effect at the next batch: the old connection goes.
             await self._close_entry(self._entries.pop(target.id))
             entry = None
         if entry is None:
-            entry = self._entries[target.id] = _Entry(target.config)
+            entry = self._entries[target.id] = _Entry(signature)
         if entry.connection is not None:
             return entry.connection
         async with entry.lock:
@@ -123,6 +135,8 @@ class Connections(Generic[C]):
                 raise Unavailable(f"reconnecting in {wait:.1f}s after: {entry.last_error}")
             try:
                 entry.connection = await asyncio.wait_for(self._open(target), timeout_of(target))
+            except InternalAddressRefused:
+                raise  # a refusal, not a failure to back off from: each batch is refused at once
             except Exception as error:
                 self._failed(entry, error)
                 raise
@@ -178,10 +192,27 @@ class BrokerDispatcher(BaseDispatcher, Generic[C]):
 
     batched = True
 
-    def __init__(self) -> None:
-        self.connections: Connections[C] = Connections(self.open, self.close_connection)
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
+        self.apply_settings(settings or {})
+        self.connections: Connections[C] = Connections(
+            self._open_checked, self.close_connection, lambda target: (target.config, self.allows_internal(target)))
 
-    async def open(self, target: Target) -> C:
+    def apply_settings(self, settings: dict[str, str]) -> None:
+        """The settings as the pool last read them (at every endpoint refresh)."""
+        self._allow_internal = settings.get("http_allow_internal_urls", "false") == "true"
+
+    def allows_internal(self, target: Target) -> bool:
+        return self._allow_internal or target.config.get("allow_internal") is True
+
+    async def _open_checked(self, target: Target) -> C:
+        if self.allows_internal(target):
+            return await self.open(target, None)
+        return await self.open(target, await checked_address(address(target.config["url"]).host))
+
+    async def open(self, target: Target, pinned: str | None) -> C:
+        """A connection to the endpoint's broker: to the address pinned (resolved from the URL's
+        host and checked), or by the URL's host itself when pinned is None (internal allowed).
+        A TLS connection checks the URL's host either way."""
         raise NotImplementedError
 
     async def close_connection(self, connection: C) -> None:
@@ -204,6 +235,8 @@ class BrokerDispatcher(BaseDispatcher, Generic[C]):
             connection = await self.connections.get(target)
         except Unavailable as error:
             return [Outcome.retryable(f"{target.protocol} broker unavailable: {error}")] * len(messages)
+        except InternalAddressRefused as refusal:
+            return [refused(refusal.address, refusal.host)] * len(messages)
         except TimeoutError:
             return [Outcome.retryable(f"timeout connecting to {target.protocol} broker "
                                       f"after {timeout_of(target)}s")] * len(messages)

@@ -24,7 +24,7 @@ from sqlkit.messages import ClaimedMessage
 
 from ..outcome import Outcome
 from . import BaseDispatcher, Target
-from .address_guard import GuardedResolver, InternalAddressRefused, internal_literal
+from .address_guard import GuardedResolver, InternalAddressRefused, internal_literal, refused
 
 RETRY_AFTER_CAP = 86_400
 
@@ -94,7 +94,7 @@ class HttpDispatcher(BaseDispatcher):
         if not allow_internal:
             literal = internal_literal(urlsplit(url).hostname or "")
             if literal:  # aiohttp connects to an IP literal without asking the resolver
-                return _refused(literal)
+                return refused(literal)
         session = self._open if allow_internal else self._guarded
         body, headers = self._request_body(config, message)
         total = float(config.get("timeout", self._default_timeout))
@@ -108,8 +108,8 @@ class HttpDispatcher(BaseDispatcher):
                     content = await _read_at_most(response, self._capture_limit + 1)
                 else:  # what has arrived, so that a short body's connection can be reused
                     content = await response.content.read(self._capture_limit + 1)
-        except InternalAddressRefused as refused:
-            return _refused(refused.address, refused.host)
+        except InternalAddressRefused as refusal:
+            return refused(refusal.address, refusal.host)
         except TimeoutError as error:
             return Outcome.retryable(f"timeout: {type(error).__name__}")
         except aiohttp.ClientError as error:
@@ -122,9 +122,12 @@ class HttpDispatcher(BaseDispatcher):
 
     @staticmethod
     def _request_body(config: dict[str, Any], message: ClaimedMessage) -> tuple[bytes, dict[str, str]]:
-        message_id = f"msg_{message.id}"
+        # webhook-id and the CloudEvents id are what receivers deduplicate on: unique across
+        # databases, the same for every attempt.
+        message_id = message.global_id
         headers = {"content-type": "application/json", "user-agent": "courier",
-                   "x-courier-message-id": str(message.id), "x-courier-attempt": str(message.retry_count + 1)}
+                   "x-courier-message-id": str(message.id), "x-courier-global-id": message_id,
+                   "x-courier-attempt": str(message.retry_count + 1)}
         if message.correlation_id:
             headers["x-correlation-id"] = str(message.correlation_id)
         headers.update({k.lower(): str(v) for k, v in (config.get("headers") or {}).items()})
@@ -175,8 +178,3 @@ async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
     except asyncio.IncompleteReadError as short:
         return short.partial
 
-
-def _refused(address: str, host: str | None = None) -> Outcome:
-    via = f" ({host} resolves to it)" if host and host != address else ""
-    return Outcome.permanent(f"internal address {address} blocked{via}; set allow_internal on the endpoint "
-                             "or http_allow_internal_urls to allow it")

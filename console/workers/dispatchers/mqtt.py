@@ -8,13 +8,14 @@ client handed it to the socket, without any acknowledgement.
 
 Each message: the payload JSON as the payload (content type application/json, payload format
 indicator UTF-8), Courier's correlation id as Correlation Data, and as MQTT 5 user properties
-the producer's headers plus courier-message-id, courier-attempt, courier-correlation-id and
-courier-idempotency-key.
+the producer's headers plus courier-message-id, courier-global-id, courier-attempt,
+courier-correlation-id and courier-idempotency-key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import uuid
 from collections.abc import Sequence
@@ -52,12 +53,21 @@ class _Client(aiomqtt.Client):
     treats a PUBACK that refuses the message (0x87 not authorized, 0x97 quota exceeded, ...)
     as a success, which at-least-once delivery cannot."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, pinned: str | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._reasons: dict[int, ReasonCode] = {}
         # A batch is published at once: hundreds of publishes awaiting their PUBACK are the
         # design, not the "concerning number" aiomqtt would log a warning for on every call.
         self.pending_calls_threshold = 100_000
+        if pinned is not None:
+            # paho connects to its host by name; the socket goes to the checked address instead,
+            # and TLS (wrapped around it by paho) still checks the host's name.
+            paho_client = self._client
+
+            def connect_pinned() -> socket.socket:
+                return socket.create_connection((pinned, paho_client._port), timeout=paho_client._connect_timeout)
+
+            paho_client._create_socket_connection = connect_pinned
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         self._reasons[mid] = reason_code
@@ -94,14 +104,14 @@ def properties_of(message: ClaimedMessage) -> Properties:
 
 
 class MqttDispatcher(BrokerDispatcher[_Client]):
-    async def open(self, target: Target) -> _Client:
+    async def open(self, target: Target, pinned: str | None) -> _Client:
         url = target.config["url"]
         where = address(url)
         tls = ssl.create_default_context() if url.startswith("mqtts://") else None
         client = _Client(where.host, where.port or (8883 if tls else 1883), username=where.username,
                          password=where.password, identifier=f"courier-{target.name}-{uuid.uuid4().hex[:8]}"[:64],
                          protocol=aiomqtt.ProtocolVersion.V5, timeout=timeout_of(target), tls_context=tls,
-                         max_inflight_messages=1000, max_queued_outgoing_messages=0)
+                         max_inflight_messages=1000, max_queued_outgoing_messages=0, pinned=pinned)
         await client.__aenter__()
         return client
 

@@ -2,19 +2,22 @@
 config.subject, a batch's publishes concurrently.
 
 With JetStream (the default, `"jetstream": true`) a message is delivered once the stream that
-captures the subject returned its PubAck; each carries `Nats-Msg-Id: courier-<id>`, so the
-stream's duplicate window also drops a redelivery of a message whose PubAck was lost. Core
+captures the subject returned its PubAck; each carries its global id as `Nats-Msg-Id`, so the
+stream's duplicate window also drops a redelivery of a message whose PubAck was lost, and
+only that: another database's message of the same id is not a duplicate. Core
 NATS (`"jetstream": false`, asked for explicitly) is at most once: a batch counts as delivered
 once the server answered the PING that follows it, whether or not anyone was subscribed.
 
 Each message: the payload JSON as the data, and as NATS headers the producer's headers plus
-courier-message-id, courier-attempt, courier-correlation-id and courier-idempotency-key.
+courier-message-id, courier-global-id, courier-attempt, courier-correlation-id and
+courier-idempotency-key.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 import nats
 import nats.errors as nerr
@@ -43,17 +46,32 @@ async def _quiet(_error: Exception) -> None:
 def nats_headers(message: ClaimedMessage, jetstream: bool) -> dict[str, str]:
     headers = courier_headers(message)
     if jetstream:
-        headers["Nats-Msg-Id"] = f"courier-{message.id}"
+        headers["Nats-Msg-Id"] = message.global_id
     return headers
 
 
+def _pinned_url(url: str, pinned: str) -> str:
+    """url with its host replaced by the pinned address (credentials and port kept)."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    host = f"[{pinned}]" if ":" in pinned else pinned
+    port = f":{parts.port}" if parts.port else ""
+    return parts._replace(netloc=f"{userinfo}@{host}{port}" if userinfo else f"{host}{port}").geturl()
+
+
 class NatsDispatcher(BrokerDispatcher[NatsClient]):
-    async def open(self, target: Target) -> NatsClient:
-        # No reconnection inside the client (it would buffer publishes while away): the
-        # dispatcher reconnects with its own backoff, and the pool retries what failed.
-        return await nats.connect(target.config["url"], name=f"courier {target.name}", allow_reconnect=False,
+    async def open(self, target: Target, pinned: str | None) -> NatsClient:
+        url = target.config["url"]
+        options = {}
+        if pinned is not None:
+            options["tls_hostname"] = urlsplit(url).hostname
+            url = _pinned_url(url, pinned)
+        # No reconnection inside the client (it would buffer publishes while away, and go to
+        # servers the cluster advertises, unchecked): the dispatcher reconnects with its own
+        # backoff, and the pool retries what failed.
+        return await nats.connect(url, name=f"courier {target.name}", allow_reconnect=False,
                                   connect_timeout=timeout_of(target), max_reconnect_attempts=0,
-                                  error_cb=_quiet, disconnected_cb=None)
+                                  error_cb=_quiet, disconnected_cb=None, **options)
 
     async def close_connection(self, connection: NatsClient) -> None:
         await connection.close()

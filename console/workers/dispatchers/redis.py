@@ -3,16 +3,18 @@
 A message is delivered once its XADD returned an entry id.
 
 Fields of each entry: `payload` (the JSON text), the producer's headers by name, then
-Courier's courier-message-id, courier-attempt, courier-correlation-id and
+Courier's courier-message-id, courier-global-id, courier-attempt, courier-correlation-id and
 courier-idempotency-key (which win over a producer header of the same name).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions as rex
+from redis.asyncio.connection import Connection, ConnectionPool, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -29,23 +31,40 @@ def entry_fields(message: ClaimedMessage) -> dict[str, str]:
     return {"payload": message.payload_json, **{k: v for k, v in courier_headers(message).items() if k != "payload"}}
 
 
+def _pinned(connection_class: type[Connection], pinned: str) -> type[Connection]:
+    """connection_class connecting to the pinned address, its TLS still checking the URL's host:
+    the client reconnects by itself, and every connection must go where the check said."""
+
+    class Pinned(connection_class):  # type: ignore[misc, valid-type]
+        def _connection_arguments(self) -> dict[str, Any]:
+            arguments = {**super()._connection_arguments(), "host": pinned}
+            if arguments.get("ssl") is not None:
+                arguments["server_hostname"] = self.host
+            return arguments
+
+    return Pinned
+
+
 class RedisDispatcher(BrokerDispatcher[aioredis.Redis]):
-    async def open(self, target: Target) -> aioredis.Redis:
+    async def open(self, target: Target, pinned: str | None) -> aioredis.Redis:
         timeout = timeout_of(target)
+        options = parse_url(target.config["url"])
+        if pinned is not None:
+            options["connection_class"] = _pinned(options.get("connection_class", Connection), pinned)
         # No retries inside the client: a failure comes back as an outcome, and the pool's
         # retry policy and circuit decide what follows.
-        client = aioredis.from_url(target.config["url"], socket_timeout=timeout, socket_connect_timeout=timeout,
-                                   retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
-                                   client_name="courier-worker")
+        pool = ConnectionPool(socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
+                              retry_on_timeout=False, client_name="courier-worker", **options)
+        client = aioredis.Redis(connection_pool=pool)
         try:
             await client.ping()
         except BaseException:
-            await client.aclose()
+            await client.aclose(close_connection_pool=True)
             raise
         return client
 
     async def close_connection(self, connection: aioredis.Redis) -> None:
-        await connection.aclose()
+        await connection.aclose(close_connection_pool=True)
 
     async def publish(self, target: Target, connection: aioredis.Redis,
                       messages: Sequence[ClaimedMessage]) -> list[Outcome]:
