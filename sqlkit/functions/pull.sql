@@ -407,7 +407,8 @@ BEGIN
         SELECT array_agg(q.id) INTO v_dead
         FROM courier.queue q
         WHERE q.endpoint_id = v_topic.id AND q.visible_at = '-infinity' AND q.visible_at IS NOT NULL
-          AND q.status IN ('pending', 'processing');
+          AND q.status IN ('pending', 'processing')
+          AND q.status = 'processing';  -- parked rows only: a pending one was never taken (sends refuse -infinity)
         IF v_dead IS NOT NULL THEN
             PERFORM courier._pull_dead_letter(v_dead);
         END IF;
