@@ -466,6 +466,12 @@ END
 $$;
 
 -- The per-id results of a fenced call that applied to the ids in p_done.
+-- An id given twice in one call is refused (22023), and the whole call with it: with two
+-- leases for one message, one of them is stale, and which the call applied was an accident
+-- of its plan (ack(ARRAY[4,4], ARRAY[1,0]) took the last lease and left the message in
+-- processing); with the same lease twice it is a caller's bug the results would hide. Every
+-- fenced call ends here whenever it did not apply to every id it was given, which an id given
+-- twice always causes (a row changes once): ack's common case, all applied, pays nothing.
 CREATE OR REPLACE FUNCTION courier._lease_results(p_ids bigint[], p_leases integer[], p_done bigint[],
                                                   p_done_result text, p_kind text)
 RETURNS TABLE (id bigint, result text)
@@ -475,7 +481,16 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_lost bigint[];
+    v_repeated record;
 BEGIN
+    SELECT u.id, count(*) AS times INTO v_repeated
+    FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
+    GROUP BY u.id HAVING count(*) > 1
+    ORDER BY min(u.ord) LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION '[courier] ids: message % is given % times in one % call', v_repeated.id, v_repeated.times, p_kind
+            USING ERRCODE = '22023', HINT = 'Name each message once, with the lease its dequeue returned';
+    END IF;
     RETURN QUERY
     SELECT u.id,
            CASE WHEN u.id = ANY (coalesce(p_done, '{}')) THEN p_done_result
