@@ -102,16 +102,151 @@ def test_the_cli_refuses_a_time_that_never_comes_as_a_usage_error(courier, dsn, 
     "SELECT * FROM courier.extend_lease(%(ids)s, %(leases)s, 60)",
     "SELECT * FROM courier.release(%(ids)s, %(leases)s)",
 ])
-def test_a_repeated_id_in_one_fenced_call_is_refused_and_changes_nothing(conn, orders, call):
+def test_an_id_under_two_leases_in_one_fenced_call_is_refused_and_changes_nothing(conn, orders, call):
     message_id = scalar(conn, "SELECT courier.enqueue('orders', '{}')")
     [(_, lease)] = dequeue(conn)
     before = conn.execute("SELECT status, lease, visible_at, retry_count FROM courier.queue WHERE id = %s",
                           (message_id,)).fetchone()
-    for leases in ([lease, lease - 1], [lease - 1, lease], [lease, lease]):
-        with pytest.raises(psycopg.errors.InvalidParameterValue, match=f"ids: message {message_id} is given 2 times"):
-            conn.execute(call, {"ids": [message_id, message_id], "leases": leases})
+    for leases in ([lease, lease - 1], [lease - 1, lease], [lease, lease + 1, lease]):
+        with pytest.raises(psycopg.errors.InvalidParameterValue,
+                           match=f"ids: message {message_id} is given under several leases"):
+            conn.execute(call, {"ids": [message_id] * len(leases), "leases": leases})
         assert conn.execute("SELECT status, lease, visible_at, retry_count FROM courier.queue WHERE id = %s",
                             (message_id,)).fetchone() == before
-    # The valid lease alone still works.
-    assert conn.execute("SELECT * FROM courier.ack(%s, %s)", ([message_id], [lease])).fetchall() == [
-        (message_id, "acked")]
+    # The same id and lease twice is one request: applied once, its result given for both.
+    results = conn.execute(call, {"ids": [message_id, message_id], "leases": [lease, lease]}).fetchall()
+    assert [row[:2] for row in results] == [(message_id, results[0][1])] * 2 and results[0][1] != "lease_lost"
+    retries = scalar(conn, "SELECT retry_count FROM courier.queue WHERE id = %s", (message_id,))
+    assert retries in (None, before[3] + ("nack" in call))
+
+
+# Item 4: idempotency keys outlive the ack or receive that completes their message --------------
+
+
+def send_keyed(conn, payload: dict, key: str = "order-42", topic: str = "orders") -> int:
+    return scalar(conn, "SELECT courier.send_with_options(%s, %s, p_idempotency_key => %s)",
+                  (topic, Jsonb(payload), key))
+
+
+def ack(conn, message_id: int, lease: int) -> str:
+    return scalar(conn, "SELECT courier.ack(%s, %s)", (message_id, lease))
+
+
+def test_a_retried_send_after_ack_returns_the_delivered_message(conn, orders):
+    first = send_keyed(conn, {"n": 1})
+    plain = scalar(conn, "SELECT courier.send('orders', '{\"n\": 0}')")
+    held = dict(dequeue(conn, 10))
+    assert conn.execute("SELECT * FROM courier.ack(%s, %s)", ([first, plain], [held[first], held[plain]])).fetchall() \
+        == [(first, "acked"), (plain, "acked")]
+    assert send_keyed(conn, {"n": 1}) == first
+    batch = conn.execute("SELECT courier.send_batch_with_options('orders', ARRAY[%s]::jsonb[], "
+                         "p_idempotency_keys => ARRAY['order-42'])", (Jsonb({"n": 1}),)).fetchone()[0]
+    assert batch == [first]
+    with pytest.raises(psycopg.errors.UniqueViolation, match="same key with different payload"):
+        send_keyed(conn, {"n": 2})
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0
+    assert dequeue(conn) == []
+    # Only the keyed message left a trace: a plain ack still deletes for good.
+    assert conn.execute("SELECT id, status FROM courier.archive").fetchall() == [(first, "completed")]
+    assert scalar(conn, "SELECT sum(total) FROM courier.delivery_totals WHERE outcome = 'delivered'") == 2
+
+
+def test_a_retried_send_after_receive_returns_the_received_message(conn, orders):
+    first = send_keyed(conn, {"n": 1})
+    plain = scalar(conn, "SELECT courier.send('orders', '{\"n\": 0}')")
+    received = conn.execute("SELECT id, payload FROM courier.receive('orders', 10)").fetchall()
+    assert received == [(first, {"n": 1}), (plain, {"n": 0})]
+    assert send_keyed(conn, {"n": 1}) == first
+    assert conn.execute("SELECT * FROM courier.receive('orders', 10)").fetchall() == []
+    assert conn.execute("SELECT id, status FROM courier.archive").fetchall() == [(first, "completed")]
+
+
+def test_a_retried_publish_adds_nothing_to_a_topic_that_consumed_it(conn, orders):
+    conn.execute("SELECT courier.create_event_type('order.created', 'An order was placed')")
+    conn.execute("SELECT courier.subscribe('order.created', 'orders')")
+    publish = "SELECT courier.publish('order.created', '{\"id\": 42}', p_idempotency_key => 'order-42')"
+    assert scalar(conn, publish) == 1
+    [(message_id, lease)] = dequeue(conn)
+    assert ack(conn, message_id, lease) == "acked"
+    scalar(conn, publish)
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0
+
+
+def test_a_key_is_free_again_after_the_retention_and_with_retention_zero(conn, orders):
+    first = send_keyed(conn, {"n": 1})
+    [(_, lease)] = dequeue(conn)
+    ack(conn, first, lease)
+    conn.execute("SELECT courier.set_setting('idempotency_retention_seconds', '0')")
+    assert send_keyed(conn, {"n": 2}) != first
+
+
+def test_a_lost_lease_on_a_keyed_message_archives_nothing(conn, orders):
+    first = send_keyed(conn, {"n": 1})
+    [(_, lease)] = dequeue(conn)
+    assert ack(conn, first, lease + 1) == "lease_lost"
+    assert status(conn, first) == "processing" and scalar(conn, "SELECT count(*) FROM courier.archive") == 0
+
+
+# Item 15: receive_failed applies only to a message the caller received ---------------------------
+
+
+def receive_and_roll_back(dsn, topic: str = "orders") -> int:
+    """What ReceiveLoop does when its handler raises: the receive's transaction rolls back."""
+    with psycopg.connect(dsn) as receiver:
+        [(message_id,)] = receiver.execute("SELECT id FROM courier.receive(%s)", (topic,)).fetchall()
+        receiver.rollback()
+    return message_id
+
+
+def receive_failed(conn, message_id: int, topic: str = "orders") -> str:
+    return scalar(conn, "SELECT courier.receive_failed(%s, %s, 'handler raised')", (topic, message_id))
+
+
+def snapshot(conn, message_id: int) -> tuple:
+    return conn.execute("SELECT status, retry_count, visible_at, error_history FROM courier.queue WHERE id = %s",
+                        (message_id,)).fetchone()
+
+
+def test_receive_failed_leaves_alone_a_message_nobody_received(conn, orders):
+    later = scalar(conn, "SELECT courier.enqueue('orders', '{}', p_scheduled_at => now() + interval '7 days')")
+    due = scalar(conn, "SELECT courier.enqueue('orders', '{}')")
+    before = {m: snapshot(conn, m) for m in (later, due)}
+    assert receive_failed(conn, later) == "not_found"  # scheduled 7 days out: must not become visible
+    assert receive_failed(conn, due) == "not_found"  # due, but no receive ever took it
+    assert {m: snapshot(conn, m) for m in (later, due)} == before
+
+
+def test_receive_failed_on_a_max_retries_0_topic_dead_letters_only_a_received_message(dsn, conn):
+    conn.execute("""SELECT courier.create_endpoint('strict', 'pull', '{"max_retries": 0}')""")
+    untouched = scalar(conn, "SELECT courier.enqueue('strict', '{\"n\": 1}')")
+    received = scalar(conn, "SELECT courier.enqueue('strict', '{\"n\": 2}')")
+    conn.execute("UPDATE courier.queue SET visible_at = visible_at + interval '1 hour' WHERE id = %s", (untouched,))
+    assert receive_and_roll_back(dsn, "strict") == received
+    conn.execute("UPDATE courier.queue SET visible_at = visible_at - interval '1 hour' WHERE id = %s", (untouched,))
+    assert receive_failed(conn, untouched, "strict") == "not_found"
+    assert receive_failed(conn, received, "strict") == "dead_lettered"
+    assert scalar(conn, "SELECT array_agg(original_message_id) FROM courier.dlq") == [received]
+    assert status(conn, untouched) == "pending"
+
+
+def test_receive_failed_counts_a_received_message_once_and_holds_it_back(dsn, conn, orders):
+    message_id = scalar(conn, "SELECT courier.enqueue('orders', '{}')")
+    assert receive_and_roll_back(dsn) == message_id
+    assert receive_failed(conn, message_id) == "retry"
+    status_, retries, visible_at, history = snapshot(conn, message_id)
+    assert (status_, retries, history[-1]["outcome"]) == ("pending", 1, "receive_failed")
+    assert visible_at > scalar(conn, "SELECT now()")
+    # A second report of the same failure finds it held back, not due: nothing more is counted.
+    assert receive_failed(conn, message_id) == "not_found"
+    assert snapshot(conn, message_id)[1] == 1
+
+
+def test_receive_failed_leaves_alone_a_leased_or_expired_message(dsn, conn, orders):
+    leased = scalar(conn, "SELECT courier.enqueue('orders', '{}')")
+    [(held, _)] = dequeue(conn)
+    assert held == leased and receive_failed(conn, leased) == "not_found"
+    expired = scalar(conn, "SELECT courier.enqueue('orders', '{}')")
+    assert receive_and_roll_back(dsn) == expired
+    conn.execute("UPDATE courier.queue SET expires_at = now() - interval '1 second' WHERE id = %s", (expired,))
+    assert receive_failed(conn, expired) == "not_found"
+    assert scalar(conn, "SELECT count(*) FROM courier.dlq") == 0

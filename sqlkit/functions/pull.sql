@@ -416,12 +416,34 @@ BEGIN
 END
 $$;
 
+-- Archives a completed copy of the pull messages at p_tids (locked by the caller, which
+-- deletes them next: each has an idempotency key and is being acked or received). The archive
+-- keeps their keys, which _delivered_key_holder finds for idempotency_retention_seconds: a
+-- producer's retry, or a publish retried after its fan-out was consumed, gets the delivered
+-- message's id instead of queueing a second copy, as for a delivered push message.
+CREATE OR REPLACE FUNCTION courier._keep_delivered_keys(p_tids tid[]) RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO courier.archive (id, endpoint_id, payload, headers, metadata, status, priority, retry_count,
+                                 max_retries, scheduled_at, expires_at, idempotency_key, correlation_id,
+                                 ordering_key, last_error, error_history, completed_at, created_at, key,
+                                 payload_binary, body)
+    SELECT m.id, m.endpoint_id, m.payload, m.headers, m.metadata, 'completed', m.priority, m.retry_count,
+           m.max_retries, m.scheduled_at, m.expires_at, m.idempotency_key, m.correlation_id, m.ordering_key,
+           m.last_error, m.error_history, now(), m.created_at, m.key, m.payload_binary, m.body
+    FROM courier.queue m
+    WHERE m.ctid = ANY (p_tids) AND m.idempotency_key IS NOT NULL
+$$;
+
 -- Acks messages held under their leases: each is deleted (queue-ti's "deleted": done, gone for
 -- good; a DELETE touches no index, which keeps a consumer's ack as cheap as the raw claim-and-
 -- delete it replaces). Per id, in the order given: 'acked'; 'lease_lost' when the message is
 -- still there under another lease (its visibility timeout passed and another consumer took it:
 -- the ack is refused, counted and logged); 'not_found' when nothing is held under that id and
 -- lease (unknown id, already acked, dead-lettered, expired or received).
+-- A message with an idempotency key is archived as completed too (_keep_delivered_keys), so that
+-- its key turns duplicates away for idempotency_retention_seconds as a delivered push message's
+-- does; the first DELETE leaves such rows alone, and only an ack that holds one pays for that.
 --
 -- Plan notes: the rows are found by primary key (= ANY), and each one's lease is looked up in
 -- a jsonb object of id -> lease rather than joined to unnest(p_ids, p_leases). The join's plan
@@ -440,6 +462,8 @@ DECLARE
     v_acked bigint[];
     v_count integer;
     v_leases jsonb;
+    v_tids tid[];
+    v_endpoint_ids integer[];
 BEGIN
     PERFORM courier._require_pull_leases(p_ids, p_leases);
     v_leases := jsonb_object(p_ids::text[], p_leases::text[]);
@@ -448,7 +472,7 @@ BEGIN
     WITH acked AS (
         DELETE FROM courier.queue q
         WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
-          AND q.lease = (v_leases ->> q.id::text)::integer
+          AND q.lease = (v_leases ->> q.id::text)::integer AND q.idempotency_key IS NULL
         RETURNING q.id, q.endpoint_id
     ),
     counted AS (
@@ -461,17 +485,34 @@ BEGIN
         RETURN QUERY SELECT u.id, 'acked'::text FROM unnest(p_ids) AS u(id);
         RETURN;
     END IF;
+    v_tids := ARRAY(SELECT q.ctid FROM courier.queue q
+                    WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
+                      AND q.lease = (v_leases ->> q.id::text)::integer AND q.idempotency_key IS NOT NULL
+                    FOR UPDATE);
+    IF cardinality(v_tids) > 0 THEN
+        PERFORM courier._keep_delivered_keys(v_tids);
+        WITH acked AS (
+            DELETE FROM courier.queue q WHERE q.ctid = ANY (v_tids)
+            RETURNING q.id, q.endpoint_id
+        )
+        SELECT v_acked || array_agg(a.id), array_agg(a.endpoint_id) INTO v_acked, v_endpoint_ids FROM acked a;
+        PERFORM courier._count_outcomes(v_endpoint_ids, 'delivered');
+        IF cardinality(v_acked) = cardinality(p_ids) THEN
+            RETURN QUERY SELECT u.id, 'acked'::text FROM unnest(p_ids) AS u(id);
+            RETURN;
+        END IF;
+    END IF;
     RETURN QUERY SELECT * FROM courier._lease_results(p_ids, p_leases, v_acked, 'acked', 'ack');
 END
 $$;
 
 -- The per-id results of a fenced call that applied to the ids in p_done.
--- An id given twice in one call is refused (22023), and the whole call with it: with two
--- leases for one message, one of them is stale, and which the call applied was an accident
--- of its plan (ack(ARRAY[4,4], ARRAY[1,0]) took the last lease and left the message in
--- processing); with the same lease twice it is a caller's bug the results would hide. Every
--- fenced call ends here whenever it did not apply to every id it was given, which an id given
--- twice always causes (a row changes once): ack's common case, all applied, pays nothing.
+-- An id given twice under two leases is refused (22023), and the whole call with it: one of the
+-- leases is stale, and which one the call applied was an accident of its plan (ack(ARRAY[4,4],
+-- ARRAY[1,0]) took the last lease and left the message in processing). The same id and lease
+-- twice is the same request twice: applied once, its result given for both. Every fenced call
+-- ends here whenever it did not apply to every id it was given, which an id given twice always
+-- causes (a row changes once): ack's common case, all applied, pays nothing for the check.
 CREATE OR REPLACE FUNCTION courier._lease_results(p_ids bigint[], p_leases integer[], p_done bigint[],
                                                   p_done_result text, p_kind text)
 RETURNS TABLE (id bigint, result text)
@@ -483,12 +524,13 @@ DECLARE
     v_lost bigint[];
     v_repeated record;
 BEGIN
-    SELECT u.id, count(*) AS times INTO v_repeated
-    FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
-    GROUP BY u.id HAVING count(*) > 1
+    SELECT u.id, string_agg(DISTINCT u.lease::text, ', ') AS leases INTO v_repeated
+    FROM unnest(p_ids, p_leases) WITH ORDINALITY AS u(id, lease, ord)
+    GROUP BY u.id HAVING count(DISTINCT u.lease) > 1
     ORDER BY min(u.ord) LIMIT 1;
     IF FOUND THEN
-        RAISE EXCEPTION '[courier] ids: message % is given % times in one % call', v_repeated.id, v_repeated.times, p_kind
+        RAISE EXCEPTION '[courier] ids: message % is given under several leases (%) in one % call',
+                v_repeated.id, v_repeated.leases, p_kind
             USING ERRCODE = '22023', HINT = 'Name each message once, with the lease its dequeue returned';
     END IF;
     RETURN QUERY
@@ -654,6 +696,7 @@ DECLARE
     v_limit integer;
     v_left integer;
     v_tids tid[];
+    v_keyed tid[];
     v_got integer;
     v_rounds integer := 0;
 BEGIN
@@ -671,14 +714,18 @@ BEGIN
     v_left := v_limit;
     WHILE v_left > 0 AND v_rounds < 10 LOOP
         v_rounds := v_rounds + 1;
-        SELECT array_agg(c.ctid) INTO v_tids FROM (
-            SELECT q.ctid FROM courier.queue q
+        SELECT array_agg(c.ctid), array_agg(c.ctid) FILTER (WHERE c.keyed) INTO v_tids, v_keyed FROM (
+            SELECT q.ctid, q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed
+            FROM courier.queue q
             WHERE q.endpoint_id = v_topic.id AND q.visible_at <= now() AND q.visible_at IS NOT NULL
               AND q.status IN ('pending', 'processing')
             ORDER BY q.visible_at, q.id
             LIMIT v_left
             FOR UPDATE SKIP LOCKED) c;
         EXIT WHEN v_tids IS NULL;
+        IF v_keyed IS NOT NULL THEN  -- delivered keys keep turning duplicates away, as ack's do
+            PERFORM courier._keep_delivered_keys(v_keyed);
+        END IF;
         RETURN QUERY
         WITH gone AS (
             DELETE FROM courier.queue q WHERE q.ctid = ANY (v_tids)
