@@ -250,3 +250,110 @@ def test_receive_failed_leaves_alone_a_leased_or_expired_message(dsn, conn, orde
     conn.execute("UPDATE courier.queue SET expires_at = now() - interval '1 second' WHERE id = %s", (expired,))
     assert receive_failed(conn, expired) == "not_found"
     assert scalar(conn, "SELECT count(*) FROM courier.dlq") == 0
+
+
+# Item 16: a redriven pull dead letter comes back as a requeued one ------------------------------------
+
+
+def dead_letter(conn, key: str | None, topic: str = "orders") -> int:
+    """A message of `topic` (max_retries 0) nacked into <topic>.dlq; returns its DLQ entry's id."""
+    message_id = scalar(conn, "SELECT courier.enqueue(%s, '{\"n\": 1}', p_key => %s)", (topic, key))
+    [(held, lease)] = dequeue(conn, topic=topic)
+    assert held == message_id and scalar(conn, "SELECT courier.nack(%s, %s, 'boom')", (held, lease)) == "dead_lettered"
+    return scalar(conn, "SELECT id FROM courier.dlq WHERE original_message_id = %s", (message_id,))
+
+
+def requeued(conn, message_id: int) -> tuple:
+    return conn.execute("SELECT key, expires_at - now() BETWEEN interval '3590 seconds' AND interval '3600 seconds', "
+                        "retry_count, max_retries, status, jsonb_array_length(error_history) "
+                        "FROM courier.queue WHERE id = %s", (message_id,)).fetchone()
+
+
+@pytest.fixture
+def ttl_topic(conn) -> str:
+    conn.execute("""SELECT courier.create_endpoint('ttl', 'pull', '{"max_retries": 0, "message_ttl_seconds": 3600}')""")
+    return "ttl"
+
+
+def test_redrive_and_requeue_follow_one_rule_for_a_pull_dead_letter(conn, ttl_topic):
+    entries = [dead_letter(conn, f"k-{n}", "ttl") for n in range(1, 5)]
+    by_requeue = scalar(conn, "SELECT courier.requeue(%s)", (entries[0],))
+    by_redrive = scalar(conn, "SELECT courier.redrive_message(%s)", (entries[1],))
+    first, second = entries[2:]
+    assert scalar(conn, "SELECT courier.redrive_endpoint('ttl')") == 2
+    by_endpoint = scalar(conn, "SELECT array_agg(redriven_message_id ORDER BY id) FROM courier.dlq "
+                               "WHERE id = ANY (%s)", ([first, second],))
+    expected = (True, 0, None, "pending", 1)
+    assert requeued(conn, by_requeue) == ("k-1", *expected)
+    assert requeued(conn, by_redrive) == ("k-2", *expected)
+    assert [requeued(conn, m) for m in by_endpoint] == [("k-3", *expected), ("k-4", *expected)]
+
+
+def test_redriving_a_dead_letter_whose_key_is_active_again_is_refused_as_requeue_refuses_it(conn, ttl_topic):
+    dlq_id = dead_letter(conn, "k-1", "ttl")
+    other = dead_letter(conn, "k-2", "ttl")
+    active = scalar(conn, "SELECT courier.enqueue('ttl', '{\"n\": 2}', p_key => 'k-1')")
+    for call in ("SELECT courier.requeue(%s)", "SELECT courier.redrive_message(%s)"):
+        with pytest.raises(psycopg.errors.UniqueViolation, match='key "k-1" is active'):
+            conn.execute(call, (dlq_id,))
+    # A bulk redrive takes the others and leaves it for later, failed, rather than failing the batch.
+    assert scalar(conn, "SELECT courier.redrive_endpoint('ttl')") == 1
+    assert conn.execute("SELECT id, status FROM courier.dlq ORDER BY id").fetchall() == [
+        (dlq_id, "failed"), (other, "redriven")]
+    [(held, lease)] = dequeue(conn, topic="ttl")
+    assert held == active and scalar(conn, "SELECT courier.ack(%s, %s)", (held, lease)) == "acked"
+    assert scalar(conn, "SELECT courier.redrive_endpoint('ttl')") == 1
+
+
+def test_a_push_dead_letter_is_still_redriven_without_key_or_expiry(conn, webhook):
+    message_id = scalar(conn, "SELECT courier.send_with_options('webhook', '{}', p_idempotency_key => 'i-1', "
+                              "p_expires_at => now() + interval '1 hour')")
+    endpoint_id = scalar(conn, "SELECT id FROM courier.endpoints WHERE name = 'webhook'")
+    conn.execute("SELECT courier.claim_batch_v3('w', 10, %s)", (endpoint_id,))
+    lease = scalar(conn, "SELECT lease FROM courier.queue WHERE id = %s", (message_id,))
+    conn.execute("SELECT courier.report_outcomes_v2(%s, %s, %s, %s)", ([message_id], [lease], ["permanent"], ["x"]))
+    dlq_id = scalar(conn, "SELECT id FROM courier.dlq")
+    again = scalar(conn, "SELECT courier.redrive_message(%s)", (dlq_id,))
+    assert conn.execute("SELECT idempotency_key, expires_at FROM courier.queue WHERE id = %s",
+                        (again,)).fetchone() == (None, None)
+
+
+# Item 18: hints that tell the truth, and the fields of a topic's dead letter ---------------------------
+
+
+def test_a_keyed_enqueue_replaces_a_message_whose_visibility_timeout_passed(conn):
+    conn.execute("""SELECT courier.create_endpoint('orders', 'pull', '{"max_retries": 5}')""")
+    first = scalar(conn, "SELECT courier.enqueue('orders', '{\"v\": 1}', p_key => 'k')")
+    [(_, lease)] = dequeue(conn)
+    with pytest.raises(psycopg.errors.UniqueViolation) as refused:
+        conn.execute("SELECT courier.enqueue('orders', '{\"v\": 2}', p_key => 'k')")
+    assert "visibility timeout has passed" in refused.value.diag.message_hint
+    conn.execute("UPDATE courier.queue SET visible_at = now() - interval '1 second' WHERE id = %s", (first,))
+    # As the hint says: once the lease lapsed, the enqueue replaces it in place, the lost attempt counted.
+    assert scalar(conn, "SELECT courier.enqueue('orders', '{\"v\": 2}', p_key => 'k')") == first
+    row = conn.execute("SELECT status, payload, retry_count, error_history -> -1 ->> 'outcome' FROM courier.queue "
+                       "WHERE id = %s", (first,)).fetchone()
+    assert row == ("pending", {"v": 2}, 1, "lease_expired")
+    assert scalar(conn, "SELECT courier.ack(%s, %s)", (first, lease)) == "lease_lost"  # the old holder is fenced
+    [(again, new_lease)] = dequeue(conn)
+    assert again == first and new_lease > lease
+
+
+def test_a_keyed_enqueue_dead_letters_a_lapsed_message_past_max_retries_and_queues_the_new_one(conn):
+    conn.execute("""SELECT courier.create_endpoint('orders', 'pull', '{"max_retries": 0}')""")
+    first = scalar(conn, "SELECT courier.enqueue('orders', '{\"v\": 1}', p_key => 'k')")
+    dequeue(conn)
+    conn.execute("UPDATE courier.queue SET visible_at = now() - interval '1 second' WHERE id = %s", (first,))
+    second = scalar(conn, "SELECT courier.enqueue('orders', '{\"v\": 2}', p_key => 'k')")
+    assert second != first and status(conn, second) == "pending"
+    assert scalar(conn, "SELECT original_message_id FROM courier.dlq") == first
+
+
+def test_dlq_show_json_has_a_topic_dead_letters_fields(courier, conn):  # noqa: F811
+    conn.execute("""SELECT courier.create_endpoint('orders', 'pull', '{"max_retries": 0}')""")
+    dlq_id = dead_letter(conn, "k-1")
+    shown = courier("dlq", "show", str(dlq_id), "--json")
+    assert shown.code == 0, shown
+    entry = json.loads(shown.out)
+    assert entry["original_topic"] == "orders" and entry["max_retries"] == 0 and entry["key"] == "k-1"
+    assert entry["dlq_moved_at"] is not None
