@@ -174,8 +174,9 @@ $$;
 -- Adds a message to a pull topic and returns its id. With p_key, a pending message of the
 -- topic with that key is replaced in place (payload, binary payload, body, metadata, and the
 -- schedule if one is given) and keeps its id; a message with that key in processing is never
--- touched, and the enqueue is refused (23505) until it is acked, nacked or expires. A binary
--- payload alone is stored with payload JSON null.
+-- touched, and the enqueue is refused (23505) until it is acked or nacked, or its visibility
+-- timeout passes (then it is due again, and replaced). A binary payload alone is stored with
+-- payload JSON null.
 CREATE OR REPLACE FUNCTION courier.enqueue(
     p_topic          text,
     p_payload        jsonb,
@@ -196,6 +197,8 @@ DECLARE
     v_due timestamptz := coalesce(p_scheduled_at, now());
     v_id bigint;
     v_status text;
+    v_lapsed boolean;
+    v_exhausted boolean;
 BEGIN
     -- As a send does: a drop of the topic waits for this enqueue (read the topic after it).
     PERFORM courier._hold_endpoint_for_send(p_topic);
@@ -250,8 +253,33 @@ BEGIN
             RETURN v_id;
         END IF;
 
-        SELECT q.id, q.status INTO v_id, v_status FROM courier.queue q
-        WHERE q.endpoint_id = v_topic.id AND q.key = p_key AND q.status IN ('pending', 'processing');
+        SELECT q.id, q.status, q.visible_at <= now(),
+               q.retry_count + 1 > coalesce(q.max_retries, courier._endpoint_max_retries(v_topic))
+        INTO v_id, v_status, v_lapsed, v_exhausted
+        FROM courier.queue q
+        WHERE q.endpoint_id = v_topic.id AND q.key = p_key AND q.status IN ('pending', 'processing')
+        FOR UPDATE;
+        IF v_status = 'processing' AND v_lapsed THEN
+            -- Its visibility timeout passed: it is due again, as the hint below promises. Handled as
+            -- dequeue handles a lapsed lease (the lost attempt counted, the old lease fenced out, past
+            -- max_retries into <topic>.dlq), then round again: replaced in place, or queued anew.
+            UPDATE courier.queue q
+            SET status = CASE WHEN v_exhausted THEN q.status ELSE 'pending' END, lease = q.lease + 1,
+                retry_count = q.retry_count + 1, visible_at = CASE WHEN v_exhausted THEN q.visible_at ELSE now() END,
+                last_error = CASE WHEN v_exhausted
+                                  THEN format('[PERMANENT] visibility timeout passed without an ack %s times; '
+                                              'max_retries (%s) exceeded', q.retry_count + 1,
+                                              coalesce(q.max_retries, courier._endpoint_max_retries(v_topic)))
+                                  ELSE 'Visibility timeout passed without an ack' END,
+                error_history = q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
+                                                                      'outcome', 'lease_expired', 'lease', q.lease),
+                updated_at = now()
+            WHERE q.id = v_id;
+            IF v_exhausted THEN
+                PERFORM courier._pull_dead_letter(ARRAY[v_id]);
+            END IF;
+            CONTINUE;
+        END IF;
         IF v_status = 'processing' THEN
             RAISE EXCEPTION '[courier] message % with key "%" is being processed and cannot be replaced', v_id, p_key
                 USING ERRCODE = '23505',
