@@ -357,3 +357,48 @@ def test_dlq_show_json_has_a_topic_dead_letters_fields(courier, conn):  # noqa: 
     entry = json.loads(shown.out)
     assert entry["original_topic"] == "orders" and entry["max_retries"] == 0 and entry["key"] == "k-1"
     assert entry["dlq_moved_at"] is not None
+
+
+# Item 14: ordering keys on pull topics ---------------------------------------------------------------
+
+
+def send_ordered(conn, n: int, ordering_key: str | None, topic: str = "orders") -> int:
+    return scalar(conn, "SELECT courier.send_with_options(%s, %s, p_ordering_key => %s)",
+                  (topic, Jsonb({"n": n}), ordering_key))
+
+
+def test_one_dequeue_never_leases_two_messages_of_an_ordering_key(conn, orders):
+    a1, a2, b1, plain = (send_ordered(conn, 1, "cust-a"), send_ordered(conn, 2, "cust-a"),
+                         send_ordered(conn, 3, "cust-b"), send_ordered(conn, 4, None))
+    held = dict(dequeue(conn, 10))
+    assert sorted(held) == [a1, b1, plain]
+    assert dequeue(conn, 10) == []  # a2 waits while a1 is in processing
+    assert scalar(conn, "SELECT courier.ack(%s, %s)", (a1, held[a1])) == "acked"
+    assert [m for m, _ in dequeue(conn, 10)] == [a2]
+
+
+def test_a_lapsed_lease_is_taken_again_before_the_next_message_of_its_key(conn, orders):
+    first, second = send_ordered(conn, 1, "cust-a"), send_ordered(conn, 2, "cust-a")
+    [(taken, _)] = dequeue(conn, 10)
+    assert taken == first
+    conn.execute("UPDATE courier.queue SET visible_at = now() - interval '1 second' WHERE id = %s", (first,))
+    assert [m for m, _ in dequeue(conn, 10)] == [first]
+    assert status(conn, second) == "pending"
+
+
+def test_a_nacked_message_keeps_its_place_at_the_head_of_its_key(conn, orders):
+    first, second = send_ordered(conn, 1, "cust-a"), send_ordered(conn, 2, "cust-a")
+    [(taken, lease)] = dequeue(conn, 10)
+    assert scalar(conn, "SELECT courier.nack(%s, %s, 'retry')", (taken, lease)) == "nacked"
+    assert [m for m, _ in dequeue(conn, 10)] == [first]
+    assert status(conn, second) == "pending"
+
+
+def test_receive_takes_one_message_of_an_ordering_key_at_a_time(dsn, conn, orders):
+    a1, a2, b1 = send_ordered(conn, 1, "cust-a"), send_ordered(conn, 2, "cust-a"), send_ordered(conn, 3, "cust-b")
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
+        assert [r[0] for r in first.execute("SELECT id FROM courier.receive('orders', 10)")] == [a1, b1]
+        assert second.execute("SELECT id FROM courier.receive('orders', 10)").fetchall() == []  # a1 not yet done
+        first.commit()
+        second.rollback()
+        assert [r[0] for r in second.execute("SELECT id FROM courier.receive('orders', 10)")] == [a2]
