@@ -885,7 +885,7 @@ BEGIN
     EXCEPTION WHEN unique_violation THEN
         RAISE EXCEPTION '[courier] cannot requeue DLQ entry %: another message of "%" with key "%" is active',
                 p_dlq_id, v_topic.name, v_row.key
-            USING ERRCODE = '23505', HINT = 'Requeue it once that message has been acked';
+            USING ERRCODE = '23505', HINT = 'Requeue it once that message has been acked, received or dead-lettered';
     END;
     UPDATE courier.dlq SET status = 'redriven', redriven_at = now(), redriven_message_id = v_id WHERE id = p_dlq_id;
     PERFORM courier._log_event('dlq.requeue', v_topic.id,
