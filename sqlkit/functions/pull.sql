@@ -320,31 +320,6 @@ BEGIN
 END
 $$;
 
--- Whether message p_id of a pull topic may be handed out now as far as its ordering key goes
--- (as the push claim's rule: one message of a key at a time, in id order): no other message
--- of the key is in processing under a running lease, and none before it (a smaller id) is
--- waiting - pending, scheduled, held back, or in processing under a lapsed lease, which is
--- taken again first. Both probes use the ordering indexes of migration 0001; only messages
--- with an ordering key pay for them. A batch never holds two of a key: the second sees the
--- first still pending in the statement's snapshot, and so does a concurrent consumer until
--- the first one's lease is committed, after which it sees it in processing.
--- plpgsql, not SQL: its two probes keep their plans across calls instead of being planned
--- into every dequeue's generic plan.
-CREATE OR REPLACE FUNCTION courier._pull_key_is_free(p_endpoint_id integer, p_ordering_key text, p_id bigint)
-RETURNS boolean
-LANGUAGE plpgsql STABLE
-AS $$
-BEGIN
-    RETURN NOT EXISTS (SELECT 1 FROM courier.queue q2
-                       WHERE q2.ordering_key = p_ordering_key AND q2.status = 'processing'
-                         AND q2.endpoint_id = p_endpoint_id AND q2.id <> p_id
-                         AND (q2.visible_at > now() OR q2.id < p_id))
-       AND NOT EXISTS (SELECT 1 FROM courier.queue q2
-                       WHERE q2.ordering_key = p_ordering_key AND q2.status = 'pending'
-                         AND q2.endpoint_id = p_endpoint_id AND q2.id < p_id);
-END
-$$;
-
 -- Takes up to p_count due messages of the topic (never more), in due-time-then-id order, each
 -- with a new lease, invisible to other consumers for the visibility timeout (p_visibility_
 -- timeout_seconds, else the topic's visibility_timeout, else the setting). Due means pending
@@ -353,7 +328,7 @@ $$;
 -- past max_retries goes to the DLQ instead of being handed out again. Expired messages are
 -- skipped (the expiry reaper marks them). throughput_limit may return fewer. A disabled
 -- topic hands out nothing. A message with an ordering key waits while another message of its
--- key is in processing or ahead of it (_pull_key_is_free).
+-- key is in processing or ahead of it.
 --
 -- One statement picks the candidates (SKIP LOCKED) and leases them, finding each row again by
 -- its ctid (a TID scan; the rows are locked, so their ctids hold): looking the batch up again
@@ -421,7 +396,22 @@ BEGIN
         WHERE q.endpoint_id = v_topic.id AND q.visible_at <= now() AND q.visible_at IS NOT NULL
           AND q.status IN ('pending', 'processing')
           AND (q.expires_at IS NULL OR q.expires_at > now())
-          AND (q.ordering_key IS NULL OR courier._pull_key_is_free(q.endpoint_id, q.ordering_key, q.id))
+          -- Ordering keys, as the push claim's rule: one message of a key at a time, in id order.
+          -- No other message of the key in processing under a running lease, and none before it
+          -- (a smaller id) waiting: pending, scheduled, held back, or in processing under a
+          -- lapsed lease, which is taken again first. A batch never holds two of a key: the
+          -- second sees the first pending in the statement's snapshot, as a concurrent consumer
+          -- does until the first one's lease commits. Inline subplans on the ordering indexes
+          -- of migration 0001, run only for rows with a key (a plpgsql function per row was 4x
+          -- dearer: a dequeue past 19,000 messages of busy keys took 125 ms instead of 32 ms).
+          AND (q.ordering_key IS NULL OR (
+                NOT EXISTS (SELECT 1 FROM courier.queue q2
+                            WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                              AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
+                              AND (q2.visible_at > now() OR q2.id < q.id))
+            AND NOT EXISTS (SELECT 1 FROM courier.queue q2
+                            WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
+                              AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
         ORDER BY q.visible_at, q.id
         LIMIT v_limit
         FOR UPDATE SKIP LOCKED
@@ -775,7 +765,14 @@ BEGIN
             FROM courier.queue q
             WHERE q.endpoint_id = v_topic.id AND q.visible_at <= now() AND q.visible_at IS NOT NULL
               AND q.status IN ('pending', 'processing')
-              AND (q.ordering_key IS NULL OR courier._pull_key_is_free(q.endpoint_id, q.ordering_key, q.id))
+              AND (q.ordering_key IS NULL OR (  -- ordering keys: as in dequeue
+                    NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                  AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
+                                  AND (q2.visible_at > now() OR q2.id < q.id))
+                AND NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
+                                  AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
             ORDER BY q.visible_at, q.id
             LIMIT v_left
             FOR UPDATE SKIP LOCKED) c;
