@@ -57,6 +57,11 @@ class DlqDetail:
     failed_at: datetime
     redriven_at: datetime | None
     redriven_message_id: int | None
+    # A pull topic's dead letter (<topic>.dlq); None for a push endpoint's.
+    original_topic: str | None = None
+    dlq_moved_at: datetime | None = None
+    max_retries: int | None = None
+    key: str | None = None
 
 
 @dataclass(frozen=True)

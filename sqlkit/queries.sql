@@ -402,7 +402,8 @@ LIMIT %(limit)s;
 -- Producer headers may carry credentials: show them redacted, as everywhere else.
 SELECT id, original_message_id, endpoint_id, endpoint_name, payload, courier._redact(headers) AS headers,
        metadata, priority, ordering_key, idempotency_key, correlation_id, scheduled_at, expires_at, retry_count,
-       last_error, error_history, status, original_created_at, failed_at, redriven_at, redriven_message_id
+       last_error, error_history, status, original_created_at, failed_at, redriven_at, redriven_message_id,
+       original_topic, dlq_moved_at, max_retries, key
 FROM courier.dlq WHERE id = %(id)s;
 
 -- name: dlq_summary

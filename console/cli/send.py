@@ -32,7 +32,10 @@ class Timestamp(click.ParamType):
             parsed = datetime.fromisoformat(value)
         except ValueError:
             self.fail(f"{value!r} is not an ISO 8601 time such as 2026-11-22T09:00:00+00:00", param, ctx)
-        return parsed if parsed.tzinfo else parsed.astimezone()
+        try:
+            return parsed if parsed.tzinfo else parsed.astimezone()
+        except (ValueError, OverflowError):  # year 1 or 9999 in local time can fall off the calendar
+            self.fail(f"{value!r} in local time is out of range; give a UTC offset such as +00:00", param, ctx)
 
 
 class Header(click.ParamType):

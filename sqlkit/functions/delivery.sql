@@ -154,6 +154,10 @@ $$;
 -- message ids, which is FIFO per ordering key, whatever order they failed in), with
 -- retry_count reset and expires_at and idempotency_key cleared, marking each row
 -- 'redriven'. Works through at most p_limit rows (NULL: all); returns how many it redrove.
+-- A pull topic's dead letter (<topic>.dlq) comes back as courier.requeue brings it back, by
+-- queue-ti's rule: with its key, a new TTL from now, and its error history; one whose key an
+-- active message of the topic holds (or an older dead letter of the same key in this batch)
+-- is left failed for a later redrive rather than failing the whole batch.
 CREATE OR REPLACE FUNCTION courier._redrive(p_dlq_ids bigint[], p_endpoint_id integer, p_limit integer) RETURNS integer
 LANGUAGE plpgsql
 AS $$
@@ -174,16 +178,29 @@ BEGIN
           AND (p_dlq_ids IS NULL OR d.id = ANY (p_dlq_ids))
           AND (p_endpoint_id IS NULL OR d.endpoint_id = p_endpoint_id)
           AND EXISTS (SELECT 1 FROM courier.endpoints e WHERE e.id = d.endpoint_id)
+          AND NOT (d.original_topic IS NOT NULL AND d.key IS NOT NULL
+                   AND (EXISTS (SELECT 1 FROM courier.queue q
+                                WHERE q.endpoint_id = d.endpoint_id AND q.key = d.key
+                                  AND q.status IN ('pending', 'processing'))
+                        OR EXISTS (SELECT 1 FROM courier.dlq o
+                                   WHERE o.endpoint_id = d.endpoint_id AND o.key = d.key AND o.status = 'failed'
+                                     AND o.original_topic IS NOT NULL
+                                     AND (o.original_message_id, o.id) < (d.original_message_id, d.id))))
         ORDER BY d.original_message_id, d.id
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED
     ),
     requeued AS (
         INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, ordering_key,
-                                   correlation_id, scheduled_at, visible_at, payload_binary, body)
+                                   correlation_id, scheduled_at, visible_at, payload_binary, body, key, expires_at,
+                                   error_history)
         SELECT d.endpoint_id, d.payload, d.headers, d.metadata, d.priority, d.ordering_key,
-               d.correlation_id, NULL, courier._pull_visible_at(e.protocol, NULL), d.payload_binary, d.body
+               d.correlation_id, NULL, courier._pull_visible_at(e.protocol, NULL), d.payload_binary, d.body,
+               CASE WHEN t.requeued THEN d.key END,
+               CASE WHEN t.requeued THEN courier._ttl_expires_at(e.config, now()) END,
+               CASE WHEN t.requeued THEN d.error_history ELSE '[]' END
         FROM courier.dlq d JOIN picked USING (id) JOIN courier.endpoints e ON e.id = d.endpoint_id
+        CROSS JOIN LATERAL (SELECT d.original_topic IS NOT NULL AND e.protocol = 'pull' AS requeued) t
         ORDER BY d.original_message_id, d.id
         RETURNING id, correlation_id
     ),
@@ -219,6 +236,11 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM courier.endpoints WHERE id = v_row.endpoint_id) THEN
         RAISE EXCEPTION '[courier] endpoint "%" of DLQ entry % no longer exists', v_row.endpoint_name, p_dlq_id
             USING ERRCODE = '55000', HINT = 'Recreate the endpoint first';
+    END IF;
+    IF v_row.original_topic IS NOT NULL THEN  -- a topic's dead letter: one rule with `topic requeue`
+        v_row.redriven_message_id := courier.requeue(p_dlq_id);
+        PERFORM pg_notify('courier_new_msg', v_row.endpoint_id::text);
+        RETURN v_row.redriven_message_id;
     END IF;
     PERFORM courier._redrive(ARRAY[p_dlq_id], NULL, 1);
     SELECT redriven_message_id INTO v_row.redriven_message_id FROM courier.dlq WHERE id = p_dlq_id;

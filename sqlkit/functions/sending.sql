@@ -246,6 +246,14 @@ BEGIN
         IF p_priority IS NULL OR p_priority NOT BETWEEN 0 AND 10 THEN
             PERFORM courier._check_priority(p_priority);
         END IF;
+        -- 'infinity' is never due (or never expires) and '-infinity' sorts before every due
+        -- time, where dequeue parks the messages it dead-letters: both are refused.
+        IF NOT isfinite(p_scheduled_at) OR NOT isfinite(p_expires_at) THEN
+            RAISE EXCEPTION '[courier] % must be a finite time, got %',
+                    CASE WHEN NOT isfinite(p_scheduled_at) THEN 'scheduled_at' ELSE 'expires_at' END,
+                    CASE WHEN NOT isfinite(p_scheduled_at) THEN p_scheduled_at ELSE p_expires_at END
+                USING ERRCODE = '22023', HINT = 'Leave it NULL for now (scheduled_at) or for no expiry (expires_at)';
+        END IF;
         IF p_expires_at <= p_scheduled_at THEN
             RAISE EXCEPTION '[courier] expires_at % is not after scheduled_at %', p_expires_at, p_scheduled_at
                 USING ERRCODE = '22023', HINT = 'The message would expire before it could be delivered';
@@ -562,16 +570,19 @@ BEGIN
         (1, '22004', 'payload must not be NULL', m.payload IS NULL),
         (2, '22023', format('priority must be between 0 and 10, got %s', coalesce(m.priority::text, 'NULL')),
             m.priority IS NULL OR m.priority NOT BETWEEN 0 AND 10),
-        (3, '22023', format('expires_at %s is not after scheduled_at %s', m.expires_at, m.scheduled_at),
+        (3, '22023', format('scheduled_at must be a finite time, got %s', m.scheduled_at),
+            NOT isfinite(m.scheduled_at)),
+        (4, '22023', format('expires_at must be a finite time, got %s', m.expires_at), NOT isfinite(m.expires_at)),
+        (5, '22023', format('expires_at %s is not after scheduled_at %s', m.expires_at, m.scheduled_at),
             m.expires_at <= m.scheduled_at),
-        (4, '22023', 'headers and metadata must be JSON objects',
+        (6, '22023', 'headers and metadata must be JSON objects',
             jsonb_typeof(m.headers) <> 'object' OR jsonb_typeof(m.metadata) <> 'object'),
-        (5, '22023', 'metadata is nested more than 32 levels deep',
+        (7, '22023', 'metadata is nested more than 32 levels deep',
             jsonb_typeof(m.metadata) = 'object' AND m.metadata <> '{}'
             AND jsonb_path_exists(m.metadata, 'strict $.**{32}')),
-        (6, '22023', 'idempotency and ordering keys must be 1 to 255 characters',
+        (8, '22023', 'idempotency and ordering keys must be 1 to 255 characters',
             length(m.idempotency_key) NOT BETWEEN 1 AND 255 OR length(m.ordering_key) NOT BETWEEN 1 AND 255),
-        (7, '54000', format('exceeds max_payload_size (%s bytes)', v_limit), octet_length(m.payload::text) > v_limit)
+        (9, '54000', format('exceeds max_payload_size (%s bytes)', v_limit), octet_length(m.payload::text) > v_limit)
     ) AS c(rank, code, reason, failed) WHERE c.failed ORDER BY c.rank LIMIT 1) x
     ORDER BY m.ord LIMIT 1;
     IF FOUND THEN
