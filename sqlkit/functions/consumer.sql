@@ -40,3 +40,29 @@ BEGIN
     RETURN 'retry';
 END
 $$;
+
+-- Locks message p_id of p_topic for the rest of the caller's transaction, waiting while another
+-- receiver holds it, and returns its id, or NULL once it is gone (received and committed
+-- elsewhere). A receive loop whose handler failed rolls its receive back and, in the next
+-- transaction, calls this and then courier.receive_failed before it commits:
+--     ROLLBACK; BEGIN; SELECT courier.lock_received(t, id); SELECT courier.receive_failed(t, id, e); COMMIT;
+-- receive_failed skips a message someone else holds, so a receiver that took the message
+-- between the rollback and the recorded failure used to make the failure go unrecorded, and
+-- that receiver ran it again at once, past the back-off: 9 runs of a handler that failed every
+-- time, against 4 recorded. Waiting here, each attempt is recorded after the other's. (A
+-- savepoint kept the message locked throughout, but a message locked by a transaction and
+-- deleted by its subtransaction carries a multixact, which made every receive 3x dearer.)
+CREATE OR REPLACE FUNCTION courier.lock_received(p_topic text, p_id bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_topic courier.endpoints := courier._pull_topic(p_topic);
+    v_id bigint;
+BEGIN
+    SELECT q.id INTO v_id FROM courier.queue q
+    WHERE q.id = p_id AND q.endpoint_id = v_topic.id AND q.visible_at IS NOT NULL
+    FOR UPDATE;
+    RETURN v_id;
+END
+$$;
