@@ -139,3 +139,26 @@ def test_lock_received_finds_nothing_once_another_receiver_committed_it(dsn, con
         assert scalar(failing, "SELECT courier.receive_failed(%s, %s, 'late')", (TOPIC, message)) == "not_found"
     assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0
     assert scalar(conn, "SELECT courier.lock_received(%s, %s)", (TOPIC, 10 ** 12)) is None
+
+
+def test_a_message_received_after_its_lease_ran_out_has_its_failures_counted_too(dsn, conn):
+    """A dequeuer died holding the message; once its lease ran out a receive takes it (still
+    'processing'). Its failures were never recorded (receive_failed wanted 'pending'): the
+    handler ran 45 times in 5 s and the message never reached the DLQ."""
+    _topic(conn, 1)
+    [message] = _enqueue(conn, 1)
+    lease = scalar(conn, "SELECT lease FROM courier.dequeue(%s, 1, 1)", (TOPIC,))
+    time.sleep(1.2)
+    runs: Counter[int] = Counter()
+
+    async def handler(received: ReceivedMessage) -> None:
+        runs[received.id] += 1
+        raise RuntimeError("cannot handle this one")
+
+    loop = ReceiveLoop(dsn, TOPIC, handler, peek_interval=0.1, concurrency=2)
+    _run_until(loop, lambda: scalar(conn, "SELECT count(*) FROM courier.dlq") == 1, timeout=15)
+    assert runs == {message: 2}
+    assert scalar(conn, "SELECT jsonb_array_length(error_history) FROM courier.dlq") == 2
+    # The dead dequeuer's lease is gone with it.
+    assert scalar(conn, "SELECT result FROM courier.ack(ARRAY[%s]::bigint[], ARRAY[%s])", (message, lease)) \
+        == "not_found"

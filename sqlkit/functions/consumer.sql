@@ -3,7 +3,8 @@
 -- that one poison message at the head of a FIFO topic cannot stall it.
 
 -- Records a failed handling of message p_id of p_topic, which the caller received and then
--- rolled back (so the row is pending again): its retry_count goes up with p_error, and it
+-- rolled back (so the row is pending again, or processing under a dequeuer's lease that had
+-- run out, which is given up): its retry_count goes up with p_error, and it
 -- becomes visible again after a back-off of retry_count seconds (at most 60), which lets the
 -- messages behind it through. Past the topic's max_retries it goes to <topic>.dlq instead.
 -- Returns 'retry', 'dead_lettered', or 'not_found' when the message is gone or another
@@ -20,14 +21,15 @@ DECLARE
     v_exhausted boolean;
 BEGIN
     SELECT * INTO v_row FROM courier.queue q
-    WHERE q.id = p_id AND q.endpoint_id = v_topic.id AND q.status = 'pending' AND q.visible_at IS NOT NULL
+    WHERE q.id = p_id AND q.endpoint_id = v_topic.id AND q.visible_at IS NOT NULL
+      AND (q.status = 'pending' OR q.visible_at <= now())  -- or received after a dequeuer's lease ran out
     FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN 'not_found';
     END IF;
     v_exhausted := v_row.retry_count + 1 > coalesce(v_row.max_retries, courier._endpoint_max_retries(v_topic));
     UPDATE courier.queue q
-    SET retry_count = q.retry_count + 1, last_error = v_error, updated_at = now(),
+    SET status = 'pending', retry_count = q.retry_count + 1, last_error = v_error, updated_at = now(),
         error_history = q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
                                                               'outcome', 'receive_failed', 'error', v_error),
         visible_at = CASE WHEN v_exhausted THEN q.visible_at
