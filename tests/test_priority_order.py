@@ -8,6 +8,7 @@ no global order is promised, as in the seed ("cross-worker global ordering is no
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections import defaultdict
@@ -16,6 +17,7 @@ from itertools import pairwise
 import pytest
 
 from console.sink import WebhookSink
+from tests.brokers import Broker, require_broker
 from tests.helpers import scalar
 from tests.workers import run_pool_until, start_worker_process, wait_for
 
@@ -142,5 +144,23 @@ def test_one_request_at_a_time_is_in_order_across_processes_too(dsn, conn, sink)
         worker.terminate()
         worker.wait(30)
     seen = [payload["p"] for _, payload in _received(sink)]
+    assert len(seen) == sent
+    assert _non_increasing(seen), ",".join(map(str, seen))
+
+
+def test_a_broker_endpoint_with_one_message_at_a_time_publishes_in_priority_order(dsn, conn):
+    """Broker endpoints publish whole claimed batches; allowed one message at a time, each claim
+    takes one and the next waits for its outcome, so a Redis stream holds them in priority order."""
+    require_broker("redis")
+    broker = Broker.of("redis")
+    conn.execute("SELECT courier.create_endpoint('hook', 'redis', %s::jsonb)",
+                 (json.dumps({**broker.config(), "concurrency": 1}),))
+    sent = _send_shuffled(conn, range(11), 6)
+    try:
+        run_pool_until(dsn, lambda: _archived(conn) == sent, timeout=60)
+        received = asyncio.run(broker.read())
+    finally:
+        asyncio.run(broker.cleanup())
+    seen = [message.payload["p"] for message in received]
     assert len(seen) == sent
     assert _non_increasing(seen), ",".join(map(str, seen))
