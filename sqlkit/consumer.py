@@ -408,6 +408,8 @@ class ReceiveLoop:
         self._db = AsyncDatabase(dsn, min_size=1, max_size=concurrency + 1, application_name="courier-receiver",
                                  configure=_configure)
         self._stopping = asyncio.Event()
+        # Messages whose handler failed, by id, until their failure is recorded: set then.
+        self._recording: dict[int, asyncio.Event] = {}
         self.received = 0
         self.failed = 0
         self.peeks = 0
@@ -496,10 +498,16 @@ class ReceiveLoop:
                                                       f"{self.topic}: receive")
                         if message is None:
                             return
+                        recorded = self._recording.get(message.id)
+                        if recorded is not None:
+                            # Another slot failed on it and waits to record that: give it back
+                            # untouched (no attempt), and take nothing more until it is recorded.
+                            await conn.execute("ROLLBACK")
+                            await recorded.wait()
+                            continue
                         try:
                             await self.handler(message)
                         except Exception as error:  # its receive rolls back: the message stays
-                            await conn.execute("ROLLBACK")
                             self.failed += 1
                             log.exception("%s: handler failed on message %s", self.topic, message.id)
                             await self._report_failure(conn, message.id, f"{type(error).__name__}: {error}")
@@ -551,14 +559,42 @@ class ReceiveLoop:
         return message
 
     async def _report_failure(self, conn: psycopg.AsyncConnection, message_id: int, error: str) -> None:
-        """The receive was rolled back, so the message is back in the topic: count the attempt
-        (courier.receive_failed), which holds it back for a while or dead-letters it, so that it
-        never blocks the messages behind it."""
+        """Roll the receive back, so that the message is in the topic again, and count the
+        attempt (courier.receive_failed: it holds the message back for a while, or dead-letters
+        it, so that it never blocks the messages behind it), in one query. courier.lock_received
+        first waits for any receiver that took the message since the rollback, so the failure is
+        recorded whatever happens in between, and no other slot of this loop handles the message
+        until it is (see _receive_slot)."""
+        recorded = self._recording[message_id] = asyncio.Event()
+        statements = ("ROLLBACK; BEGIN; " + queries.query("consumer_lock_received") + " "
+                      + queries.query("consumer_receive_failed") + " COMMIT;")
+        params = {"topic": self.topic, "id": message_id, "error": error}
         try:
-            outcome = await queries.fetch_value_async(conn, "consumer_receive_failed",
-                                                      {"topic": self.topic, "id": message_id, "error": error})
+            outcome = await answer_within(self.call_timeout, self._last_value(conn, statements, params),
+                                          f"{self.topic}: receive_failed")
         except (CourierError, psycopg.Error) as report_error:
+            # The receive is rolled back; the message is in the topic, this attempt not counted.
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute("ROLLBACK")
             log.warning("%s: could not record the failure of message %s: %s", self.topic, message_id, report_error)
             return
+        finally:
+            del self._recording[message_id]
+            recorded.set()
         if outcome == "dead_lettered":
             log.error("%s: message %s failed past max_retries and went to %s.dlq", self.topic, message_id, self.topic)
+
+    @staticmethod
+    async def _last_value(conn: psycopg.AsyncConnection, statements: str, params: dict[str, Any]) -> Any:
+        """The value of the last statement of `statements` that returns rows."""
+        value = None
+        async with psycopg.AsyncClientCursor(conn) as cur:
+            with translated():
+                await cur.execute(statements, params)
+                while True:
+                    if cur.description is not None:
+                        row = await cur.fetchone()
+                        value = None if row is None else row[0]
+                    if not cur.nextset():
+                        return value

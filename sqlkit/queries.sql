@@ -105,6 +105,9 @@ FROM courier.extend_lease(%(ids)s::bigint[], %(leases)s::integer[], %(visibility
 -- name: consumer_receive_failed
 SELECT courier.receive_failed(%(topic)s, %(id)s, %(error)s);
 
+-- name: consumer_lock_received
+SELECT courier.lock_received(%(topic)s, %(id)s);
+
 -- name: consumer_peek
 SELECT courier.peek(%(topic)s);
 

@@ -120,7 +120,8 @@ class PoolSettings:
     stale_recovery_timeout), so stale recovery never takes a slow delivery from a live worker."""
     claimers: int = 2
     """Claims one endpoint may have on their way at once; beyond the first, only while claims
-    come back full."""
+    come back full. An endpoint dispatched one message at a time (HTTP) has one, so that its
+    messages go out in priority order (see _endpoint_loop)."""
     max_unreported: int = 5_000
     """Most outcomes waiting to be reported; past it the pool claims nothing new until the
     reporter catches up, so a database that refuses reports cannot grow memory without end."""
@@ -330,11 +331,20 @@ class WorkerPool:
     async def _endpoint_loop(self, target: Target) -> None:
         """The endpoint's claimers: the first polls; the others join in only while claims
         come back full, so a busy endpoint has a claim on its way while the previous one is
-        in the database, and an idle one costs one poll per interval."""
+        in the database, and an idle one costs one poll per interval.
+
+        An endpoint dispatched one message at a time (HTTP) has one claimer: its prefetch
+        covers a claim's round trip instead. Two claims on their way at once split the next
+        messages between them in an order neither knows (the one that carries reports, or
+        waits on a lock, takes its rows later), and whichever answered first went out first:
+        with one request at a time a webhook saw 7,7,6,6,5,5,6,6. One claim after another,
+        each takes the highest of what the previous left, and the prefetch, first in first
+        out, sends messages that were pending together in priority order."""
         busy = self._busy[target.id]
         busy.clear()
-        await asyncio.gather(*(self._claim_loop(target, busy, eager=n > 0)
-                               for n in range(max(1, self.settings.claimers))))
+        dispatcher = self._dispatcher(target.protocol)
+        claimers = self.settings.claimers if dispatcher is not None and dispatcher.batched else 1
+        await asyncio.gather(*(self._claim_loop(target, busy, eager=n > 0) for n in range(max(1, claimers))))
 
     async def _claim_loop(self, target: Target, busy: asyncio.Event, eager: bool) -> None:
         wake = self._wake[target.id]

@@ -19,19 +19,34 @@
 -- pending message could be reported: one scheduled 7 days out became visible at once, an
 -- untouched one on a max_retries 0 topic went to the DLQ. A message taken from under a lapsed
 -- lease (status processing) comes back pending, its lease moved on (the lapsed lease is fenced).
--- True when p_xmax, a row's xmax, is a transaction (or subtransaction) that aborted: the row
--- was deleted or locked by it, and the deletion undone. xmax holds 32 bits; the full id is
--- taken from the current epoch (the previous one when it would lie in the future).
--- pg_xact_status is NULL for an id too old to know: not aborted, as far as anyone can tell.
-CREATE OR REPLACE FUNCTION courier._aborted_xmax(p_xmax xid) RETURNS boolean
+-- A receive loop calls courier.lock_received first, in the same transaction: once it holds the
+-- row, the failure is recorded even if a later attempt's report has already moved it on.
+-- The status of the transaction a row's xmax names ('in progress', 'committed' or 'aborted'),
+-- NULL when there is none or it is too old to know. xmax holds 32 bits; the full id is the one
+-- nearest the snapshot's next id (xids live within 2^31 of it). A row being deleted right now
+-- by a transaction that began after this statement's snapshot has an xmax past that next id:
+-- taking the previous epoch for it, as "past the next id" used to, asked about an id 2^32 away.
+CREATE OR REPLACE FUNCTION courier._xmax_status(p_xmax xid) RETURNS text
 LANGUAGE sql STABLE
 AS $$
-    SELECT CASE WHEN p_xmax::text::bigint < 3 THEN false  -- 0: none; 1 and 2: bootstrap and frozen
-                ELSE pg_xact_status((CASE WHEN f >= n THEN f - 4294967296 ELSE f END)::text::xid8)
-                     IS NOT DISTINCT FROM 'aborted' END
-    FROM (SELECT n, (n & ~4294967295::bigint) | p_xmax::text::bigint AS f
-          FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n) next_xid) full_xid
+    SELECT CASE WHEN p_xmax::text::bigint < 3 OR full_id < 0 THEN NULL  -- 0: none; 1, 2: bootstrap, frozen
+                ELSE pg_xact_status(full_id::text::xid8) END
+    FROM (SELECT CASE WHEN f > n + 2147483648 THEN f - 4294967296 ELSE f END AS full_id
+          FROM (SELECT n, (n & ~4294967295::bigint) | p_xmax::text::bigint AS f
+                FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n) next_xid) same_epoch
+         ) nearest
 $$;
+
+-- True when a row's xmax is a transaction (or subtransaction) that aborted: the row was deleted
+-- or locked by it, and the deletion undone.
+CREATE OR REPLACE FUNCTION courier._aborted_xmax(p_xmax xid) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$ SELECT courier._xmax_status(p_xmax) IS NOT DISTINCT FROM 'aborted' $$;
+
+-- True when the row is locked by the calling transaction itself (courier.lock_received's lock).
+CREATE OR REPLACE FUNCTION courier._xmax_is_current(p_xmax xid) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$ SELECT p_xmax::text::bigint = pg_current_xact_id_if_assigned()::text::bigint & 4294967295 $$;
 
 CREATE OR REPLACE FUNCTION courier.receive_failed(p_topic text, p_id bigint, p_error text DEFAULT NULL)
 RETURNS text
@@ -46,8 +61,10 @@ DECLARE
 BEGIN
     SELECT * INTO v_row FROM courier.queue q
     WHERE q.id = p_id AND q.endpoint_id = v_topic.id AND q.status IN ('pending', 'processing')
-      AND q.visible_at IS NOT NULL AND q.visible_at <= now() AND (q.expires_at IS NULL OR q.expires_at > now())
-      AND courier._aborted_xmax(q.xmax)
+      AND q.visible_at IS NOT NULL AND (q.status = 'pending' OR q.visible_at <= now())  -- never a live lease
+      AND (courier._xmax_is_current(q.xmax)  -- lock_received found it taken by a receive and waited for it
+           OR (q.visible_at <= now() AND (q.expires_at IS NULL OR q.expires_at > now())
+               AND courier._aborted_xmax(q.xmax)))
     FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN 'not_found';
@@ -66,5 +83,43 @@ BEGIN
         RETURN 'dead_lettered';
     END IF;
     RETURN 'retry';
+END
+$$;
+
+-- Locks message p_id of p_topic for the rest of the caller's transaction, waiting while another
+-- receiver holds it, and returns its id, or NULL once it is gone (received and committed
+-- elsewhere). A receive loop whose handler failed rolls its receive back and, in the next
+-- transaction, calls this and then courier.receive_failed before it commits:
+--     ROLLBACK; BEGIN; SELECT courier.lock_received(t, id); SELECT courier.receive_failed(t, id, e); COMMIT;
+-- receive_failed skips a message someone else holds, so a receiver that took the message
+-- between the rollback and the recorded failure used to make the failure go unrecorded, and
+-- that receiver ran it again at once, past the back-off: 9 runs of a handler that failed every
+-- time, against 4 recorded. Waiting here, each attempt is recorded after the other's. (A
+-- savepoint kept the message locked throughout, but a message locked by a transaction and
+-- deleted by its subtransaction carries a multixact, which made every receive 3x dearer.)
+CREATE OR REPLACE FUNCTION courier.lock_received(p_topic text, p_id bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_topic courier.endpoints := courier._pull_topic(p_topic);
+    v_id bigint;
+    v_holder text;
+    v_last_outcome text;
+BEGIN
+    -- Only a message a receive took: its row names a receive that rolled back, or one still
+    -- running (another receiver's, waited for below), or the other receiver that took it since
+    -- the rollback has recorded its own failure first. One nobody took gives NULL.
+    SELECT courier._xmax_status(q.xmax), q.error_history -> -1 ->> 'outcome' INTO v_holder, v_last_outcome
+    FROM courier.queue q
+    WHERE q.id = p_id AND q.endpoint_id = v_topic.id AND q.visible_at IS NOT NULL;
+    IF v_holder IS DISTINCT FROM 'aborted' AND v_holder IS DISTINCT FROM 'in progress'
+       AND v_last_outcome IS DISTINCT FROM 'receive_failed' THEN
+        RETURN NULL;
+    END IF;
+    SELECT q.id INTO v_id FROM courier.queue q
+    WHERE q.id = p_id AND q.endpoint_id = v_topic.id AND q.visible_at IS NOT NULL
+    FOR UPDATE;
+    RETURN v_id;
 END
 $$;

@@ -89,6 +89,7 @@ GRANT EXECUTE ON FUNCTION
     courier.extend_lease(bigint[], integer[], integer),
     courier.release(bigint[], integer[]),
     courier.receive(text, integer),
+    courier.lock_received(text, bigint),
     courier.receive_failed(text, bigint, text),
     courier.peek(text)
 TO courier_application;
