@@ -452,7 +452,7 @@ AS $$
 DECLARE
     v_endpoint courier.endpoints := courier._endpoint_by_name(p_endpoint_name);
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('courier_cb'), v_endpoint.id);
+    PERFORM 1 FROM courier.endpoints WHERE id = v_endpoint.id FOR NO KEY UPDATE;  -- as the breaker does
     UPDATE courier.endpoints
     SET circuit_state = 'closed', circuit_failure_count = 0, circuit_opened_at = NULL,
         circuit_half_open_at = NULL, updated_at = now()

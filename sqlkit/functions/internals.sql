@@ -343,7 +343,9 @@ AS $$
 DECLARE
     v_folded integer;
 BEGIN
-    IF NOT pg_try_advisory_xact_lock(hashtext('courier.compact_queue_depth')) THEN
+    -- A row only the owner can lock (migration 0029), not an advisory key anyone could hold.
+    PERFORM 1 FROM courier.internal_locks WHERE name = 'compact_queue_depth' FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
         RETURN 0;
     END IF;
 

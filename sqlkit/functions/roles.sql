@@ -150,3 +150,7 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA courier TO courier_admin;
 -- courier.send_limits is courier.settings as the sends read it, written only by its trigger:
 -- an admin changes settings, never that copy of them.
 REVOKE INSERT, UPDATE, DELETE ON courier.send_limits FROM courier_admin;
+-- The maintenance lease is taken and renewed only through try_lead_maintenance_v1(): an admin
+-- session that could lock or write its row could stop maintenance as the advisory lock let
+-- anyone do (issue 23).
+REVOKE INSERT, UPDATE, DELETE ON courier.maintenance_lease FROM courier_admin;
