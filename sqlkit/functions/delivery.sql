@@ -445,7 +445,8 @@ BEGIN
     -- Decide everything up front from one read of the claimed rows. The writes below repeat
     -- the lease check, so a claim recovered and handed on meanwhile is never touched.
     WITH reported AS (
-        SELECT u.id, u.lease, u.outcome, u.error, u.response, q.endpoint_id,
+        -- A broker client's error often quotes the URL it used: redacted before anything stores it.
+        SELECT u.id, u.lease, u.outcome, courier._redact_text(u.error) AS error, u.response, q.endpoint_id,
                CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400) END AS retry_after,
                q.retry_count + 1 > coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
                                             v_default_max_retries) AS exhausted,

@@ -216,7 +216,8 @@ BEGIN
         IF courier._is_internal_host(courier._url_host(p_config ->> 'url'))
            AND NOT coalesce((p_config -> 'allow_internal')::boolean, false)
            AND NOT courier._setting_bool('http_allow_internal_urls') THEN
-            RAISE EXCEPTION '[courier] http config.url points at an internal address: "%"', p_config ->> 'url'
+            RAISE EXCEPTION '[courier] http config.url points at an internal address: "%"',
+                            courier._redact_text(p_config ->> 'url')
                 USING ERRCODE = '22023',
                       HINT = 'Loopback, private, link-local and metadata addresses are refused; set "allow_internal": '
                              'true on the endpoint (or the setting http_allow_internal_urls) for a trusted internal service';
