@@ -162,3 +162,16 @@ def test_no_console_pane_or_detail_shows_a_broker_secret(dsn, conn, brokers):
     everything = "\n".join(seen)
     assert "redis connection error" in everything and "password=***" in everything
     assert SECRET not in everything
+
+
+@pytest.mark.parametrize(("protocol", "config"), [
+    ("redis", {"url": f"redis://:{SECRET}@h:99999/0", "stream": "s"}),
+    ("redis", {"url": f"redis://:{SECRET}@h/0 x", "stream": "s"}),
+    ("http", {"url": f"http://u:{SECRET}@127.0.0.1/in"}),
+])
+def test_a_refused_config_is_not_quoted_with_its_secret(conn, protocol, config):
+    import psycopg
+
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+        conn.execute("SELECT courier.create_endpoint('bad', %s, %s)", (protocol, Jsonb(config)))
+    assert "***" in str(refused.value) and SECRET not in str(refused.value)

@@ -261,13 +261,14 @@ BEGIN
     IF v_url !~* ('^(' || array_to_string(p_schemes, '|') || ')://[^/\s?#@]+(@[^/\s?#]+)?(:[0-9]{1,5})?([/?#]\S*)?$')
        OR v_url ~ '[[:cntrl:]]' THEN
         PERFORM courier._raise_invalid(
-            format('%s.%s is not a valid URL: "%s"', p_what, p_key, v_url),
+            format('%s.%s is not a valid URL: "%s"', p_what, p_key, courier._redact_text(v_url)),
             format('Expected a URL starting with %s', array_to_string(
                 ARRAY(SELECT s || '://' FROM unnest(p_schemes) AS s), ' or ')));
     END IF;
     v_port := substring(v_url from '^[A-Za-z0-9+.-]+://(?:[^/?#@]*@)?(?:\[[^]]*\]|[^/?#:@]*):([0-9]+)');
     IF v_port IS NOT NULL AND v_port::integer NOT BETWEEN 1 AND 65535 THEN
-        PERFORM courier._raise_invalid(format('%s.%s has port %s, outside 1-65535: "%s"', p_what, p_key, v_port, v_url));
+        PERFORM courier._raise_invalid(format('%s.%s has port %s, outside 1-65535: "%s"', p_what, p_key, v_port,
+                                              courier._redact_text(v_url)));
     END IF;
 END
 $$;
