@@ -6,6 +6,7 @@ maintenance has stopped critical."""
 from __future__ import annotations
 
 import threading
+import time
 
 import psycopg
 import pytest
@@ -131,3 +132,16 @@ def test_health_check_is_critical_when_live_workers_run_no_maintenance(conn):
     status, detail = health(conn, "maintenance_leader")
     assert status == "critical" and "none leads" in detail and "300 s ago" in detail
     assert not scalar(conn, "SELECT maintenance_leader FROM courier.get_worker_status()")
+
+
+def test_a_session_holding_an_endpoints_send_key_cannot_hang_its_drop(conn, login_as):
+    conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")
+    squatter = login_as("courier_application")
+    assert scalar(squatter, "SELECT pg_try_advisory_lock_shared(hashtext('courier.endpoint'), hashtext('hook'))")
+    pid = scalar(squatter, "SELECT pg_backend_pid()")
+    started = time.monotonic()
+    with pytest.raises(psycopg.errors.LockNotAvailable, match=f"held by session\\(s\\) {pid}"):
+        conn.execute("SELECT courier.drop_endpoint('hook')")
+    assert time.monotonic() - started < 30
+    squatter.execute("SELECT pg_advisory_unlock_all()")
+    assert scalar(conn, "SELECT courier.drop_endpoint('hook')")
