@@ -145,3 +145,33 @@ def test_a_session_holding_an_endpoints_send_key_cannot_hang_its_drop(conn, logi
     assert time.monotonic() - started < 30
     squatter.execute("SELECT pg_advisory_unlock_all()")
     assert scalar(conn, "SELECT courier.drop_endpoint('hook')")
+
+
+def test_a_long_job_on_a_connection_of_its_own_keeps_renewing_the_lease(dsn, conn, monkeypatch):
+    import asyncio
+
+    from console.workers import maintenance
+
+    monkeypatch.setattr(maintenance, "LEASE_RENEWAL_DURING_JOBS", 0.2, raising=False)
+    renewed_meanwhile: list[object] = []
+
+    def long_job(_dsn: str, _budget: float) -> int:  # a VACUUM of a big queue, say
+        first = scalar(conn, "SELECT maintained_at FROM courier.maintenance_lease")
+        time.sleep(1.5)
+        renewed_meanwhile.append(scalar(conn, "SELECT maintained_at > %s FROM courier.maintenance_lease", (first,)))
+        return 0
+
+    leader = maintenance.MaintenanceLeader(dsn, "long")
+    leader._jobs = [maintenance.MaintenanceJob("long", "", 3600, runner=long_job)]
+
+    async def main() -> None:
+        stopping = asyncio.Event()
+        task = asyncio.create_task(leader.run(stopping))
+        deadline = time.monotonic() + 30
+        while not renewed_meanwhile and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        stopping.set()
+        await task
+
+    asyncio.run(main())
+    assert renewed_meanwhile == [True]

@@ -32,6 +32,9 @@ log = logging.getLogger("courier.maintenance")
 
 LEADER_APPLICATION_NAME = "courier-maintenance"
 LOCK_RETRY_PAUSE = 0.5
+LEASE_RENEWAL_DURING_JOBS = 10.0
+"""Seconds between renewals of the lease while a long job runs on a connection of its own
+(the lease lasts 60 s: courier._maintenance_lease_seconds())."""
 DELETE_REAPER_BATCH = 10_000
 
 
@@ -165,7 +168,12 @@ class MaintenanceLeader:
     async def _run_job(self, conn: psycopg.AsyncConnection, job: MaintenanceJob, stopping: asyncio.Event) -> int:
         params = {"batch_size": job.batch, "months_ahead": self.schedule.months_ahead}
         if job.runner is not None:
-            return await asyncio.to_thread(job.runner, self.dsn, self.schedule.job_time_budget)
+            # On a connection of its own, and a VACUUM of a big queue can outlast the lease:
+            # renewed meanwhile, so that nobody else takes over maintenance under a live leader.
+            work = asyncio.ensure_future(asyncio.to_thread(job.runner, self.dsn, self.schedule.job_time_budget))
+            while not (await asyncio.wait({work}, timeout=LEASE_RENEWAL_DURING_JOBS))[0]:
+                await self._hold_lease(conn)
+            return work.result()
         if job.batch is None:
             return await self._retry_lock_waits(conn, job, params, stopping)
         total = 0
