@@ -7,6 +7,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 
+from sqlkit.redaction import redact, redact_text
+
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
 
 
@@ -21,7 +23,10 @@ class JsonLineFormatter(logging.Formatter):
         line.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str)
+        # Messages, extras and exceptions may quote a broker URL or a header: no line leaves
+        # with a secret in it.
+        return json.dumps({key: redact_text(value) if isinstance(value, str) else redact(value)
+                           for key, value in line.items()}, default=lambda value: redact_text(str(value)))
 
 
 def log_json_lines(level: int = logging.INFO) -> None:

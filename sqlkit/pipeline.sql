@@ -128,7 +128,7 @@ SELECT endpoint_id, hour, error_class, occurrences FROM (
     SELECT endpoint_id, hour, error_class, count(*) AS occurrences,
            row_number() OVER (PARTITION BY endpoint_id, hour ORDER BY count(*) DESC, error_class) AS rank
     FROM (SELECT a.endpoint_id, date_trunc('hour', a.completed_at) AS hour,
-                 coalesce(left(split_part(e ->> 'error', ':', 1), 80), e ->> 'outcome', 'unknown') AS error_class
+                 courier.error_class(e ->> 'outcome', e ->> 'error') AS error_class
           FROM courier.archive a, jsonb_array_elements(a.error_history) e
           WHERE a.completed_at >= coalesce(%(from)s::timestamptz, '-infinity') AND a.completed_at < %(to)s) x
     GROUP BY 1, 2, 3

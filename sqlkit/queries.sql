@@ -24,7 +24,7 @@ SELECT courier.validate_endpoint_config(%(protocol)s, %(config)s);
 -- name: list_endpoints
 SELECT e.id, e.name, e.protocol, courier._redact(e.config) AS config, e.retry_policy, e.description,
        e.enabled, e.circuit_state, e.circuit_failure_count, e.last_success_at, e.last_failure_at,
-       e.last_error, e.created_at, e.updated_at,
+       courier._redact_text(e.last_error) AS last_error, e.created_at, e.updated_at,
        coalesce(d.pending, 0)::bigint AS pending_messages,
        coalesce(d.processing, 0)::bigint AS processing_messages,
        lease.visible_at AS next_lease_deadline
@@ -119,14 +119,15 @@ SELECT id, payload, payload_binary, body, metadata, key, created_at FROM courier
 -- may carry credentials: shown redacted, as everywhere else.
 SELECT q.id, e.name AS endpoint_name, q.payload, courier._redact(q.headers) AS headers, q.metadata, q.status, q.priority,
        q.retry_count, q.next_retry_at, q.scheduled_at, q.expires_at, q.idempotency_key,
-       q.correlation_id, q.ordering_key, q.last_error, q.error_history, q.created_at, q.completed_at,
+       q.correlation_id, q.ordering_key, courier._redact_text(q.last_error) AS last_error,
+       courier._redact(q.error_history) AS error_history, q.created_at, q.completed_at,
        q.key, CASE WHEN q.visible_at IS NOT NULL THEN q.lease END AS lease, q.visible_at
 FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
 WHERE q.id = %(id)s
 UNION ALL
 SELECT a.id, coalesce(e.name, '#' || a.endpoint_id), a.payload, courier._redact(a.headers), a.metadata, a.status, a.priority,
        a.retry_count, NULL, a.scheduled_at, a.expires_at, a.idempotency_key,
-       a.correlation_id, a.ordering_key, a.last_error, a.error_history, a.created_at, a.completed_at,
+       a.correlation_id, a.ordering_key, courier._redact_text(a.last_error), courier._redact(a.error_history), a.created_at, a.completed_at,
        a.key, NULL, NULL
 FROM courier.archive a LEFT JOIN courier.endpoints e ON e.id = a.endpoint_id
 WHERE a.id = %(id)s
@@ -145,7 +146,7 @@ WITH wanted AS (
     WHERE %(endpoint)s::text IS NULL OR e.name = %(endpoint)s::text
 )
 SELECT id, endpoint_name, status, priority, retry_count, ordering_key, correlation_id, created_at,
-       scheduled_at, next_retry_at, last_error
+       scheduled_at, next_retry_at, courier._redact_text(last_error) AS last_error
 FROM (
     (SELECT 0 AS part, q.processing_started_at AS claimed_at, q.id, w.name AS endpoint_name, q.status, q.priority,
             q.retry_count, q.ordering_key, q.correlation_id, q.created_at, q.scheduled_at, q.next_retry_at, q.last_error
@@ -205,7 +206,7 @@ LIMIT %(limit)s;
 -- One ordering key's active messages in delivery order: the one in flight, then the pending
 -- ones FIFO (queue_ordering_pending_idx), then finished rows not archived yet, newest first.
 SELECT id, endpoint_name, status, priority, retry_count, ordering_key, correlation_id, created_at,
-       scheduled_at, next_retry_at, last_error
+       scheduled_at, next_retry_at, courier._redact_text(last_error) AS last_error
 FROM (
     (SELECT 0 AS part, q.id, e.name AS endpoint_name, q.status, q.priority, q.retry_count, q.ordering_key,
             q.correlation_id, q.created_at, q.scheduled_at, q.next_retry_at, q.last_error
@@ -247,7 +248,8 @@ LIMIT %(limit)s;
 -- Every message of one correlation id, active or archived, in the order they were sent; both
 -- sides are index probes (queue_correlation_idx, and archive_correlation_idx per partition).
 SELECT m.id, coalesce(e.name, '#' || m.endpoint_id) AS endpoint_name, m.status, m.priority, m.retry_count,
-       m.ordering_key, m.correlation_id, m.created_at, m.scheduled_at, m.next_retry_at, m.last_error
+       m.ordering_key, m.correlation_id, m.created_at, m.scheduled_at, m.next_retry_at,
+       courier._redact_text(m.last_error) AS last_error
 FROM (
     SELECT q.id, q.endpoint_id, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id,
            q.created_at, q.scheduled_at, q.next_retry_at, q.last_error
@@ -352,7 +354,8 @@ SELECT courier.reset_circuit_breaker(%(name)s);
 
 -- name: list_dlq
 -- Newest first, on the primary key.
-SELECT id, original_message_id, endpoint_name, status, retry_count, last_error, correlation_id,
+SELECT id, original_message_id, endpoint_name, status, retry_count, courier._redact_text(last_error) AS last_error,
+       correlation_id,
        original_created_at, failed_at, redriven_at, redriven_message_id
 FROM courier.dlq
 WHERE %(status)s::text IS NULL OR status = %(status)s::text
@@ -370,8 +373,8 @@ WITH failing AS (
     GROUP BY d.endpoint_id
     HAVING sum(d.messages) > 0
 )
-SELECT x.id, x.original_message_id, x.endpoint_name, x.status, x.retry_count, x.last_error, x.correlation_id,
-       x.original_created_at, x.failed_at, x.redriven_at, x.redriven_message_id
+SELECT x.id, x.original_message_id, x.endpoint_name, x.status, x.retry_count,
+       courier._redact_text(x.last_error) AS last_error, x.correlation_id, x.original_created_at, x.failed_at, x.redriven_at, x.redriven_message_id
 FROM failing f
 CROSS JOIN LATERAL (
     SELECT x.id, x.original_message_id, x.endpoint_name, x.status, x.retry_count, x.last_error, x.correlation_id,
@@ -393,7 +396,8 @@ LIMIT %(limit)s;
 -- as a range on purpose: given `=`, the planner drops the constant name from the sort order
 -- and may walk the primary key instead, filtering (39 ms for an endpoint whose 300k entries
 -- sat behind 300k newer ones of another endpoint).
-SELECT id, original_message_id, endpoint_name, status, retry_count, last_error, correlation_id,
+SELECT id, original_message_id, endpoint_name, status, retry_count, courier._redact_text(last_error) AS last_error,
+       correlation_id,
        original_created_at, failed_at, redriven_at, redriven_message_id
 FROM courier.dlq
 WHERE endpoint_name >= %(endpoint)s::text AND endpoint_name <= %(endpoint)s::text
@@ -405,8 +409,9 @@ LIMIT %(limit)s;
 -- Producer headers may carry credentials: show them redacted, as everywhere else.
 SELECT id, original_message_id, endpoint_id, endpoint_name, payload, courier._redact(headers) AS headers,
        metadata, priority, ordering_key, idempotency_key, correlation_id, scheduled_at, expires_at, retry_count,
-       last_error, error_history, status, original_created_at, failed_at, redriven_at, redriven_message_id,
-       original_topic, dlq_moved_at, max_retries, key
+       courier._redact_text(last_error) AS last_error, courier._redact(error_history) AS error_history, status,
+       original_created_at, failed_at, redriven_at, redriven_message_id, original_topic, dlq_moved_at, max_retries,
+       key
 FROM courier.dlq WHERE id = %(id)s;
 
 -- name: dlq_summary
@@ -485,7 +490,8 @@ SELECT message_id, enqueued FROM courier.replay_archived_message(%(archive_id)s,
 SELECT * FROM courier.health_check();
 
 -- name: events_after
-SELECT ev.id, ev.created_at, ev.event_type, e.name AS endpoint, ev.actor, ev.details
+SELECT ev.id, ev.created_at, ev.event_type, e.name AS endpoint, ev.actor,
+       courier._redact(ev.details) AS details  -- rows logged before the rule covered them too
 FROM courier.event_log ev LEFT JOIN courier.endpoints e ON e.id = ev.endpoint_id
 WHERE ev.id > %(after)s
   AND (%(event_type)s::text IS NULL OR ev.event_type LIKE %(event_type)s::text || '%%')
@@ -495,7 +501,8 @@ LIMIT %(limit)s;
 
 -- name: latest_events
 SELECT * FROM (
-    SELECT ev.id, ev.created_at, ev.event_type, e.name AS endpoint, ev.actor, ev.details
+    SELECT ev.id, ev.created_at, ev.event_type, e.name AS endpoint, ev.actor,
+       courier._redact(ev.details) AS details  -- rows logged before the rule covered them too
     FROM courier.event_log ev LEFT JOIN courier.endpoints e ON e.id = ev.endpoint_id
     WHERE (%(event_type)s::text IS NULL OR ev.event_type LIKE %(event_type)s::text || '%%')
       AND (%(endpoint)s::text IS NULL OR e.name = %(endpoint)s::text)

@@ -124,6 +124,46 @@ def test_broker_credentials_are_redacted_where_configs_show(conn):
     assert {e.protocol for e in endpoints.list_all(conn)} == {"amqp", "redis", "mqtt", "nats"}
 
 
+def test_no_broker_secret_reaches_errors_the_dlq_the_event_log_or_the_worker_log(dsn, conn):
+    """Issue 23, item 10: a worker delivering to brokers with credentials in every URL form,
+    each refused or unreachable: the errors the brokers' clients raise are recorded, logged and
+    shown with the credentials redacted."""
+    for protocol in PORTS:
+        require_broker(protocol)
+    secret = "Zq9sEcReT"
+    closed = 1  # nothing listens on port 1: a connection error that may quote the URL
+    urls = {"redis-pass": ("redis", f"redis://:{secret}@127.0.0.1:{PORTS['redis']}/0"),
+            "redis-query": ("redis", f"redis://127.0.0.1:{PORTS['redis']}/0?password={secret}"),
+            "redis-closed": ("redis", f"redis://user:{secret}@127.0.0.1:{closed}/0"),
+            "amqp-at": ("amqp", f"amqp://guest:p@ss:{secret}@127.0.0.1:{PORTS['amqp']}/"),
+            "amqp-closed": ("amqp", f"amqp://guest:{secret}@127.0.0.1:{closed}/"),
+            "mqtt-closed": ("mqtt", f"mqtt://dev:{secret}@127.0.0.1:{closed}"),
+            "nats-token": ("nats", f"nats://{secret}@127.0.0.1:{closed}"),
+            "nats-tls": ("nats", f"tls://u:{secret}@127.0.0.1:{closed}")}
+    extra = {"redis": {"stream": "s"}, "amqp": {"routing_key": "k"}, "mqtt": {"topic": "t"}, "nats": {"subject": "s"}}
+    for name, (protocol, url) in urls.items():
+        conn.execute("SELECT courier.create_endpoint(%s, %s, %s::jsonb, '{\"max_retries\": 0}'::jsonb)",
+                     (name, protocol, json.dumps({"url": url, "timeout": 2, **extra[protocol]})))
+        conn.execute("SELECT courier.send(%s, '{}')", (name,))
+    worker = start_worker_process(dsn)
+    try:
+        deadline = time.monotonic() + 90
+        while scalar(conn, "SELECT count(*) FROM courier.queue") > 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    recorded = conn.execute("SELECT endpoint_name, last_error, error_history::text FROM courier.dlq").fetchall()
+    # Redis accepts a password it does not need: those two are delivered, the rest fail.
+    assert {row[0] for row in recorded} == set(urls) - {"redis-pass", "redis-query"}, recorded
+    everything = " ".join([str(recorded), str(conn.execute("SELECT details FROM courier.event_log").fetchall()),
+                           str(conn.execute("SELECT last_error FROM courier.endpoints").fetchall()),
+                           str(conn.execute("SELECT last_error, error_history FROM courier.archive").fetchall()),
+                           worker.stdout.read(), worker.stderr.read()])
+    assert "***" in everything
+    assert secret not in everything
+
+
 # End to end -------------------------------------------------------------------------------
 
 def test_each_message_arrives_once_with_payload_and_headers(dsn, conn, protocol):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from tests import test_roles_and_psql
 from tests.helpers import scalar
@@ -198,3 +199,51 @@ def test_monitor_sees_counts_states_and_health(conn, billing, login_as):
         "SELECT * FROM courier.metrics() UNION ALL SELECT check_name, 0, to_jsonb(detail), status "
         "FROM courier.health_check()").fetchall())
     assert "s3cret" not in everything and "4111" not in everything
+
+
+CARD = "4111111111111111"
+
+
+def test_monitor_reads_no_text_an_application_wrote(conn, login_as):
+    """Issue 23, item 11: error classes were the first 80 characters of each error, and a pull
+    consumer's nack error is the application's own text. Every column and function the
+    monitor can read, after the analytics have run, holds none of it."""
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
+    conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")
+    app = login_as("courier_application")
+    app.execute("SELECT courier.enqueue('orders', '{\"n\": 1}')")
+    taken = app.execute("SELECT id, lease FROM courier.dequeue('orders', 1)").fetchone()
+    app.execute("SELECT * FROM courier.nack(%s, %s, %s)",
+                (taken[0], taken[1], f"card {CARD} of Jane Roe declined: insufficient funds"))
+    again = app.execute("SELECT id, lease FROM courier.dequeue('orders', 1)").fetchone()
+    app.execute("SELECT * FROM courier.nack(%s, %s, %s)", (again[0], again[1], f"Jane Roe, {CARD}"))
+    history = scalar(conn, "SELECT error_history FROM courier.queue WHERE id = %s", (taken[0],))
+    assert CARD in str(history)  # the consumer's text is kept, for those allowed to read it
+    # Archived as it will be, next to a push delivery's failure whose reason quotes a body.
+    pushed = [{"outcome": "permanent", "error": f"[PERMANENT] HTTP 422 {CARD}: Jane Roe"}]
+    conn.execute("INSERT INTO courier.archive (id, endpoint_id, payload, status, error_history, completed_at, "
+                 "created_at) "
+                 "VALUES (9001, 1, '{}', 'completed', %s, now(), now()), (9002, 2, '{}', 'failed', %s, now(), now())",
+                 (Jsonb(history), Jsonb(pushed)))
+    from sqlkit import analytics as store
+
+    found = store.rows(conn, "sql_analytics_errors", {"from": None, "to": "2100-01-01", "top": 5})
+    for row in found:  # as the analytics job stores them (tests/test_pipeline.py: Spark agrees)
+        conn.execute("INSERT INTO courier.analytics_errors VALUES (%(endpoint_id)s, %(hour)s, %(error_class)s, "
+                     "%(occurrences)s)", row)
+    assert {row["error_class"] for row in found} == {"nack", "HTTP 422"}
+
+    monitor = login_as("courier_monitor")
+    readable = conn.execute("""
+        SELECT c.relname, string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
+        FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+        WHERE c.relnamespace = 'courier'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm')
+          AND has_column_privilege('courier_monitor', c.oid, a.attnum, 'SELECT')
+        GROUP BY c.relname""").fetchall()
+    assert "analytics_errors" in {name for name, _ in readable}
+    seen = [str(monitor.execute(f"SELECT {columns} FROM courier.{name}").fetchall()) for name, columns in readable]
+    for function in ("metrics()", "health_check()", "dlq_summary()", "get_worker_status()", "topics()",
+                     "get_endpoint_health(NULL)", "archive_partitions()"):
+        seen.append(str(monitor.execute(f"SELECT * FROM courier.{function}").fetchall()))
+    everything = " ".join(seen)
+    assert CARD not in everything and "Jane" not in everything

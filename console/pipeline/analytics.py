@@ -20,6 +20,15 @@ ERROR_ENTRY = "array<struct<outcome:string,error:string>>"
 HOURLY = ("endpoint_id", "hour", "delivered", "failed", "expired", "dead_lettered", "p50_ms", "p95_ms", "p99_ms",
           "run_id")
 COLUMNS = "endpoint_id,status,retry_count,error_history,completed_at,created_at"
+# Error classes as courier.error_class() (functions/observability.sql) derives them: the
+# monitor role reads them, so they are words of Courier's, never an application's text.
+OUTCOMES_OF_THEIR_OWN_CLASS = ("nack", "receive_failed", "stale", "lease_expired")
+WORKER_OUTCOMES = ("retryable", "permanent", "disable")
+HTTP_STATUS = r"^(\[[A-Z]+\] )?(HTTP [0-9]{3})"
+ERROR_CLASSES = (("timeout|timed out", "timeout"), ("back-pressure", "back-pressure"),
+                 ("too large|larger than", "too large"), ("connection", "connection"),
+                 ("internal address", "internal address"), ("refused|denied|permission", "refused"),
+                 ("not found|does not exist|no jetstream stream", "not found"))
 
 
 @dataclass(frozen=True)
@@ -75,8 +84,12 @@ def compute(spark: SparkSession, dsn: str, since: datetime | None, until: dateti
         reader = reader.option("since", since.isoformat())
     # Only the derived columns are cached: the raw error histories are the bulk of each row.
     def error_class(entry: Any) -> Any:
-        return F.coalesce(F.substring(F.substring_index(entry["error"], ":", 1), 1, 80), entry["outcome"],
-                          F.lit("unknown"))
+        outcome, error = entry["outcome"], entry["error"]
+        found = F.when(outcome.isin(*OUTCOMES_OF_THEIR_OWN_CLASS), outcome).when(
+            error.rlike(HTTP_STATUS), F.regexp_extract(error, HTTP_STATUS, 2))
+        for pattern, name in ERROR_CLASSES:
+            found = found.when(error.rlike(f"(?i){pattern}"), F.lit(name))
+        return found.when(outcome.isin(*WORKER_OUTCOMES), outcome).otherwise(F.lit("unknown"))
 
     archived = (reader.load().select(
         "endpoint_id", "status", "retry_count", F.date_trunc("hour", "completed_at").alias("hour"),

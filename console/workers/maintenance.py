@@ -1,11 +1,13 @@
 """The maintenance leader: one worker in the cluster runs expiry, stale recovery, archiving,
-partition upkeep and retention, elected by a session advisory lock.
+partition upkeep and retention, elected by a lease in the database.
 
 Every pool runs a `MaintenanceLeader`. It holds a connection of its own; whichever one's
-`try_lead_maintenance_v1()` wins the lock leads until that connection ends, so when a
-leader dies the server releases its lock and another worker wins the next election, within
-`election_interval` seconds. The jobs themselves are SQL functions; this module only keeps
-their schedule.
+`try_lead_maintenance_v1()` wins the lease leads while it renews it (before every job) from
+that connection. When a leader dies its session ends and another worker wins the next
+election, within `election_interval` seconds; a leader that hangs loses the lease when it
+expires. The lease is a row only Courier's owner writes: unlike the advisory lock it replaced,
+no other database user can hold it. The jobs themselves are SQL functions; this module only
+keeps their schedule.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ log = logging.getLogger("courier.maintenance")
 
 LEADER_APPLICATION_NAME = "courier-maintenance"
 LOCK_RETRY_PAUSE = 0.5
+LEASE_RENEWAL_DURING_JOBS = 10.0
+"""Seconds between renewals of the lease while a long job runs on a connection of its own
+(the lease lasts 60 s: courier._maintenance_lease_seconds())."""
 DELETE_REAPER_BATCH = 10_000
 
 
@@ -117,23 +122,27 @@ class MaintenanceLeader:
                 self.is_leader = False
                 if conn is not None:
                     with contextlib.suppress(Exception):
-                        await conn.close()  # closing the session releases the lock
+                        await conn.close()  # the session's end frees the lease
 
     async def _campaign_and_lead(self, conn: psycopg.AsyncConnection, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
-            if not self.is_leader:
-                self.is_leader = bool(await queries.fetch_value_async(
-                    conn, "try_lead_maintenance", {"worker_id": self.worker_id}))
-                if self.is_leader:
-                    log.info("elected maintenance leader", extra={"worker_id": self.worker_id})
-                    self._next_run = {}  # a new leader runs everything at once: startup recovery
-                else:
-                    await _sleep_unless(stopping, self.schedule.election_interval)
-                    continue
+            if not await self._hold_lease(conn):
+                await _sleep_unless(stopping, self.schedule.election_interval)
+                continue
             await self._run_due_jobs(conn, stopping)
             await _sleep_unless(stopping, 1.0)
-            # A dead connection must not go on believing it leads.
-            await queries.fetch_value_async(conn, "ping")
+
+    async def _hold_lease(self, conn: psycopg.AsyncConnection) -> bool:
+        """Takes the maintenance lease, or renews it while leading; False when another worker
+        holds it (a leader whose lease expired while it hung learns here that it lost it)."""
+        leads = bool(await queries.fetch_value_async(conn, "try_lead_maintenance", {"worker_id": self.worker_id}))
+        if leads and not self.is_leader:
+            log.info("elected maintenance leader", extra={"worker_id": self.worker_id})
+            self._next_run = {}  # a new leader runs everything at once: startup recovery
+        elif self.is_leader and not leads:
+            log.warning("maintenance lease lost to another worker", extra={"worker_id": self.worker_id})
+        self.is_leader = leads
+        return leads
 
     async def _run_due_jobs(self, conn: psycopg.AsyncConnection, stopping: asyncio.Event) -> None:
         for job in self._jobs:
@@ -142,12 +151,15 @@ class MaintenanceLeader:
             now = time.monotonic()
             if self._next_run.get(job.name, 0.0) > now:
                 continue
+            # Renewed before every job, so that a leader never starts one after its lease passed.
+            if not await self._hold_lease(conn):
+                return
             self._next_run[job.name] = now + job.every
             try:
                 done = await self._run_job(conn, job, stopping)
             except CourierError as error:
                 if isinstance(error, DatabaseUnavailable) or conn.closed:
-                    raise  # the connection is gone, and the lock with it
+                    raise  # the connection is gone, and the lease with it
                 log.warning("maintenance job failed", extra={"job": job.name, "error": error.one_line()})
                 continue
             if done:
@@ -156,7 +168,12 @@ class MaintenanceLeader:
     async def _run_job(self, conn: psycopg.AsyncConnection, job: MaintenanceJob, stopping: asyncio.Event) -> int:
         params = {"batch_size": job.batch, "months_ahead": self.schedule.months_ahead}
         if job.runner is not None:
-            return await asyncio.to_thread(job.runner, self.dsn, self.schedule.job_time_budget)
+            # On a connection of its own, and a VACUUM of a big queue can outlast the lease:
+            # renewed meanwhile, so that nobody else takes over maintenance under a live leader.
+            work = asyncio.ensure_future(asyncio.to_thread(job.runner, self.dsn, self.schedule.job_time_budget))
+            while not (await asyncio.wait({work}, timeout=LEASE_RENEWAL_DURING_JOBS))[0]:
+                await self._hold_lease(conn)
+            return work.result()
         if job.batch is None:
             return await self._retry_lock_waits(conn, job, params, stopping)
         total = 0

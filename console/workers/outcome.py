@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from sqlkit.redaction import redact_text
+
 
 class OutcomeKind(StrEnum):
     SUCCESS = "success"
@@ -16,6 +18,9 @@ class OutcomeKind(StrEnum):
 
 @dataclass(frozen=True)
 class Outcome:
+    """Errors are redacted as they are made: a broker client's exception text often quotes the
+    URL it connected with, and errors end up in logs, the DLQ and the event log."""
+
     kind: OutcomeKind
     error: str | None = None
     retry_after: int | None = None
@@ -27,12 +32,12 @@ class Outcome:
 
     @classmethod
     def retryable(cls, error: str, retry_after: int | None = None) -> Outcome:
-        return cls(OutcomeKind.RETRYABLE, f"[RETRYABLE] {error}", retry_after)
+        return cls(OutcomeKind.RETRYABLE, f"[RETRYABLE] {redact_text(error)}", retry_after)
 
     @classmethod
     def permanent(cls, error: str) -> Outcome:
-        return cls(OutcomeKind.PERMANENT, f"[PERMANENT] {error}")
+        return cls(OutcomeKind.PERMANENT, f"[PERMANENT] {redact_text(error)}")
 
     @classmethod
     def disable(cls, error: str) -> Outcome:
-        return cls(OutcomeKind.DISABLE, f"[DISABLE] {error}")
+        return cls(OutcomeKind.DISABLE, f"[DISABLE] {redact_text(error)}")

@@ -145,23 +145,60 @@ $$;
 
 -- The maintenance leader --------------------------------------------------------------------
 
--- Tries to make the calling connection the maintenance leader: a session advisory lock,
--- held until that connection ends, so a dead leader's lock is released with its
--- connection and another worker wins the next election. Returns whether it won.
+-- Tries to make the calling connection the maintenance leader, or, if it leads already, renews
+-- its lease and records that it is still running maintenance. Leadership is a lease in
+-- courier.maintenance_lease (migration 0029), a row only courier_owner writes and nobody else
+-- can lock, rather than an advisory lock, which any database user could take and hold to
+-- stop maintenance. A lease passes to another connection when its holder's session has
+-- ended (at once: a killed leader's connection closes with it) or when its holder stopped
+-- renewing it (a hung leader, after maintenance_lease_seconds). The row lock makes
+-- concurrent candidates take turns, so two never both win. Returns whether the caller leads.
 CREATE OR REPLACE FUNCTION courier.try_lead_maintenance_v1(p_worker_id text) RETURNS boolean
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
+DECLARE
+    v_lease courier.maintenance_lease;
+    v_mine boolean;
 BEGIN
-    IF NOT pg_try_advisory_lock(1668248946, 2) THEN  -- ('cour', 2): Courier's maintenance lock
+    SELECT * INTO STRICT v_lease FROM courier.maintenance_lease FOR UPDATE;
+    v_mine := v_lease.backend_pid = pg_backend_pid() AND v_lease.worker_id = p_worker_id
+              AND v_lease.expires_at > now();
+    IF NOT v_mine AND v_lease.expires_at > now()
+       AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = v_lease.backend_pid) THEN
         RETURN false;
     END IF;
-    UPDATE courier.workers SET leader_backend_pid = NULL WHERE leader_backend_pid IS NOT NULL;
-    UPDATE courier.workers SET leader_backend_pid = pg_backend_pid() WHERE worker_id = p_worker_id;
-    PERFORM courier._log_event('maintenance.leader_elected', NULL,
-        jsonb_build_object('worker_id', p_worker_id, 'backend_pid', pg_backend_pid()));
+    UPDATE courier.maintenance_lease
+    SET worker_id = p_worker_id, backend_pid = pg_backend_pid(),
+        expires_at = now() + make_interval(secs => courier._maintenance_lease_seconds()),
+        elected_at = CASE WHEN v_mine THEN elected_at ELSE now() END,
+        maintained_at = now();
+    IF NOT v_mine THEN
+        UPDATE courier.workers SET leader_backend_pid = NULL WHERE leader_backend_pid IS NOT NULL;
+        UPDATE courier.workers SET leader_backend_pid = pg_backend_pid() WHERE worker_id = p_worker_id;
+        PERFORM courier._log_event('maintenance.leader_elected', NULL,
+            jsonb_build_object('worker_id', p_worker_id, 'backend_pid', pg_backend_pid()));
+    END IF;
     RETURN true;
 END
+$$;
+
+-- How long a maintenance lease lasts unrenewed. The leader renews it before every job, and
+-- every job keeps to a time budget of seconds: a leader that stops renewing for this long is
+-- hung, and health_check() calls that critical.
+CREATE OR REPLACE FUNCTION courier._maintenance_lease_seconds() RETURNS integer
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT 60 $$;
+
+-- The live maintenance leader's worker id and when it last ran maintenance; no row when no
+-- live session holds an unexpired lease.
+CREATE OR REPLACE FUNCTION courier._maintenance_leader()
+RETURNS TABLE (worker_id text, backend_pid integer, maintained_at timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT l.worker_id, l.backend_pid, l.maintained_at FROM courier.maintenance_lease l
+    WHERE l.expires_at > now() AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.backend_pid)
 $$;
 
 -- Heartbeat rows of workers that stopped or died more than p_after_seconds ago; every

@@ -55,7 +55,7 @@ SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
     v_topic courier.endpoints := courier._pull_topic(p_topic);
-    v_error text := left(p_error, 10000);
+    v_error text := courier._redact_text(left(p_error, 10000));
     v_row courier.queue;
     v_exhausted boolean;
 BEGIN

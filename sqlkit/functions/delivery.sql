@@ -90,7 +90,8 @@ END
 $$;
 
 -- Applies the circuit breaker to one endpoint after a batch: p_failures retryable failures
--- and p_successes successes. Updates are serialised per endpoint by an advisory lock.
+-- and p_successes successes. Updates are serialised per endpoint by its row lock (an advisory
+-- key, which any database user can hold, let one stop every report for the endpoint).
 CREATE OR REPLACE FUNCTION courier._update_circuit_breaker(p_endpoint_id integer, p_successes integer, p_failures integer)
 RETURNS void
 LANGUAGE plpgsql
@@ -109,8 +110,7 @@ BEGIN
                                     AND circuit_failure_count = 0) THEN
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtext('courier_cb'), p_endpoint_id);
-    SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id;
+    SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -467,7 +467,8 @@ BEGIN
     -- Decide everything up front from one read of the claimed rows. The writes below repeat
     -- the lease check, so a claim recovered and handed on meanwhile is never touched.
     WITH reported AS (
-        SELECT u.id, u.lease, u.outcome, u.error, u.response, q.endpoint_id,
+        -- A broker client's error often quotes the URL it used: redacted before anything stores it.
+        SELECT u.id, u.lease, u.outcome, courier._redact_text(u.error) AS error, u.response, q.endpoint_id,
                CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400) END AS retry_after,
                q.retry_count + 1 > coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
                                             v_default_max_retries) AS exhausted,

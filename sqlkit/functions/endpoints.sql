@@ -219,7 +219,7 @@ BEGIN
     IF courier._is_internal_host(courier._url_host(p_config ->> 'url'))
        AND NOT coalesce((p_config -> 'allow_internal')::boolean, false)
        AND NOT courier._setting_bool('http_allow_internal_urls') THEN
-        RAISE EXCEPTION '[courier] %.url points at an internal address: "%"', p_what, p_config ->> 'url'
+        RAISE EXCEPTION '[courier] %.url points at an internal address: "%"', p_what, courier._redact_text(p_config ->> 'url')
             USING ERRCODE = '22023',
                   HINT = 'Loopback, private, link-local and metadata addresses are refused; set "allow_internal": '
                          'true on the endpoint (or the setting http_allow_internal_urls) for a trusted internal service';
@@ -478,10 +478,29 @@ DECLARE
     v_endpoint courier.endpoints;
     v_active bigint;
     v_deleted bigint;
+    v_lock_timeout text := current_setting('lock_timeout');
 BEGIN
     -- Wait for sends under way to this endpoint to commit (see _hold_endpoint_for_send), so
-    -- that their messages are counted and deleted here rather than orphaned.
-    PERFORM pg_advisory_xact_lock(hashtext('courier.endpoint'), hashtext(p_name));
+    -- that their messages are counted and deleted here rather than orphaned. For a while
+    -- only: any database user can take this advisory key, and a session holding it must not
+    -- hang the drop for good (issue 23); the error names it.
+    IF current_setting('lock_timeout') = '0' THEN
+        PERFORM set_config('lock_timeout', '10s', true);
+    END IF;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtext('courier.endpoint'), hashtext(p_name));
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION '[courier] endpoint "%" is held by session(s) %, which have not committed', p_name,
+            (SELECT string_agg(DISTINCT l.pid::text, ', ') FROM pg_locks l
+             WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database
+                                                                          WHERE datname = current_database())
+               AND l.classid = hashtext('courier.endpoint')::oid AND l.objid = hashtext(p_name)::oid
+               AND l.objsubid = 2)
+            USING ERRCODE = '55P03',
+                  HINT = 'A send holds it until its transaction ends; end a session that holds it longer '
+                         '(pg_terminate_backend) and drop again';
+    END;
+    PERFORM set_config('lock_timeout', v_lock_timeout, true);
     v_endpoint := courier._endpoint_by_name(p_name);
     PERFORM 1 FROM courier.endpoints WHERE id = v_endpoint.id FOR UPDATE;
     SELECT coalesce(sum(messages), 0) INTO v_active FROM courier.queue_depth
@@ -508,7 +527,7 @@ AS $$
 DECLARE
     v_endpoint courier.endpoints := courier._endpoint_by_name(p_endpoint_name);
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('courier_cb'), v_endpoint.id);
+    PERFORM 1 FROM courier.endpoints WHERE id = v_endpoint.id FOR NO KEY UPDATE;  -- as the breaker does
     UPDATE courier.endpoints
     SET circuit_state = 'closed', circuit_failure_count = 0, circuit_opened_at = NULL,
         circuit_half_open_at = NULL, updated_at = now()

@@ -12,8 +12,24 @@ CREATE OR REPLACE FUNCTION courier._setting_bool(p_name text) RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$ BEGIN RETURN (SELECT value::boolean FROM courier.settings WHERE name = p_name); END $$;
 
--- Replaces the value of every key that looks like a secret, at any depth, and the password
--- of any URL with credentials in it (amqp://user:password@host).
+-- Courier's one redaction rule (issue 23), defined with sqlkit/redaction.py, which holds the
+-- same patterns for text that never reaches the database (worker log lines):
+-- tests/test_redaction.py requires the two to agree on a corpus. In text: a URL's user-info up
+-- to the last @ of its authority (keeping a username before the first colon), the value after
+-- a secret-looking name and = or : (query parameters, headers, JSON), and query parameters
+-- named *key* or *sig*. Greedy quantifiers only, so PostgreSQL's longest match is Python's.
+CREATE OR REPLACE FUNCTION courier._redact_text(p_text text) RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT pg_catalog.regexp_replace(pg_catalog.regexp_replace(pg_catalog.regexp_replace(p_text,
+        '([a-z][a-z0-9+.-]*://)([^/?#@:\s"]*:)?[^/?#\s"]*@', '\1\2***@', 'gi'),
+        '([a-z0-9_-]*(secret|pass|pwd|token|auth|api[_-]?key|credential|signing|cookie)[a-z0-9_-]*["'']?\s*[:=]\s*["'']?)((bearer|basic|token|digest)\s+)?[^\s"''&,;)}\]]+',
+        '\1***', 'gi'),
+        '([?&;][a-z0-9_.-]*(key|sig)[a-z0-9_.-]*=)[^&#\s"'']+', '\1***', 'gi')
+$$;
+
+-- The same rule over a document: the value of every key that looks like a secret, at any
+-- depth, and every string by _redact_text().
 CREATE OR REPLACE FUNCTION courier._redact(p_doc jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, courier, pg_temp
@@ -22,7 +38,7 @@ AS $$
         WHEN 'object' THEN (
             SELECT coalesce(jsonb_object_agg(
                 key,
-                CASE WHEN key ~* '(secret|password|passwd|token|authorization|api[_-]?key|credential|signing)'
+                CASE WHEN key ~* '(secret|pass|pwd|token|auth|api[_-]?key|credential|signing|cookie|private[_-]?key)'
                           AND jsonb_typeof(value) <> 'object'
                      THEN to_jsonb('***'::text)
                      ELSE courier._redact(value) END), '{}'::jsonb)
@@ -30,8 +46,7 @@ AS $$
         WHEN 'array' THEN (
             SELECT coalesce(jsonb_agg(courier._redact(value) ORDER BY ord), '[]'::jsonb)
             FROM jsonb_array_elements(p_doc) WITH ORDINALITY AS e(value, ord))
-        WHEN 'string' THEN
-            to_jsonb(regexp_replace(p_doc #>> '{}', '^([a-z][a-z0-9+.-]*://[^/?#@:]*:)[^/?#@]*@', '\1***@', 'i'))
+        WHEN 'string' THEN to_jsonb(courier._redact_text(p_doc #>> '{}'))
         ELSE p_doc
     END
 $$;
@@ -246,13 +261,14 @@ BEGIN
     IF v_url !~* ('^(' || array_to_string(p_schemes, '|') || ')://[^/\s?#@]+(@[^/\s?#]+)?(:[0-9]{1,5})?([/?#]\S*)?$')
        OR v_url ~ '[[:cntrl:]]' THEN
         PERFORM courier._raise_invalid(
-            format('%s.%s is not a valid URL: "%s"', p_what, p_key, v_url),
+            format('%s.%s is not a valid URL: "%s"', p_what, p_key, courier._redact_text(v_url)),
             format('Expected a URL starting with %s', array_to_string(
                 ARRAY(SELECT s || '://' FROM unnest(p_schemes) AS s), ' or ')));
     END IF;
     v_port := substring(v_url from '^[A-Za-z0-9+.-]+://(?:[^/?#@]*@)?(?:\[[^]]*\]|[^/?#:@]*):([0-9]+)');
     IF v_port IS NOT NULL AND v_port::integer NOT BETWEEN 1 AND 65535 THEN
-        PERFORM courier._raise_invalid(format('%s.%s has port %s, outside 1-65535: "%s"', p_what, p_key, v_port, v_url));
+        PERFORM courier._raise_invalid(format('%s.%s has port %s, outside 1-65535: "%s"', p_what, p_key, v_port,
+                                              courier._redact_text(v_url)));
     END IF;
 END
 $$;
@@ -343,7 +359,9 @@ AS $$
 DECLARE
     v_folded integer;
 BEGIN
-    IF NOT pg_try_advisory_xact_lock(hashtext('courier.compact_queue_depth')) THEN
+    -- A row only the owner can lock (migration 0029), not an advisory key anyone could hold.
+    PERFORM 1 FROM courier.internal_locks WHERE name = 'compact_queue_depth' FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
         RETURN 0;
     END IF;
 

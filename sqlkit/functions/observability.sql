@@ -102,12 +102,9 @@ AS $$
     SELECT w.worker_id, w.hostname, w.pid, w.state, w.concurrency, w.in_flight, w.delivered, w.failed,
            w.started_at, w.last_heartbeat,
            w.state <> 'stopped' AND w.last_heartbeat > now() - interval '30 seconds',
-           w.leader_backend_pid IS NOT NULL AND EXISTS (
-               SELECT 1 FROM pg_locks l
-               WHERE l.locktype = 'advisory' AND l.granted AND l.pid = w.leader_backend_pid
-                 AND l.classid = 1668248946 AND l.objid = 2 AND l.objsubid = 2
-                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+           coalesce(w.worker_id = leader.worker_id, false)
     FROM courier.workers w
+    LEFT JOIN courier._maintenance_leader() leader ON true
     ORDER BY w.started_at
 $$;
 
@@ -192,6 +189,7 @@ DECLARE
     v_oldest timestamptz;
     v_alive integer;
     v_leader boolean;
+    v_maintained timestamptz;
     v_names text;
     v_count bigint;
 BEGIN
@@ -226,12 +224,26 @@ BEGIN
     detail := format('%s worker(s) alive, %s message(s) pending', v_alive, v_pending);
     RETURN NEXT;
 
+    -- Critical once workers have been alive a lease's length with nobody running maintenance
+    -- (no expiry, stale recovery, archiving or partition upkeep): a leader that stopped renewing
+    -- its lease, or none elected. Just after workers start, an election is still due.
+    SELECT l.maintained_at INTO v_maintained FROM courier.maintenance_lease l;
+    SELECT min(w.started_at) INTO v_oldest FROM courier.workers w
+    WHERE w.state <> 'stopped' AND w.last_heartbeat > now() - interval '30 seconds';
     check_name := 'maintenance_leader';
     value := v_leader::integer;
-    status := CASE WHEN v_leader OR v_alive = 0 THEN 'ok' ELSE 'warning' END;
-    detail := CASE WHEN v_leader THEN 'a live worker holds the maintenance lock'
-                   WHEN v_alive = 0 THEN 'no workers running'
-                   ELSE 'workers are alive but none leads maintenance' END;
+    status := CASE WHEN v_alive = 0 THEN 'ok'
+                   WHEN greatest(v_maintained, v_oldest)
+                        < now() - make_interval(secs => courier._maintenance_lease_seconds()) THEN 'critical'
+                   WHEN v_leader THEN 'ok'
+                   ELSE 'warning' END;
+    detail := CASE WHEN v_alive = 0 THEN 'no workers running'
+                   ELSE concat_ws('; ',
+                       CASE WHEN v_leader THEN 'a live worker holds the maintenance lease'
+                            ELSE 'workers are alive but none leads maintenance' END,
+                       CASE WHEN v_maintained IS NULL THEN 'maintenance has never run'
+                            ELSE format('maintenance last ran %s s ago',
+                                        round(extract(epoch FROM now() - v_maintained)::numeric)) END) END;
     RETURN NEXT;
 
     SELECT count(*), string_agg(e.name, ', ' ORDER BY e.name) INTO v_count, v_names
@@ -276,4 +288,29 @@ BEGIN
                    ELSE 'partitions exist for this month and the next' END;
     RETURN NEXT;
 END
+$$;
+
+-- The class of one failed attempt (an error_history entry) for the analytics aggregates,
+-- which the monitor role reads: a word of Courier's vocabulary, never text an application
+-- wrote. A pull consumer's nack and receive_failed errors are the application's own words
+-- (card numbers, names), so their class is the outcome alone; a worker's error starts with
+-- text Courier wrote, from which only an HTTP status or a kind of failure is taken. The
+-- Spark job (console/pipeline/analytics.py, ERROR_CLASSES) computes the same classes.
+CREATE OR REPLACE FUNCTION courier.error_class(p_outcome text, p_error text) RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT CASE
+        WHEN p_outcome IN ('nack', 'receive_failed', 'stale', 'lease_expired') THEN p_outcome
+        WHEN p_error ~ '^(\[[A-Z]+\] )?HTTP [0-9]{3}' THEN substring(p_error FROM 'HTTP [0-9]{3}')
+        WHEN p_error ~* 'timeout|timed out' THEN 'timeout'
+        WHEN p_error ~* 'back-pressure' THEN 'back-pressure'
+        WHEN p_error ~* 'too large|larger than' THEN 'too large'
+        WHEN p_error ~* 'connection' THEN 'connection'
+        WHEN p_error ~* 'internal address' THEN 'internal address'
+        WHEN p_error ~* 'refused|denied|permission' THEN 'refused'
+        WHEN p_error ~* 'not found|does not exist|no jetstream stream' THEN 'not found'
+        WHEN p_outcome IN ('retryable', 'permanent', 'disable') THEN p_outcome
+        ELSE 'unknown'
+    END
 $$;

@@ -613,7 +613,7 @@ SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_error text := left(p_error, 10000);
+    v_error text := courier._redact_text(left(p_error, 10000));
     v_nacked bigint[];
     v_dead bigint[];
 BEGIN

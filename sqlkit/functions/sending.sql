@@ -37,8 +37,11 @@ BEGIN
        OR (TG_OP = 'INSERT' AND NEW.messages <= 0) THEN
         RETURN NULL;
     END IF;
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(pg_catalog.hashtext('courier.sends_committing'),
-                                                    NEW.endpoint_id);
+    -- Tried, never waited for: any database user can hold an advisory key, and one holding
+    -- this one exclusively must not hold up every commit of a send (issue 23). Without it a
+    -- worker's linger may miss this commit; its wake-up and the poll still find the messages.
+    PERFORM pg_catalog.pg_try_advisory_xact_lock_shared(pg_catalog.hashtext('courier.sends_committing'),
+                                                        NEW.endpoint_id);
     IF pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('courier.wake_workers'), NEW.endpoint_id) THEN
         PERFORM pg_catalog.pg_notify('courier_new_msg', NEW.endpoint_id::text);
     END IF;
@@ -213,10 +216,21 @@ $$;
 -- it exclusively, so a drop waits for the sends already under way and sees their messages:
 -- racing past it, a send left a message with no endpoint, counted as active forever. An
 -- advisory lock rather than a row lock: a row lock per send turns concurrent producers
--- into multixact churn on the endpoint row.
+-- into multixact churn on the endpoint row. But any database user can take any advisory key,
+-- and one holding this one exclusively blocked every send to the endpoint (issue 23): when
+-- the shared lock is not free at once, the send holds the endpoint row (KEY SHARE) instead,
+-- which drop_endpoint also waits for (it locks the row FOR UPDATE) and which no role but
+-- Courier's owner can lock.
 CREATE OR REPLACE FUNCTION courier._hold_endpoint_for_send(p_endpoint_name text) RETURNS void
-LANGUAGE sql
-AS $$ SELECT pg_advisory_xact_lock_shared(hashtext('courier.endpoint'), hashtext(p_endpoint_name)) $$;
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(pg_catalog.hashtext('courier.endpoint'),
+                                                       pg_catalog.hashtext(p_endpoint_name)) THEN
+        PERFORM 1 FROM courier.endpoints e WHERE e.name OPERATOR(pg_catalog.=) p_endpoint_name FOR KEY SHARE;
+    END IF;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION courier._send_one(
     p_endpoint_name text, p_payload jsonb, p_priority integer, p_scheduled_at timestamptz,

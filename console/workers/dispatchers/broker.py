@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from sqlkit.messages import ClaimedMessage
+from sqlkit.redaction import redact_text
 
 from ..outcome import Outcome
 from . import BaseDispatcher, Target
@@ -80,12 +81,8 @@ def address(url: str) -> Address:
 
 
 def redacted(url: str) -> str:
-    """url without its password, for error messages (which end up in the event log and DLQ)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    return parts._replace(netloc=f"{parts.username}:***@{netloc}").geturl()
+    """url without its credentials, for error messages (which end up in the event log and DLQ)."""
+    return redact_text(url)
 
 
 class Unavailable(Exception):
