@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests import test_roles_and_psql
 from tests.helpers import message_status, scalar
+
+login_as = test_roles_and_psql.login_as  # the fixture: logs in as a new member of a role
 
 
 @pytest.fixture
@@ -180,3 +183,68 @@ def test_redrive_endpoint_and_redrive_all_redrive_everything(conn, hook, call):
     assert scalar(conn, "SELECT count(*) FROM courier.dlq WHERE status = 'failed'") == 0
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'pending'") == 2500
     assert scalar(conn, "SELECT courier.redrive_endpoint('hook', 100)") == 0  # batches still work
+
+
+# 4. Dead workers (issue 23) -----------------------------------------------------------------
+
+
+def worker_session(login_as, worker: str, incarnation: str):
+    """A connection as a new member of courier_admin (not the owner, not the caller of the
+    recovery), registered as a session of the worker process `incarnation`."""
+    session = login_as("courier_admin")
+    session.execute("SELECT courier.register_worker_session_v1(%s, %s)", (worker, incarnation))
+    return session
+
+
+def recover_dead(conn, grace: int = 0) -> int:
+    return scalar(conn, "SELECT courier.recover_dead_workers_claims(%s)", (grace,))
+
+
+def test_a_dead_workers_claims_are_recovered_once_its_sessions_end_and_its_late_report_is_fenced(conn, hook,
+                                                                                                  login_as):
+    send(conn, key="k")
+    send(conn, key="k")
+    dead = worker_session(login_as, "w-dead", "run-1")
+    (held,) = claim(dead, hook, "w-dead")
+    assert recover_dead(login_as("courier_admin")) == 0, "its session is alive: nothing is taken from it"
+    dead.close()
+    # Another role, whose pg_stat_activity rows it cannot read, asks: the function sees as the owner.
+    assert recover_dead(login_as("courier_admin")) == 1
+    row = conn.execute("SELECT status, retry_count, last_error FROM courier.queue WHERE id = %s", (held[0],)).fetchone()
+    assert row == ("pending", 1, "Recovered from a dead worker (its database sessions ended)")
+    assert claim(conn, hook, "successor")[0][0] == held[0], "the key is unblocked, its first message first"
+    assert report(conn, [held]) == (0, 0, 0, 1), "the dead worker's late report is a no-op"
+    assert stale_reports_total(conn) == 1
+    assert scalar(conn, "SELECT count(*) FROM courier.event_log WHERE event_type = 'report.stale_lease'") == 1
+    assert scalar(conn, "SELECT count(*) FROM courier.event_log "
+                        "WHERE event_type = 'messages.dead_worker_recovered'") == 1
+    assert scalar(conn, "SELECT count(*) FROM courier.worker_sessions") == 0
+
+
+def test_a_worker_is_alive_while_any_of_its_sessions_is_and_a_grace_covers_a_reconnect(conn, hook, login_as):
+    send(conn)
+    first = worker_session(login_as, "w-pool", "run-1")
+    second = worker_session(login_as, "w-pool", "run-1")
+    (held,) = claim(first, hook, "w-pool")
+    go_stale(conn)  # even an old claim: liveness, not age, decides here
+    first.close()
+    assert recover_dead(conn) == 0 and message_status(conn, held[0]) == "processing"
+    assert scalar(conn, "SELECT count(*) FROM courier.worker_sessions") == 1, "the closed session is forgotten"
+    second.close()
+    assert recover_dead(conn, grace=60) == 0, "within the grace a live worker may reconnect"
+    worker_session(login_as, "w-pool", "run-1")  # it did: alive again
+    assert recover_dead(conn, grace=0) == 0 and message_status(conn, held[0]) == "processing"
+
+
+def test_a_restart_under_the_same_worker_id_keeps_its_own_claims(conn, hook, login_as):
+    send(conn)
+    send(conn)
+    old = worker_session(login_as, "fixed-id", "run-1")
+    (old_claim,) = claim(old, hook, "fixed-id", batch=1)
+    old.close()
+    new = worker_session(login_as, "fixed-id", "run-2")
+    (new_claim,) = claim(new, hook, "fixed-id", batch=1)
+    assert recover_dead(conn) == 1
+    assert message_status(conn, old_claim[0]) == "pending"
+    assert message_status(conn, new_claim[0]) == "processing"
+    assert report(new, [new_claim]) == (1, 0, 0, 0)

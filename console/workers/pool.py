@@ -148,7 +148,12 @@ class WorkerPool:
     def __init__(self, dsn: str, settings: PoolSettings | None = None) -> None:
         self.settings = settings or PoolSettings()
         self.stats = PoolStats()
-        self._db = AsyncDatabase(dsn, min_size=2, max_size=8, application_name="courier-worker")
+        # This process, as against an earlier one under the same worker id (a fixed --worker-id).
+        self._incarnation = uuid.uuid4().hex
+        # Every session registers itself, so that the maintenance leader sees this process die
+        # with its sessions and recovers its claims at once (recover_dead_workers_claims).
+        self._db = AsyncDatabase(dsn, min_size=2, max_size=8, application_name="courier-worker",
+                                 configure=self._register_session)
         self._stopping = asyncio.Event()
         self._targets: dict[int, Target] = {}
         self._loops: dict[int, asyncio.Task[None]] = {}
@@ -838,6 +843,10 @@ class WorkerPool:
             except CourierError as error:
                 log.warning("LISTEN connection lost; reconnecting", extra={"error": error.one_line()})
                 await asyncio.sleep(1.0)
+
+    async def _register_session(self, conn) -> None:
+        await queries.fetch_value_async(conn, "register_worker_session", {
+            "worker_id": self.worker_id, "incarnation": self._incarnation})
 
     async def _heartbeat(self, state: str | None = None) -> None:
         state = state or ("draining" if self._stopping.is_set() else "running")
