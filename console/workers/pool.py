@@ -173,6 +173,8 @@ class WorkerPool:
         # Outcomes taken from _reports by a report (or a report-and-claim) in progress; put
         # back in front if it fails.
         self._reports_sending = 0
+        # Messages whose outcome went out in a report that failed in transit, and is sent again.
+        self._unanswered: set[int] = set()
         # Slots reserved by claims on their way to the database, in total and by endpoint.
         self._claiming = 0
         self._claiming_by_endpoint: dict[int, int] = defaultdict(int)
@@ -521,9 +523,13 @@ class WorkerPool:
         self._reports_sending += len(batch)
         return batch
 
-    def _give_back(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
+    def _give_back(self, batch: list[tuple[ClaimedMessage, Outcome]], error: BaseException | None = None) -> None:
+        """Put outcomes back in front after a report that failed with `error`: one that failed
+        in transit may have committed before its answer was lost (see _count_reported)."""
         self._reports_sending -= len(batch)
         self._reports[:0] = batch
+        if error is not None and _transient(error):
+            self._unanswered.update(message.id for message, _ in batch)
 
     async def _claim(self, endpoint_id: int, room: int) -> list[ClaimedMessage]:
         """Claim for one endpoint, reporting the outcomes held so far in the same round trip
@@ -536,7 +542,7 @@ class WorkerPool:
             async with self._db.connection() as conn:
                 rows = await queries.fetch_all_async(conn, "report_and_claim", {**params, **_report_params(batch)})
         except BaseException as error:
-            self._give_back(batch)
+            self._give_back(batch, error)
             if not batch or not isinstance(error, Exception):
                 raise
             # The outcomes may be what failed (refused, or waiting on a lock): the reporter
@@ -550,7 +556,7 @@ class WorkerPool:
         else:
             self._reports_sending -= len(batch)
             if batch:
-                self._count_reported(rows[0])
+                self._count_reported(rows[0], batch)
                 await self._forget(batch)
         now = time.monotonic()
         claimed = []
@@ -703,7 +709,7 @@ class WorkerPool:
                     self._give_back(batch)
                     raise
                 except Exception as error:  # the database is away: keep the batch, try again
-                    self._give_back(batch)
+                    self._give_back(batch, error)
                     failures += 1
                     log.warning("reporting outcomes failed; will retry",
                                 extra={"pending_reports": self._unreported(), "error": _one_line(error)})
@@ -754,22 +760,36 @@ class WorkerPool:
         self.stats.lone_reports += 1
         async with self._db.connection() as conn:
             rows = await queries.fetch_all_async(conn, "report_outcomes", _report_params(batch))
-        self._count_reported(rows[0])
+        self._count_reported(rows[0], batch)
         await self._forget(batch)
 
-    def _count_reported(self, counts: dict) -> None:
+    def _count_reported(self, counts: dict, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
         delivered, retried, dead = counts["delivered"], counts["retried"], counts["dead_lettered"]
         self.stats.delivered += delivered
         self.stats.failed += retried + dead
         self.stats.dead_lettered += dead
-        if counts["stale"]:
-            self.stats.stale_reports += counts["stale"]
-            log.warning("outcomes of recovered claims ignored", extra={"count": counts["stale"]})
+        stale = counts["stale"]
+        if not stale:
+            return
+        self.stats.stale_reports += stale
+        again = sum(1 for message, _ in batch if message.id in self._unanswered)
+        if again:
+            # A report whose commit answer was lost (the database restarted, the connection
+            # broke) is sent again; if the first attempt had committed, this one finds the
+            # claims already settled and changes nothing.
+            log.warning("outcomes not applied again: an earlier attempt of this report, whose answer was lost, "
+                        "may already have recorded them; if it did not, their claims were recovered and the "
+                        "messages are delivered again", extra={"count": stale, "sent_again": again})
+        else:
+            log.warning("outcomes ignored: their claims were recovered (held past the stale-recovery timeout, or "
+                        "this worker's database sessions were seen to end) and the messages are delivered again",
+                        extra={"count": stale})
 
     async def _forget(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
         reported: set[int] = set()
         for message, _ in batch:
             self._leased_at.pop(message.id, None)
+            self._unanswered.discard(message.id)
             endpoint_id = self._failed_endpoint.pop(message.id, None)
             if endpoint_id is not None:
                 self._unreported_failures[endpoint_id] -= 1
