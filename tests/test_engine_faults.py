@@ -109,7 +109,7 @@ def test_an_outcome_the_database_refuses_fails_its_message_alone(dsn, conn, sink
     assert "could not record this delivery's outcome" in row[2]
 
 
-def test_a_late_report_after_recovery_is_a_no_op_and_the_new_holder_keeps_the_message(dsn, conn, sink):
+def test_a_late_report_after_recovery_is_a_no_op_and_the_new_holder_keeps_the_message(dsn, conn, sink, caplog):
     """The endpoint answers after the claim went stale; recovery already gave it to another."""
     create(conn, "slow", f"{sink.url}/sleep/1500")
     (message,) = send(conn, "slow", 1)
@@ -134,6 +134,49 @@ def test_a_late_report_after_recovery_is_a_no_op_and_the_new_holder_keeps_the_me
     assert thief[0][0] == message
     row = conn.execute("SELECT status, worker_id, lease FROM courier.queue WHERE id = %s", (message,)).fetchone()
     assert row == ("processing", "thief", thief[0][1]), "the late report touched the new holder's claim"
+    said = [r.getMessage() for r in caplog.records if r.name == "courier.worker" and "outcomes" in r.getMessage()]
+    assert said and all(line.startswith("outcomes ignored: their claims were recovered") for line in said), said
+
+
+def test_a_report_sent_again_after_its_answer_was_lost_says_it_may_have_committed(dsn, conn, caplog):
+    """The report is inside the database (waiting on a lock the test holds) when the connection
+    breaks, as in a crash-like restart: the worker never hears that it committed, and sends it
+    again. The second attempt finds the claims settled, and the log says why, rather than
+    blaming a recovery that never happened."""
+    endpoint = scalar(conn, "SELECT courier.create_endpoint('quick', 'noop', '{}')")
+    ids = send(conn, "quick", 5)
+    proxy = PostgresProxy(dsn)
+    reporting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%report%' "
+                 "AND datname = current_database()")
+    try:
+        with psycopg.connect(dsn) as blocker:
+            blocker.execute("LOCK TABLE courier.archive IN SHARE MODE")  # reports cannot archive
+            cut = threading.Event()
+
+            def done() -> bool:
+                if not cut.is_set():
+                    if scalar(conn, reporting) == 0:
+                        return False
+                    proxy.cut()  # the answer is lost; the statement goes on waiting inside
+                    time.sleep(0.5)
+                    proxy.restore()
+                    time.sleep(1.0)  # the worker sends the report again, which waits too
+                    blocker.rollback()  # both go on: the first commits, the second finds nothing to do
+                    cut.set()
+                    return False
+                return archived(conn) == len(ids) and any("outcomes" in r.getMessage() for r in caplog.records)
+
+            pool = run_pool_until(proxy.proxied_dsn, done, timeout=60, maintenance=None)
+    finally:
+        proxy.close()
+    assert cut.is_set()
+    said = [r for r in caplog.records if r.name == "courier.worker" and "outcomes" in r.getMessage()]
+    assert said and all(r.getMessage().startswith("outcomes not applied again: an earlier attempt of this report, "
+                                                  "whose answer was lost, may already have recorded them")
+                        for r in said), [r.getMessage() for r in said]
+    assert sum(r.count for r in said) == pool.stats.stale_reports == len(ids)
+    assert scalar(conn, "SELECT count(*) FROM courier.archive WHERE endpoint_id = %s", (endpoint,)) == len(ids)
+    assert scalar(conn, "SELECT sum(retry_count) FROM courier.archive") == 0, "nothing was recovered or redelivered"
 
 
 def test_a_long_delivery_renews_its_lease_and_is_never_recovered(dsn, conn, sink):

@@ -216,8 +216,9 @@ def test_a_dead_workers_claims_are_recovered_once_its_sessions_end_and_its_late_
     assert report(conn, [held]) == (0, 0, 0, 1), "the dead worker's late report is a no-op"
     assert stale_reports_total(conn) == 1
     assert scalar(conn, "SELECT count(*) FROM courier.event_log WHERE event_type = 'report.stale_lease'") == 1
-    assert scalar(conn, "SELECT count(*) FROM courier.event_log "
-                        "WHERE event_type = 'messages.dead_worker_recovered'") == 1
+    assert scalar(conn, "SELECT details FROM courier.event_log "
+                        "WHERE event_type = 'messages.dead_worker_recovered'") == {
+        "worker_id": "w-dead", "count": 1, "dead_lettered": 0}
     assert scalar(conn, "SELECT count(*) FROM courier.worker_sessions") == 0
 
 

@@ -76,10 +76,10 @@ $$;
 -- whose delivery keeps killing its worker is dead-lettered once past max_retries, with an error
 -- that says so. p_ids are claims the caller has locked (FOR UPDATE) and found abandoned;
 -- p_reason says why (p_exhausted_reason, in the error of one past its retries), p_event is
--- logged with the counts. Returns how many it recovered
+-- logged with the counts and p_details. Returns how many it recovered
 -- (dead-lettered ones included). Every endpoint concerned is woken.
 CREATE OR REPLACE FUNCTION courier._recover_claims(p_ids bigint[], p_reason text, p_exhausted_reason text,
-                                                  p_event text) RETURNS integer
+                                                  p_event text, p_details jsonb DEFAULT '{}') RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
@@ -120,7 +120,7 @@ BEGIN
         PERFORM courier._dead_letter(v_dead);
     END IF;
     IF v_recovered > 0 THEN
-        PERFORM courier._log_event(p_event, NULL, jsonb_build_object(
+        PERFORM courier._log_event(p_event, NULL, p_details || jsonb_build_object(
             'count', v_recovered, 'dead_lettered', coalesce(cardinality(v_dead), 0)));
         FOREACH v_endpoint IN ARRAY v_endpoints LOOP
             PERFORM pg_notify('courier_new_msg', v_endpoint::text);
@@ -245,9 +245,7 @@ BEGIN
             FOR UPDATE SKIP LOCKED) c;
         v_recovered := v_recovered + courier._recover_claims(
             v_ids, 'Recovered from a dead worker (its database sessions ended)', 'recovered from a dead worker',
-            'messages.dead_worker_recovered');
-        PERFORM courier._log_event('worker.sessions_ended', NULL, jsonb_build_object(
-            'worker_id', v_dead.worker_id, 'recovered', coalesce(cardinality(v_ids), 0)));
+            'messages.dead_worker_recovered', jsonb_build_object('worker_id', v_dead.worker_id));
         DELETE FROM courier.worker_sessions WHERE (worker_id, incarnation) = (v_dead.worker_id, v_dead.incarnation);
     END LOOP;
     RETURN v_recovered;
