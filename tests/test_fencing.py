@@ -249,3 +249,18 @@ def test_a_restart_under_the_same_worker_id_keeps_its_own_claims(conn, hook, log
     assert message_status(conn, old_claim[0]) == "pending"
     assert message_status(conn, new_claim[0]) == "processing"
     assert report(new, [new_claim]) == (1, 0, 0, 0)
+
+
+def test_a_half_open_probe_held_by_a_dead_worker_is_probed_again_at_once(conn, hook, login_as):
+    conn.execute("SELECT courier.set_setting('circuit_breaker_threshold', '1')")
+    message = send(conn)
+    report(conn, claim(conn, hook, "w1"), "retryable")
+    conn.execute("UPDATE courier.endpoints SET circuit_half_open_at = now() - interval '1 second'")
+    conn.execute("UPDATE courier.queue SET next_retry_at = NULL")
+    dead = worker_session(login_as, "w-dead", "run-1")
+    assert [m for m, _ in claim(dead, hook, "w-dead")] == [message]  # the half-open probe
+    dead.close()
+    assert recover_dead(conn) == 1
+    # The probe never answered: another is sent now, not after a whole cooldown (30 s).
+    assert [m for m, _ in claim(conn, hook, "successor")] == [message]
+    assert scalar(conn, "SELECT circuit_state FROM courier.endpoints") == "half_open"

@@ -122,6 +122,10 @@ BEGIN
     IF v_recovered > 0 THEN
         PERFORM courier._log_event(p_event, NULL, p_details || jsonb_build_object(
             'count', v_recovered, 'dead_lettered', coalesce(cardinality(v_dead), 0)));
+        -- A half-open probe among them never got its answer: the circuit goes back to open,
+        -- due for a new probe now, rather than half open until a whole cooldown has passed.
+        UPDATE courier.endpoints SET circuit_state = 'open', circuit_half_open_at = now(), updated_at = now()
+        WHERE id = ANY (v_endpoints) AND circuit_state = 'half_open';
         FOREACH v_endpoint IN ARRAY v_endpoints LOOP
             PERFORM pg_notify('courier_new_msg', v_endpoint::text);
         END LOOP;
