@@ -139,9 +139,9 @@ def test_a_late_report_after_recovery_is_a_no_op_and_the_new_holder_keeps_the_me
 
 
 def test_a_report_sent_again_after_its_answer_was_lost_says_it_may_have_committed(dsn, conn, caplog):
-    """The report is inside the database (waiting on a lock the test holds) when the connection
-    breaks, as in a crash-like restart: the worker never hears that it committed, and sends it
-    again. The second attempt finds the claims settled, and the log says why, rather than
+    """The report commits, and its answer is lost with the connection (held in a stalled proxy,
+    then cut), as in a crash-like restart: the worker never hears that it committed, and sends
+    it again. The second attempt finds the claims settled, and the log says why, rather than
     blaming a recovery that never happened."""
     endpoint = scalar(conn, "SELECT courier.create_endpoint('quick', 'noop', '{}')")
     ids = send(conn, "quick", 5)
@@ -157,14 +157,15 @@ def test_a_report_sent_again_after_its_answer_was_lost_says_it_may_have_committe
                 if not cut.is_set():
                     if scalar(conn, reporting) == 0:
                         return False
-                    proxy.cut()  # the answer is lost; the statement goes on waiting inside
+                    proxy.stall()  # whatever the server answers now stays in the proxy
+                    blocker.rollback()  # the report goes on, and commits
+                    wait_for(lambda: archived(conn) == len(ids), timeout=10)
+                    proxy.cut()  # and its answer is lost with the connection
                     time.sleep(0.5)
                     proxy.restore()
-                    time.sleep(1.0)  # the worker sends the report again, which waits too
-                    blocker.rollback()  # both go on: the first commits, the second finds nothing to do
                     cut.set()
                     return False
-                return archived(conn) == len(ids) and any("outcomes" in r.getMessage() for r in caplog.records)
+                return any("outcomes" in r.getMessage() for r in caplog.records)
 
             pool = run_pool_until(proxy.proxied_dsn, done, timeout=60, maintenance=None)
     finally:
