@@ -17,6 +17,7 @@ import pytest
 
 from console.sink import WebhookSink
 from console.workers.pool import PoolSettings, WorkerPool
+from sqlkit.errors import CourierError
 from tests.helpers import archived, scalar
 from tests.tcp_proxy import PostgresProxy
 from tests.workers import run_pool_until, start_worker_process, wait_for
@@ -107,6 +108,50 @@ def test_an_outcome_the_database_refuses_fails_its_message_alone(dsn, conn, sink
     row = conn.execute("SELECT status, retry_count, last_error FROM courier.queue WHERE id = %s", (poison,)).fetchone()
     assert row[0] == "pending" and row[1] == 1
     assert "could not record this delivery's outcome" in row[2]
+
+
+def test_a_database_lost_while_isolating_a_refused_outcome_sends_only_the_rest_again(dsn, conn, monkeypatch):
+    """A batch with an outcome the database refuses is split to find it; when the database goes
+    away after part of the batch was recorded, only the rest is sent again, not the part
+    already recorded (which came back as stale reports, counted as fencing events)."""
+    from console.workers.dispatchers.noop import NoopDispatcher
+    from console.workers.outcome import Outcome
+
+    conn.execute("SELECT courier.create_endpoint('fine', 'noop', '{}')")
+    ids = send(conn, "fine", 30)
+    poison = ids[-1]
+
+    async def deliver(self, target, message):
+        return Outcome.success({"body": _Unencodable()} if message.id == poison else None)
+
+    proxy = PostgresProxy(dsn)
+    report = WorkerPool._report
+    state = {"refused": 0, "cut": False}
+
+    async def report_then_lose_the_database(self, batch):
+        try:
+            await report(self, batch)
+        except Exception as error:
+            if not isinstance(error, psycopg.Error | CourierError):
+                state["refused"] += 1
+            raise
+        if state["refused"] and not state["cut"]:
+            state["cut"] = True
+            proxy.cut()  # right after the first part of the split batch was recorded
+            asyncio.get_running_loop().call_later(0.5, proxy.restore)
+
+    monkeypatch.setattr(NoopDispatcher, "deliver", deliver)
+    monkeypatch.setattr(NoopDispatcher, "batched", False)
+    monkeypatch.setattr(WorkerPool, "_report", report_then_lose_the_database)
+    try:
+        pool = run_pool_until(proxy.proxied_dsn, lambda: archived(conn) == 29 and in_queue(conn, "true") == 1,
+                              timeout=60, batch_size=50, maintenance=None)
+    finally:
+        proxy.close()
+    assert state["cut"], "the batch was split and the database lost halfway"
+    assert archived(conn) == 29 and pool.stats.delivered == 29
+    assert pool.stats.stale_reports == 0, "outcomes already recorded were sent again"
+    assert scalar(conn, "SELECT metric_value FROM courier.metrics() WHERE metric_name = 'stale_reports_total'") == 0
 
 
 def test_a_late_report_after_recovery_is_a_no_op_and_the_new_holder_keeps_the_message(dsn, conn, sink, caplog):

@@ -702,14 +702,15 @@ class WorkerPool:
                 await asyncio.sleep(self.settings.report_interval)
             while self._reports:
                 batch = self._take_reports()
+                settled: set[int] = set()
                 try:
-                    await self._report_isolating(batch)
+                    await self._report_isolating(batch, settled)
                     failures = 0
                 except asyncio.CancelledError:
-                    self._give_back(batch)
+                    self._give_back(self._unsettled(batch, settled))
                     raise
                 except Exception as error:  # the database is away: keep the batch, try again
-                    self._give_back(batch, error)
+                    self._give_back(self._unsettled(batch, settled), error)
                     failures += 1
                     log.warning("reporting outcomes failed; will retry",
                                 extra={"pending_reports": self._unreported(), "error": _one_line(error)})
@@ -719,12 +720,23 @@ class WorkerPool:
             if self._stopping.is_set() and not self._in_flight and not self._dispatch_tasks:
                 return
 
-    async def _report_isolating(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
+    def _unsettled(self, batch: list[tuple[ClaimedMessage, Outcome]],
+                   settled: set[int]) -> list[tuple[ClaimedMessage, Outcome]]:
+        """The part of a batch a failed report has not settled, to be sent again; the rest no
+        longer counts as being sent."""
+        rest = [item for item in batch if item[0].id not in settled]
+        self._reports_sending -= len(batch) - len(rest)
+        return rest
+
+    async def _report_isolating(self, batch: list[tuple[ClaimedMessage, Outcome]], settled: set[int]) -> None:
         """Report a batch; if the database refuses it for what it holds (not for being away),
         split it until the one bad outcome is found, and record that one as an error of its
-        message alone, so one bad response never holds back the others."""
+        message alone, so one bad response never holds back the others. The ids of messages
+        done with (reported, or given up on) go into `settled`: if the database goes away
+        halfway, only the rest is sent again."""
         try:
             await self._report(batch)
+            settled.update(message.id for message, _ in batch)
             return
         except asyncio.CancelledError:
             raise
@@ -733,8 +745,8 @@ class WorkerPool:
                 raise
             if len(batch) > 1:
                 middle = len(batch) // 2
-                await self._report_isolating(batch[:middle])
-                await self._report_isolating(batch[middle:])
+                await self._report_isolating(batch[:middle], settled)
+                await self._report_isolating(batch[middle:], settled)
                 return
             message, outcome = batch[0]
             reason = _one_line(error)
@@ -754,6 +766,7 @@ class WorkerPool:
             log.error("outcome dropped; stale recovery will redeliver the message",
                       extra={"message_id": message.id, "error": _one_line(second)})
             await self._forget(batch)
+        settled.add(message.id)
 
     async def _report(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
         self.stats.round_trips += 1
