@@ -3,6 +3,8 @@ every claim, stale recovery that counts attempts, ordering keys per endpoint, fu
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests import test_roles_and_psql
@@ -196,6 +198,16 @@ def worker_session(login_as, worker: str, incarnation: str):
     return session
 
 
+def end_session(conn, session) -> None:
+    """Close a session and wait until its backend has exited (closing returns before that)."""
+    pid = session.info.backend_pid
+    session.close()
+    deadline = time.monotonic() + 10
+    while scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)):
+        assert time.monotonic() < deadline, "the backend did not exit"
+        time.sleep(0.01)
+
+
 def recover_dead(conn, grace: int = 0) -> int:
     return scalar(conn, "SELECT courier.recover_dead_workers_claims(%s)", (grace,))
 
@@ -207,7 +219,7 @@ def test_a_dead_workers_claims_are_recovered_once_its_sessions_end_and_its_late_
     dead = worker_session(login_as, "w-dead", "run-1")
     (held,) = claim(dead, hook, "w-dead")
     assert recover_dead(login_as("courier_admin")) == 0, "its session is alive: nothing is taken from it"
-    dead.close()
+    end_session(conn, dead)
     # Another role, whose pg_stat_activity rows it cannot read, asks: the function sees as the owner.
     assert recover_dead(login_as("courier_admin")) == 1
     row = conn.execute("SELECT status, retry_count, last_error FROM courier.queue WHERE id = %s", (held[0],)).fetchone()
@@ -228,10 +240,10 @@ def test_a_worker_is_alive_while_any_of_its_sessions_is_and_a_grace_covers_a_rec
     second = worker_session(login_as, "w-pool", "run-1")
     (held,) = claim(first, hook, "w-pool")
     go_stale(conn)  # even an old claim: liveness, not age, decides here
-    first.close()
+    end_session(conn, first)
     assert recover_dead(conn) == 0 and message_status(conn, held[0]) == "processing"
     assert scalar(conn, "SELECT count(*) FROM courier.worker_sessions") == 1, "the closed session is forgotten"
-    second.close()
+    end_session(conn, second)
     assert recover_dead(conn, grace=60) == 0, "within the grace a live worker may reconnect"
     worker_session(login_as, "w-pool", "run-1")  # it did: alive again
     assert recover_dead(conn, grace=0) == 0 and message_status(conn, held[0]) == "processing"
@@ -242,7 +254,7 @@ def test_a_restart_under_the_same_worker_id_keeps_its_own_claims(conn, hook, log
     send(conn)
     old = worker_session(login_as, "fixed-id", "run-1")
     (old_claim,) = claim(old, hook, "fixed-id", batch=1)
-    old.close()
+    end_session(conn, old)
     new = worker_session(login_as, "fixed-id", "run-2")
     (new_claim,) = claim(new, hook, "fixed-id", batch=1)
     assert recover_dead(conn) == 1
@@ -259,7 +271,7 @@ def test_a_half_open_probe_held_by_a_dead_worker_is_probed_again_at_once(conn, h
     conn.execute("UPDATE courier.queue SET next_retry_at = NULL")
     dead = worker_session(login_as, "w-dead", "run-1")
     assert [m for m, _ in claim(dead, hook, "w-dead")] == [message]  # the half-open probe
-    dead.close()
+    end_session(conn, dead)
     assert recover_dead(conn) == 1
     # The probe never answered: another is sent now, not after a whole cooldown (30 s).
     assert [m for m, _ in claim(conn, hook, "successor")] == [message]
