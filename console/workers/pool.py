@@ -884,6 +884,7 @@ class WorkerPool:
     async def _heartbeat(self, state: str | None = None) -> None:
         state = state or ("draining" if self._stopping.is_set() else "running")
         async with self._db.connection() as conn:
+            await self._register_session(conn)  # a no-op unless a pooler moved us to another session
             await queries.fetch_value_async(conn, "worker_heartbeat", {
                 "worker_id": self.worker_id, "hostname": socket.gethostname(), "pid": os.getpid(),
                 "concurrency": self.settings.concurrency, "in_flight": len(self._in_flight),

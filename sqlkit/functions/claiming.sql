@@ -161,9 +161,11 @@ $$;
 -- Worker liveness -----------------------------------------------------------------------
 
 -- Records the calling session as one of a worker process's: every connection of its pool
--- and its LISTEN connection call this first. p_incarnation tells this process from an
--- earlier one under the same worker id. Only the session's own pid is recorded, with its
--- role and the time, so that a later backend reusing the pid is not taken for it.
+-- and its LISTEN connection call this first, and every heartbeat again (behind a pooler that
+-- hands a client's transactions to several server sessions, those it is served by now).
+-- p_incarnation tells this process from an earlier one under the same worker id. Only the
+-- session's own pid is recorded, with its role and the time of its first registration, so
+-- that a later backend reusing the pid is not taken for it.
 CREATE OR REPLACE FUNCTION courier.register_worker_session_v1(p_worker_id text, p_incarnation text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp

@@ -10,5 +10,5 @@ CREATE TABLE courier.worker_sessions (
     role_oid      oid NOT NULL,
     registered_at timestamptz NOT NULL DEFAULT now(),
     lost_at       timestamptz,  -- when the leader first found the incarnation without a live session
-    PRIMARY KEY (worker_id, incarnation, backend_pid, registered_at)
+    PRIMARY KEY (worker_id, incarnation, backend_pid)
 );
