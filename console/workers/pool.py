@@ -261,7 +261,7 @@ class WorkerPool:
             # logged and left behind, and the stop goes on.
             if not await within(self.settings.drain_timeout + DRAIN_GRACE, self._drain_and_report(reporter),
                                 "the drain"):
-                log.error("drain timed out; unreported outcomes are left to stale recovery",
+                log.error("drain timed out; what is still claimed is recovered once this worker has exited",
                           extra={"worker_id": self.worker_id, "unreported": len(self._reports)})
                 await cancel_within([reporter], STOP_STEP)
         finally:
