@@ -91,6 +91,7 @@ class AsyncDatabase:
         """`configure` runs on each new connection of the pool (to register loaders, say)."""
         self.dsn = dsn
         self._application_name = application_name
+        self._configure = configure
         self._pool = AsyncConnectionPool(
             _conninfo(dsn, application_name),
             min_size=min_size,
@@ -122,10 +123,13 @@ class AsyncDatabase:
 
     @contextlib.asynccontextmanager
     async def listen(self, channel: str = NEW_MESSAGE_CHANNEL) -> AsyncIterator[AsyncIterator[str]]:
-        """A dedicated connection LISTENing on channel; yields an iterator of payloads."""
+        """A dedicated connection LISTENing on channel (configured as the pool's are); yields an
+        iterator of payloads."""
         conn = await connect_async(self.dsn, application_name=self._application_name)
         try:
             with translated():
+                if self._configure is not None:
+                    await self._configure(conn)
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
             async def payloads() -> AsyncIterator[str]:

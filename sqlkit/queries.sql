@@ -339,6 +339,12 @@ SELECT courier.renew_leases_v1(%(ids)s::bigint[], %(leases)s::integer[]);
 -- name: recover_stale_messages
 SELECT courier.recover_stale_messages();
 
+-- name: recover_dead_workers_claims
+SELECT courier.recover_dead_workers_claims();
+
+-- name: register_worker_session
+SELECT courier.register_worker_session_v1(%(worker_id)s, %(incarnation)s);
+
 -- name: worker_heartbeat
 SELECT courier.worker_heartbeat_v1(%(worker_id)s, %(hostname)s, %(pid)s, %(concurrency)s, %(in_flight)s,
                                    %(delivered)s, %(failed)s, %(state)s);

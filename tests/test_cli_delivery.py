@@ -96,7 +96,8 @@ def test_worker_delivers_and_reports_heartbeats(dsn, conn):
 
 
 def test_worker_against_an_unreachable_database_is_one_line(courier):
-    result = run("worker", dsn="postgresql://postgres@127.0.0.1:1/x")
+    # Without --exit-if-unavailable it waits for the database (tests/test_worker_waits_for_database.py).
+    result = run("worker", "--exit-if-unavailable", dsn="postgresql://postgres@127.0.0.1:1/x")
     assert_one_line_error(result, "cannot connect to PostgreSQL")
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from console.sink import WebhookSink
 from console.workers.pool import PoolSettings, WorkerPool
+from sqlkit.errors import CourierError
 from tests.helpers import archived, scalar
 from tests.tcp_proxy import PostgresProxy
 from tests.workers import run_pool_until, start_worker_process, wait_for
@@ -109,7 +110,51 @@ def test_an_outcome_the_database_refuses_fails_its_message_alone(dsn, conn, sink
     assert "could not record this delivery's outcome" in row[2]
 
 
-def test_a_late_report_after_recovery_is_a_no_op_and_the_new_holder_keeps_the_message(dsn, conn, sink):
+def test_a_database_lost_while_isolating_a_refused_outcome_sends_only_the_rest_again(dsn, conn, monkeypatch):
+    """A batch with an outcome the database refuses is split to find it; when the database goes
+    away after part of the batch was recorded, only the rest is sent again, not the part
+    already recorded (which came back as stale reports, counted as fencing events)."""
+    from console.workers.dispatchers.noop import NoopDispatcher
+    from console.workers.outcome import Outcome
+
+    conn.execute("SELECT courier.create_endpoint('fine', 'noop', '{}')")
+    ids = send(conn, "fine", 30)
+    poison = ids[-1]
+
+    async def deliver(self, target, message):
+        return Outcome.success({"body": _Unencodable()} if message.id == poison else None)
+
+    proxy = PostgresProxy(dsn)
+    report = WorkerPool._report
+    state = {"refused": 0, "cut": False}
+
+    async def report_then_lose_the_database(self, batch):
+        try:
+            await report(self, batch)
+        except Exception as error:
+            if not isinstance(error, psycopg.Error | CourierError):
+                state["refused"] += 1
+            raise
+        if state["refused"] and not state["cut"]:
+            state["cut"] = True
+            proxy.cut()  # right after the first part of the split batch was recorded
+            asyncio.get_running_loop().call_later(0.5, proxy.restore)
+
+    monkeypatch.setattr(NoopDispatcher, "deliver", deliver)
+    monkeypatch.setattr(NoopDispatcher, "batched", False)
+    monkeypatch.setattr(WorkerPool, "_report", report_then_lose_the_database)
+    try:
+        pool = run_pool_until(proxy.proxied_dsn, lambda: archived(conn) == 29 and in_queue(conn, "true") == 1,
+                              timeout=60, batch_size=50, maintenance=None)
+    finally:
+        proxy.close()
+    assert state["cut"], "the batch was split and the database lost halfway"
+    assert archived(conn) == 29 and pool.stats.delivered == 29
+    assert pool.stats.stale_reports == 0, "outcomes already recorded were sent again"
+    assert scalar(conn, "SELECT metric_value FROM courier.metrics() WHERE metric_name = 'stale_reports_total'") == 0
+
+
+def test_a_late_report_after_recovery_is_a_no_op_and_the_new_holder_keeps_the_message(dsn, conn, sink, caplog):
     """The endpoint answers after the claim went stale; recovery already gave it to another."""
     create(conn, "slow", f"{sink.url}/sleep/1500")
     (message,) = send(conn, "slow", 1)
@@ -134,6 +179,50 @@ def test_a_late_report_after_recovery_is_a_no_op_and_the_new_holder_keeps_the_me
     assert thief[0][0] == message
     row = conn.execute("SELECT status, worker_id, lease FROM courier.queue WHERE id = %s", (message,)).fetchone()
     assert row == ("processing", "thief", thief[0][1]), "the late report touched the new holder's claim"
+    said = [r.getMessage() for r in caplog.records if r.name == "courier.worker" and "outcomes" in r.getMessage()]
+    assert said and all(line.startswith("outcomes ignored: their claims were recovered") for line in said), said
+
+
+def test_a_report_sent_again_after_its_answer_was_lost_says_it_may_have_committed(dsn, conn, caplog):
+    """The report commits, and its answer is lost with the connection (held in a stalled proxy,
+    then cut), as in a crash-like restart: the worker never hears that it committed, and sends
+    it again. The second attempt finds the claims settled, and the log says why, rather than
+    blaming a recovery that never happened."""
+    endpoint = scalar(conn, "SELECT courier.create_endpoint('quick', 'noop', '{}')")
+    ids = send(conn, "quick", 5)
+    proxy = PostgresProxy(dsn)
+    reporting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%report%' "
+                 "AND datname = current_database()")
+    try:
+        with psycopg.connect(dsn) as blocker:
+            blocker.execute("LOCK TABLE courier.archive IN SHARE MODE")  # reports cannot archive
+            cut = threading.Event()
+
+            def done() -> bool:
+                if not cut.is_set():
+                    if scalar(conn, reporting) == 0:
+                        return False
+                    proxy.stall()  # whatever the server answers now stays in the proxy
+                    blocker.rollback()  # the report goes on, and commits
+                    wait_for(lambda: archived(conn) == len(ids), timeout=10)
+                    proxy.cut()  # and its answer is lost with the connection
+                    time.sleep(0.5)
+                    proxy.restore()
+                    cut.set()
+                    return False
+                return any("outcomes" in r.getMessage() for r in caplog.records)
+
+            pool = run_pool_until(proxy.proxied_dsn, done, timeout=60, maintenance=None)
+    finally:
+        proxy.close()
+    assert cut.is_set()
+    said = [r for r in caplog.records if r.name == "courier.worker" and "outcomes" in r.getMessage()]
+    assert said and all(r.getMessage().startswith("outcomes not applied again: an earlier attempt of this report, "
+                                                  "whose answer was lost, may already have recorded them")
+                        for r in said), [r.getMessage() for r in said]
+    assert sum(r.count for r in said) == pool.stats.stale_reports == len(ids)
+    assert scalar(conn, "SELECT count(*) FROM courier.archive WHERE endpoint_id = %s", (endpoint,)) == len(ids)
+    assert scalar(conn, "SELECT sum(retry_count) FROM courier.archive") == 0, "nothing was recovered or redelivered"
 
 
 def test_a_long_delivery_renews_its_lease_and_is_never_recovered(dsn, conn, sink):
@@ -213,7 +302,9 @@ def test_a_heartbeat_failure_during_the_drain_does_not_abort_it(dsn, conn, sink,
 
     async def main() -> None:
         task = asyncio.create_task(pool.run())
-        while await asyncio.to_thread(in_queue, conn, "status = 'processing'") == 0:
+        # Deliveries under way, not only claims committed: a stop that came before the pool had
+        # read its claim's answer would give the claimed messages back undelivered.
+        while not pool.stats.round_trips or not pool._in_flight:
             await asyncio.sleep(0.02)
         pool.stop()
         await task

@@ -3,9 +3,14 @@ every claim, stale recovery that counts attempts, ordering keys per endpoint, fu
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from tests import test_roles_and_psql
 from tests.helpers import message_status, scalar
+
+login_as = test_roles_and_psql.login_as  # the fixture: logs in as a new member of a role
 
 
 @pytest.fixture
@@ -180,3 +185,94 @@ def test_redrive_endpoint_and_redrive_all_redrive_everything(conn, hook, call):
     assert scalar(conn, "SELECT count(*) FROM courier.dlq WHERE status = 'failed'") == 0
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'pending'") == 2500
     assert scalar(conn, "SELECT courier.redrive_endpoint('hook', 100)") == 0  # batches still work
+
+
+# 4. Dead workers (issue 23) -----------------------------------------------------------------
+
+
+def worker_session(login_as, worker: str, incarnation: str):
+    """A connection as a new member of courier_admin (not the owner, not the caller of the
+    recovery), registered as a session of the worker process `incarnation`."""
+    session = login_as("courier_admin")
+    session.execute("SELECT courier.register_worker_session_v1(%s, %s)", (worker, incarnation))
+    return session
+
+
+def end_session(conn, session) -> None:
+    """Close a session and wait until its backend has exited (closing returns before that)."""
+    pid = session.info.backend_pid
+    session.close()
+    deadline = time.monotonic() + 10
+    while scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)):
+        assert time.monotonic() < deadline, "the backend did not exit"
+        time.sleep(0.01)
+
+
+def recover_dead(conn, grace: int = 0) -> int:
+    return scalar(conn, "SELECT courier.recover_dead_workers_claims(%s)", (grace,))
+
+
+def test_a_dead_workers_claims_are_recovered_once_its_sessions_end_and_its_late_report_is_fenced(conn, hook,
+                                                                                                  login_as):
+    send(conn, key="k")
+    send(conn, key="k")
+    dead = worker_session(login_as, "w-dead", "run-1")
+    (held,) = claim(dead, hook, "w-dead")
+    assert recover_dead(login_as("courier_admin")) == 0, "its session is alive: nothing is taken from it"
+    end_session(conn, dead)
+    # Another role, whose pg_stat_activity rows it cannot read, asks: the function sees as the owner.
+    assert recover_dead(login_as("courier_admin")) == 1
+    row = conn.execute("SELECT status, retry_count, last_error FROM courier.queue WHERE id = %s", (held[0],)).fetchone()
+    assert row == ("pending", 1, "Recovered from a dead worker (its database sessions ended)")
+    assert claim(conn, hook, "successor")[0][0] == held[0], "the key is unblocked, its first message first"
+    assert report(conn, [held]) == (0, 0, 0, 1), "the dead worker's late report is a no-op"
+    assert stale_reports_total(conn) == 1
+    assert scalar(conn, "SELECT count(*) FROM courier.event_log WHERE event_type = 'report.stale_lease'") == 1
+    assert scalar(conn, "SELECT details FROM courier.event_log "
+                        "WHERE event_type = 'messages.dead_worker_recovered'") == {
+        "worker_id": "w-dead", "count": 1, "dead_lettered": 0}
+    assert scalar(conn, "SELECT count(*) FROM courier.worker_sessions") == 0
+
+
+def test_a_worker_is_alive_while_any_of_its_sessions_is_and_a_grace_covers_a_reconnect(conn, hook, login_as):
+    send(conn)
+    first = worker_session(login_as, "w-pool", "run-1")
+    second = worker_session(login_as, "w-pool", "run-1")
+    (held,) = claim(first, hook, "w-pool")
+    go_stale(conn)  # even an old claim: liveness, not age, decides here
+    end_session(conn, first)
+    assert recover_dead(conn) == 0 and message_status(conn, held[0]) == "processing"
+    assert scalar(conn, "SELECT count(*) FROM courier.worker_sessions") == 1, "the closed session is forgotten"
+    end_session(conn, second)
+    assert recover_dead(conn, grace=60) == 0, "within the grace a live worker may reconnect"
+    worker_session(login_as, "w-pool", "run-1")  # it did: alive again
+    assert recover_dead(conn, grace=0) == 0 and message_status(conn, held[0]) == "processing"
+
+
+def test_a_restart_under_the_same_worker_id_keeps_its_own_claims(conn, hook, login_as):
+    send(conn)
+    send(conn)
+    old = worker_session(login_as, "fixed-id", "run-1")
+    (old_claim,) = claim(old, hook, "fixed-id", batch=1)
+    end_session(conn, old)
+    new = worker_session(login_as, "fixed-id", "run-2")
+    (new_claim,) = claim(new, hook, "fixed-id", batch=1)
+    assert recover_dead(conn) == 1
+    assert message_status(conn, old_claim[0]) == "pending"
+    assert message_status(conn, new_claim[0]) == "processing"
+    assert report(new, [new_claim]) == (1, 0, 0, 0)
+
+
+def test_a_half_open_probe_held_by_a_dead_worker_is_probed_again_at_once(conn, hook, login_as):
+    conn.execute("SELECT courier.set_setting('circuit_breaker_threshold', '1')")
+    message = send(conn)
+    report(conn, claim(conn, hook, "w1"), "retryable")
+    conn.execute("UPDATE courier.endpoints SET circuit_half_open_at = now() - interval '1 second'")
+    conn.execute("UPDATE courier.queue SET next_retry_at = NULL")
+    dead = worker_session(login_as, "w-dead", "run-1")
+    assert [m for m, _ in claim(dead, hook, "w-dead")] == [message]  # the half-open probe
+    end_session(conn, dead)
+    assert recover_dead(conn) == 1
+    # The probe never answered: another is sent now, not after a whole cooldown (30 s).
+    assert [m for m, _ in claim(conn, hook, "successor")] == [message]
+    assert scalar(conn, "SELECT circuit_state FROM courier.endpoints") == "half_open"

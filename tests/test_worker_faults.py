@@ -3,6 +3,7 @@ and a PostgreSQL restart during dispatch."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import signal
@@ -10,12 +11,15 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 import warnings
 from collections import Counter, defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psycopg
+import psycopg.conninfo
+import psycopg.sql
 import pytest
 
 from console.sink import WebhookSink
@@ -230,8 +234,9 @@ def test_kill_9_during_report_loses_nothing_and_never_overlaps(dsn, conn, report
                 if worker.poll() is None:
                     worker.kill()
             if not report_lands:
+                # Every report waiting inside: a lone one, and one riding on a claim (report_and_claim).
                 conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                             "AND datname = current_database() AND query LIKE %s", ("%report_outcomes%",))
+                             "AND datname = current_database() AND query ~ 'report_(outcomes|and_claim)'")
             blocker.rollback()
         delivered_before = len(sink.deliveries)
         assert in_report > 0 and delivered_before > 0
@@ -274,3 +279,104 @@ def test_kill_9_during_report_loses_nothing_and_never_overlaps(dsn, conn, report
     else:
         assert landed == 0 and twice > 0  # rolled back: recovered and delivered again, never alongside
     print(f"kill -9 during report: {in_report} in flight, {delivered_before} delivered before, {twice} again")
+
+
+class GateSink:
+    """A webhook receiver that holds every request while its gate is closed, and records the
+    message id, ordering key and arrival time (monotonic) of each."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[tuple[int, str, float]] = []
+        self.gate = threading.Event()
+        gate, arrivals, lock = self.gate, self.arrivals, threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                with lock:
+                    arrivals.append((int(self.headers["x-courier-message-id"]), body["key"], time.monotonic()))
+                gate.wait(60)
+                with contextlib.suppress(OSError):  # its worker may be dead by now
+                    self.send_response(200)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/"
+
+    def close(self) -> None:
+        self.gate.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def role_dsn(dsn, conn):
+    """role_dsn() -> the DSN of a new LOGIN member of courier_admin: workers that are not the
+    schema's owner, and not each other's role."""
+    roles: list[str] = []
+
+    def make() -> str:
+        name = f"courier_worker_{len(roles)}_{uuid.uuid4().hex[:8]}"
+        conn.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN IN ROLE courier_admin").format(psycopg.sql.Identifier(name)))
+        roles.append(name)
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        params.pop("password", None)
+        params["user"] = name
+        return psycopg.conninfo.make_conninfo("", **params)
+
+    yield make
+    for name in roles:
+        conn.execute(psycopg.sql.SQL("DROP OWNED BY {}").format(psycopg.sql.Identifier(name)))
+        conn.execute(psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(name)))
+
+
+def test_kill_9_claims_are_redelivered_within_seconds_and_their_keys_unblocked(dsn, conn, role_dsn):
+    """A worker killed with SIGKILL holds the first message of every ordering key. Its claims are
+    fresh, far from the stale-recovery timeout (300 s): the surviving worker, as maintenance
+    leader, sees the dead worker's sessions gone and hands its claims back within seconds."""
+    sink = GateSink()
+    keys, steps = 4, 5
+    try:
+        create(conn, "ordered", sink.url)
+        ids = {key: [scalar(conn, "SELECT courier.send_with_options('ordered', %s::jsonb, p_ordering_key := %s)",
+                            (json.dumps({"key": f"k{key}", "n": n}), f"k{key}")) for n in range(steps)]
+               for key in range(keys)}
+        doomed = start_worker_process(role_dsn(), "--concurrency", "8")
+        survivor = None
+        try:
+            wait_for(lambda: len(sink.arrivals) == keys, timeout=60)  # the first of each key, held at the gate
+            held = {message for message, *_ in sink.arrivals}
+            survivor = start_worker_process(role_dsn(), "--concurrency", "8")
+            wait_for(lambda: '"worker started"' in survivor.stderr.so_far(), timeout=60)
+            time.sleep(1.0)  # its claims find every key blocked
+            assert len(sink.arrivals) == keys
+            doomed.kill()
+            killed_at = time.monotonic()
+            doomed.wait(10)
+            sink.gate.set()
+            wait_for(lambda: held <= {m for m, _, at in sink.arrivals if at > killed_at}, timeout=60)
+            redelivered_after = max(at for m, _, at in sink.arrivals if at > killed_at and m in held) - killed_at
+            wait_for(lambda: archived(conn) == keys * steps, timeout=60)
+            assert count(conn, "true") == 0, "nothing left in processing"
+        finally:
+            if doomed.poll() is None:
+                doomed.kill()
+            assert survivor is None or stop(survivor) == 0
+    finally:
+        sink.close()
+    print(f"kill -9: {len(held)} claims of the dead worker redelivered {redelivered_after:.1f} s after the kill")
+    assert redelivered_after < 20, f"redelivered {redelivered_after:.1f} s after the kill"
+    for key in range(keys):
+        arrived = [message for message, k, _ in sink.arrivals if k == f"k{key}"]
+        assert [m for m, _ in itertools.groupby(arrived)] == ids[key], f"key k{key} out of order: {arrived}"
+    events = "SELECT count(*) FROM courier.event_log WHERE event_type = %s"
+    assert scalar(conn, events, ("messages.dead_worker_recovered",)) >= 1
+    assert scalar(conn, events, ("messages.stale_recovered",)) == 0

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
+import time
 
 import click
 from click.core import ParameterSource
@@ -13,6 +15,7 @@ from console.logs import log_json_lines
 from console.workers.bounded import run_pool_process
 from console.workers.pool import PoolSettings, WorkerPool, default_concurrency
 from console.workers.processes import Supervisor, default_processes
+from sqlkit.errors import DatabaseUnavailable
 
 from .context import FiniteFloatRange, database_url, dsn_option, require_current_schema
 
@@ -32,9 +35,14 @@ from .context import FiniteFloatRange, database_url, dsn_option, require_current
                    "split --concurrency and every endpoint's in-flight limit between them.")
 @click.option("--worker-id", help="Name in heartbeats (default: host:pid:random; with several "
                                   "processes, NAME/1, NAME/2, ...).")
+@click.option("--wait-for-database", "wait_limit", type=FiniteFloatRange(0, 10**7), default=None,
+              help="Seconds to keep retrying, with backoff, a database that cannot be reached at start "
+                   "before exiting 1 (default: wait as long as it takes).")
+@click.option("--exit-if-unavailable", is_flag=True,
+              help="Exit 1 at once if the database cannot be reached at start, instead of waiting for it.")
 @dsn_option
 def worker(concurrency: int, batch_size: int, poll_interval: float, drain_timeout: float, processes: int,
-           worker_id: str | None) -> None:
+           worker_id: str | None, wait_limit: float | None, exit_if_unavailable: bool) -> None:
     """Run the worker pool until SIGTERM or SIGINT, then drain and exit."""
     if click.get_current_context().get_parameter_source("processes") is ParameterSource.DEFAULT:
         processes = min(processes, concurrency)  # --concurrency 1 alone means one pool, not an error
@@ -42,8 +50,9 @@ def worker(concurrency: int, batch_size: int, poll_interval: float, drain_timeou
         raise click.BadParameter(f"{processes} processes cannot share {concurrency} messages in flight; "
                                  "give at least one each", param_hint="'--processes'")
     url = database_url()
-    require_current_schema(url, "this worker")  # fail fast, in one line, on a bad DSN or schema
     log_json_lines()
+    # Under systemd, compose or Kubernetes the database often comes up after the worker.
+    _wait_for_database(url, 0 if exit_if_unavailable else wait_limit)
     settings = PoolSettings(concurrency=concurrency, batch_size=batch_size, poll_interval=poll_interval,
                             drain_timeout=drain_timeout)
     if processes > 1:
@@ -59,6 +68,57 @@ def worker(concurrency: int, batch_size: int, poll_interval: float, drain_timeou
         await pool.run()
 
     run_pool_process(main())
+
+
+log = logging.getLogger("courier.worker")
+
+RETRY_FIRST = 0.5
+RETRY_MOST = 10.0
+"""Seconds between attempts to reach the database at start: doubling from the first to the most."""
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _wait_for_database(url: str, limit: float | None) -> None:
+    """Return once the database answers with the current schema. While it cannot be reached,
+    retry with backoff, a log line per attempt, for at most `limit` seconds (None: without
+    end); past it, or at once with limit 0, fail in one line. A schema that is missing or
+    old fails at once: waiting would not fix it. SIGTERM or SIGINT while waiting exits 0."""
+    def stop(signum: int, frame: object) -> None:
+        raise _Stopped
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    started = time.monotonic()
+    attempt = 0
+    delay = RETRY_FIRST
+    try:
+        while True:
+            attempt += 1
+            try:
+                require_current_schema(url, "this worker")
+                if attempt > 1:
+                    log.info("database reachable", extra={"attempts": attempt})
+                return
+            except DatabaseUnavailable as error:
+                pause = delay if limit is None else min(delay, limit - (time.monotonic() - started))
+                if pause <= 0:
+                    if limit == 0:
+                        raise
+                    raise DatabaseUnavailable(
+                        f"gave up waiting for the database after {limit:g} s ({attempt} attempts): {error.message}",
+                        error.sqlstate, error.hint) from error
+                log.warning("database unavailable; retrying",
+                            extra={"attempt": attempt, "retry_in": round(pause, 3), "error": error.one_line()})
+            time.sleep(pause)
+            delay = min(delay * 2, RETRY_MOST)
+    except _Stopped:
+        log.info("stopped while waiting for the database", extra={"attempts": attempt})
+        sys.exit(0)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 COMMANDS = [worker]

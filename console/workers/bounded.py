@@ -25,9 +25,9 @@ def run_pool_process(main: Coroutine[Any, Any, None]) -> None:
 
     asyncio.run waits without limit for the tasks still running when main returns and for the
     threads of its executor (a maintenance job in a thread can hang on a dead connection), and
-    so does the interpreter's exit. Once the pool has stopped, its claims are released or left
-    to stale recovery and there is nothing left to save: what has not ended PROCESS_TEARDOWN
-    seconds later is left behind, and the process exits at once."""
+    so does the interpreter's exit. Once the pool has stopped, its claims are released or, once
+    it has exited, recovered by the maintenance leader, and there is nothing left to save: what
+    has not ended PROCESS_TEARDOWN seconds later is left behind, and the process exits at once."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     # The loop's executor is ours, so that its shutdown can be waited for with a bound
@@ -44,7 +44,8 @@ def run_pool_process(main: Coroutine[Any, Any, None]) -> None:
             asyncio.set_event_loop(None)
             loop.close()
     if not clean:
-        log.warning("exiting with work left behind; stale recovery takes back any claim it held")
+        log.warning("exiting with work left behind; the maintenance leader recovers any claim it "
+                    "held within seconds of the exit")
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

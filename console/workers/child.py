@@ -136,7 +136,7 @@ async def _run(pool: WorkerPool) -> None:
             pool.stop()
         elif first == "control" and since < SAME_STOP_WINDOW:
             log.info("signal received: already draining", extra={"signal": name})
-        else:  # an impatient supervisor or operator: claims left behind go to stale recovery
+        else:  # an impatient supervisor or operator: claims left behind are recovered at exit
             log.warning("signal received while stopping: abandoning the drain", extra={"signal": name})
             task.cancel()
 

@@ -1,5 +1,5 @@
-"""The maintenance leader: one worker in the cluster runs expiry, stale recovery, archiving,
-partition upkeep and retention, elected by a lease in the database.
+"""The maintenance leader: one worker in the cluster runs expiry, stale and dead-worker
+recovery, archiving, partition upkeep and retention, elected by a lease in the database.
 
 Every pool runs a `MaintenanceLeader`. It holds a connection of its own; whichever one's
 `try_lead_maintenance_v1()` wins the lease leads while it renews it (before every job) from
@@ -64,6 +64,10 @@ class MaintenanceSchedule:
     """How often the delete reaper's own schedule (delete_reaper_schedule, a cron schedule, or
     else delete_reaper_interval) is checked: a schedule's minute is run within this long."""
     stale_recovery: float = 60.0
+    dead_worker_recovery: float = 2.0
+    """How often the leader looks for workers whose database sessions all ended (killed, or
+    their machine gone) and hands their claims back: a dead worker's messages and ordering keys
+    wait seconds, not the stale-recovery timeout, which still protects slow live deliveries."""
     archive: float = 2.0
     partitions: float = 3600.0
     dlq_cleanup: float = 3600.0
@@ -79,6 +83,7 @@ class MaintenanceSchedule:
     def jobs(self) -> list[MaintenanceJob]:
         return [
             MaintenanceJob("stale_recovery", "recover_stale_messages", self.stale_recovery),
+            MaintenanceJob("dead_worker_recovery", "recover_dead_workers_claims", self.dead_worker_recovery),
             MaintenanceJob("expiry", "mark_expired_messages", self.expiry, batch=10_000),
             MaintenanceJob("expiry_reaper", "run_expiry_reaper", self.expiry_reaper, batch=10_000),
             MaintenanceJob("delete_reaper", "", self.delete_reaper_check, runner=_delete_reaper),

@@ -149,7 +149,12 @@ class WorkerPool:
     def __init__(self, dsn: str, settings: PoolSettings | None = None) -> None:
         self.settings = settings or PoolSettings()
         self.stats = PoolStats()
-        self._db = AsyncDatabase(dsn, min_size=2, max_size=8, application_name="courier-worker")
+        # This process, as against an earlier one under the same worker id (a fixed --worker-id).
+        self._incarnation = uuid.uuid4().hex
+        # Every session registers itself, so that the maintenance leader sees this process die
+        # with its sessions and recovers its claims at once (recover_dead_workers_claims).
+        self._db = AsyncDatabase(dsn, min_size=2, max_size=8, application_name="courier-worker",
+                                 configure=self._register_session)
         self._stopping = asyncio.Event()
         self._targets: dict[int, Target] = {}
         self._loops: dict[int, asyncio.Task[None]] = {}
@@ -169,6 +174,8 @@ class WorkerPool:
         # Outcomes taken from _reports by a report (or a report-and-claim) in progress; put
         # back in front if it fails.
         self._reports_sending = 0
+        # Messages whose outcome went out in a report that failed in transit, and is sent again.
+        self._unanswered: set[int] = set()
         # Slots reserved by claims on their way to the database, in total and by endpoint.
         self._claiming = 0
         self._claiming_by_endpoint: dict[int, int] = defaultdict(int)
@@ -255,7 +262,7 @@ class WorkerPool:
             # logged and left behind, and the stop goes on.
             if not await within(self.settings.drain_timeout + DRAIN_GRACE, self._drain_and_report(reporter),
                                 "the drain"):
-                log.error("drain timed out; unreported outcomes are left to stale recovery",
+                log.error("drain timed out; what is still claimed is recovered once this worker has exited",
                           extra={"worker_id": self.worker_id, "unreported": len(self._reports)})
                 await cancel_within([reporter], STOP_STEP)
         finally:
@@ -526,9 +533,13 @@ class WorkerPool:
         self._reports_sending += len(batch)
         return batch
 
-    def _give_back(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
+    def _give_back(self, batch: list[tuple[ClaimedMessage, Outcome]], error: BaseException | None = None) -> None:
+        """Put outcomes back in front after a report that failed with `error`: one that failed
+        in transit may have committed before its answer was lost (see _count_reported)."""
         self._reports_sending -= len(batch)
         self._reports[:0] = batch
+        if error is not None and _transient(error):
+            self._unanswered.update(message.id for message, _ in batch)
 
     async def _claim(self, endpoint_id: int, room: int) -> list[ClaimedMessage]:
         """Claim for one endpoint, reporting the outcomes held so far in the same round trip
@@ -541,7 +552,7 @@ class WorkerPool:
             async with self._db.connection() as conn:
                 rows = await queries.fetch_all_async(conn, "report_and_claim", {**params, **_report_params(batch)})
         except BaseException as error:
-            self._give_back(batch)
+            self._give_back(batch, error)
             if not batch or not isinstance(error, Exception):
                 raise
             # The outcomes may be what failed (refused, or waiting on a lock): the reporter
@@ -555,7 +566,7 @@ class WorkerPool:
         else:
             self._reports_sending -= len(batch)
             if batch:
-                self._count_reported(rows[0])
+                self._count_reported(rows[0], batch)
                 await self._forget(batch)
         now = time.monotonic()
         claimed = []
@@ -701,14 +712,15 @@ class WorkerPool:
                 await asyncio.sleep(self.settings.report_interval)
             while self._reports:
                 batch = self._take_reports()
+                settled: set[int] = set()
                 try:
-                    await self._report_isolating(batch)
+                    await self._report_isolating(batch, settled)
                     failures = 0
                 except asyncio.CancelledError:
-                    self._give_back(batch)
+                    self._give_back(self._unsettled(batch, settled))
                     raise
                 except Exception as error:  # the database is away: keep the batch, try again
-                    self._give_back(batch)
+                    self._give_back(self._unsettled(batch, settled), error)
                     failures += 1
                     log.warning("reporting outcomes failed; will retry",
                                 extra={"pending_reports": self._unreported(), "error": _one_line(error)})
@@ -718,12 +730,23 @@ class WorkerPool:
             if self._stopping.is_set() and not self._in_flight and not self._dispatch_tasks:
                 return
 
-    async def _report_isolating(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
+    def _unsettled(self, batch: list[tuple[ClaimedMessage, Outcome]],
+                   settled: set[int]) -> list[tuple[ClaimedMessage, Outcome]]:
+        """The part of a batch a failed report has not settled, to be sent again; the rest no
+        longer counts as being sent."""
+        rest = [item for item in batch if item[0].id not in settled]
+        self._reports_sending -= len(batch) - len(rest)
+        return rest
+
+    async def _report_isolating(self, batch: list[tuple[ClaimedMessage, Outcome]], settled: set[int]) -> None:
         """Report a batch; if the database refuses it for what it holds (not for being away),
         split it until the one bad outcome is found, and record that one as an error of its
-        message alone, so one bad response never holds back the others."""
+        message alone, so one bad response never holds back the others. The ids of messages
+        done with (reported, or given up on) go into `settled`: if the database goes away
+        halfway, only the rest is sent again."""
         try:
             await self._report(batch)
+            settled.update(message.id for message, _ in batch)
             return
         except asyncio.CancelledError:
             raise
@@ -732,8 +755,8 @@ class WorkerPool:
                 raise
             if len(batch) > 1:
                 middle = len(batch) // 2
-                await self._report_isolating(batch[:middle])
-                await self._report_isolating(batch[middle:])
+                await self._report_isolating(batch[:middle], settled)
+                await self._report_isolating(batch[middle:], settled)
                 return
             message, outcome = batch[0]
             reason = _one_line(error)
@@ -753,28 +776,43 @@ class WorkerPool:
             log.error("outcome dropped; stale recovery will redeliver the message",
                       extra={"message_id": message.id, "error": _one_line(second)})
             await self._forget(batch)
+        settled.add(message.id)
 
     async def _report(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
         self.stats.round_trips += 1
         self.stats.lone_reports += 1
         async with self._db.connection() as conn:
             rows = await queries.fetch_all_async(conn, "report_outcomes", _report_params(batch))
-        self._count_reported(rows[0])
+        self._count_reported(rows[0], batch)
         await self._forget(batch)
 
-    def _count_reported(self, counts: dict) -> None:
+    def _count_reported(self, counts: dict, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
         delivered, retried, dead = counts["delivered"], counts["retried"], counts["dead_lettered"]
         self.stats.delivered += delivered
         self.stats.failed += retried + dead
         self.stats.dead_lettered += dead
-        if counts["stale"]:
-            self.stats.stale_reports += counts["stale"]
-            log.warning("outcomes of recovered claims ignored", extra={"count": counts["stale"]})
+        stale = counts["stale"]
+        if not stale:
+            return
+        self.stats.stale_reports += stale
+        again = sum(1 for message, _ in batch if message.id in self._unanswered)
+        if again:
+            # A report whose commit answer was lost (the database restarted, the connection
+            # broke) is sent again; if the first attempt had committed, this one finds the
+            # claims already settled and changes nothing.
+            log.warning("outcomes not applied again: an earlier attempt of this report, whose answer was lost, "
+                        "may already have recorded them; if it did not, their claims were recovered and the "
+                        "messages are delivered again", extra={"count": stale, "sent_again": again})
+        else:
+            log.warning("outcomes ignored: their claims were recovered (held past the stale-recovery timeout, or "
+                        "this worker's database sessions were seen to end) and the messages are delivered again",
+                        extra={"count": stale})
 
     async def _forget(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
         reported: set[int] = set()
         for message, _ in batch:
             self._leased_at.pop(message.id, None)
+            self._unanswered.discard(message.id)
             endpoint_id = self._failed_endpoint.pop(message.id, None)
             if endpoint_id is not None:
                 self._unreported_failures[endpoint_id] -= 1
@@ -849,9 +887,14 @@ class WorkerPool:
                 log.warning("LISTEN connection lost; reconnecting", extra={"error": error.one_line()})
                 await asyncio.sleep(1.0)
 
+    async def _register_session(self, conn) -> None:
+        await queries.fetch_value_async(conn, "register_worker_session", {
+            "worker_id": self.worker_id, "incarnation": self._incarnation})
+
     async def _heartbeat(self, state: str | None = None) -> None:
         state = state or ("draining" if self._stopping.is_set() else "running")
         async with self._db.connection() as conn:
+            await self._register_session(conn)  # a no-op unless a pooler moved us to another session
             await queries.fetch_value_async(conn, "worker_heartbeat", {
                 "worker_id": self.worker_id, "hostname": socket.gethostname(), "pid": os.getpid(),
                 "concurrency": self.settings.concurrency, "in_flight": len(self._in_flight),

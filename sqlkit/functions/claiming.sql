@@ -72,53 +72,188 @@ BEGIN
 END
 $$;
 
--- Stale recovery (ulak): messages in processing longer than stale_recovery_timeout (or
--- p_timeout_seconds) since their claim or its last lease renewal go back to pending for
--- immediate redelivery. The lost attempt counts: a message whose delivery keeps killing its
--- worker is dead-lettered once past max_retries, with an error that says so. Returns how
--- many it recovered (dead-lettered ones included).
-CREATE OR REPLACE FUNCTION courier.recover_stale_messages(p_timeout_seconds integer DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER
+-- Hands claims back to pending for immediate redelivery, counting the lost attempt: a message
+-- whose delivery keeps killing its worker is dead-lettered once past max_retries, with an error
+-- that says so. p_ids are claims the caller has locked (FOR UPDATE) and found abandoned;
+-- p_reason says why (p_exhausted_reason, in the error of one past its retries), p_event is
+-- logged with the counts and p_details. Returns how many it recovered
+-- (dead-lettered ones included). Every endpoint concerned is woken.
+CREATE OR REPLACE FUNCTION courier._recover_claims(p_ids bigint[], p_reason text, p_exhausted_reason text,
+                                                  p_event text, p_details jsonb DEFAULT '{}') RETURNS integer
+LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
     v_recovered integer;
     v_dead bigint[];
+    v_endpoints integer[];
+    v_endpoint integer;
     v_default_max_retries integer := courier._setting_int('default_max_retries');
 BEGIN
-    WITH stale AS (
+    IF coalesce(cardinality(p_ids), 0) = 0 THEN
+        RETURN 0;
+    END IF;
+    WITH abandoned AS (
         SELECT q.id, coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
                               v_default_max_retries) AS max_retries
         FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
-        WHERE q.status = 'processing' AND q.visible_at IS NULL  -- queue_processing_started_idx (0021)
-          AND q.processing_started_at < now() - make_interval(
-                secs => coalesce(p_timeout_seconds, courier._setting_int('stale_recovery_timeout')))
-        ORDER BY q.id
-        FOR UPDATE OF q SKIP LOCKED
+        WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NULL
     ),
     recovered AS (
         UPDATE courier.queue q
         SET status = 'pending', retry_count = q.retry_count + 1,
             last_error = CASE WHEN q.retry_count + 1 > m.max_retries
-                              THEN format('[PERMANENT] recovered from stale processing %s times; max_retries (%s) exceeded',
-                                          q.retry_count + 1, m.max_retries)
-                              ELSE 'Recovered from stale processing state' END,
+                              THEN format('[PERMANENT] %s %s times; max_retries (%s) exceeded',
+                                          p_exhausted_reason, q.retry_count + 1, m.max_retries)
+                              ELSE p_reason END,
             error_history = q.error_history || jsonb_build_object(
                 'attempt', q.retry_count + 1, 'at', now(), 'outcome', 'stale', 'worker_id', q.worker_id,
-                'error', 'Recovered from stale processing state'),
+                'error', p_reason),
             next_retry_at = now(), processing_started_at = NULL, worker_id = NULL, updated_at = now()
-        FROM stale m
+        FROM abandoned m
         WHERE q.id = m.id
-        RETURNING q.id, q.retry_count > m.max_retries AS exhausted
+        RETURNING q.id, q.endpoint_id, q.retry_count > m.max_retries AS exhausted
     )
-    SELECT count(*), array_agg(id) FILTER (WHERE exhausted) INTO v_recovered, v_dead FROM recovered;
+    SELECT count(*), array_agg(id) FILTER (WHERE exhausted), array_agg(DISTINCT endpoint_id)
+    INTO v_recovered, v_dead, v_endpoints FROM recovered;
     IF v_dead IS NOT NULL THEN
         PERFORM courier._dead_letter(v_dead);
     END IF;
     IF v_recovered > 0 THEN
-        PERFORM courier._log_event('messages.stale_recovered', NULL, jsonb_build_object(
+        PERFORM courier._log_event(p_event, NULL, p_details || jsonb_build_object(
             'count', v_recovered, 'dead_lettered', coalesce(cardinality(v_dead), 0)));
+        -- A half-open probe among them never got its answer: the circuit goes back to open,
+        -- due for a new probe now, rather than half open until a whole cooldown has passed.
+        UPDATE courier.endpoints SET circuit_state = 'open', circuit_half_open_at = now(), updated_at = now()
+        WHERE id = ANY (v_endpoints) AND circuit_state = 'half_open';
+        FOREACH v_endpoint IN ARRAY v_endpoints LOOP
+            PERFORM pg_notify('courier_new_msg', v_endpoint::text);
+        END LOOP;
     END IF;
+    RETURN v_recovered;
+END
+$$;
+
+-- Stale recovery (ulak): messages in processing longer than stale_recovery_timeout (or
+-- p_timeout_seconds) since their claim or its last lease renewal go back to pending for
+-- immediate redelivery (see _recover_claims). This is the safety net for a worker that is
+-- alive but stuck, or died without its sessions being seen to end; a worker whose sessions
+-- ended is caught within seconds by recover_dead_workers_claims.
+CREATE OR REPLACE FUNCTION courier.recover_stale_messages(p_timeout_seconds integer DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_ids bigint[];
+BEGIN
+    SELECT array_agg(id) INTO v_ids FROM (
+        SELECT q.id FROM courier.queue q
+        WHERE q.status = 'processing' AND q.visible_at IS NULL  -- queue_processing_started_idx (0021)
+          AND q.processing_started_at < now() - make_interval(
+                secs => coalesce(p_timeout_seconds, courier._setting_int('stale_recovery_timeout')))
+        ORDER BY q.id
+        FOR UPDATE SKIP LOCKED) s;
+    RETURN courier._recover_claims(v_ids, 'Recovered from stale processing state', 'recovered from stale processing',
+                                   'messages.stale_recovered');
+END
+$$;
+
+-- Worker liveness -----------------------------------------------------------------------
+
+-- Records the calling session as one of a worker process's: every connection of its pool
+-- and its LISTEN connection call this first, and every heartbeat again (behind a pooler that
+-- hands a client's transactions to several server sessions, those it is served by now).
+-- p_incarnation tells this process from an earlier one under the same worker id. Only the
+-- session's own pid is recorded, with its role and the time of its first registration, so
+-- that a later backend reusing the pid is not taken for it.
+CREATE OR REPLACE FUNCTION courier.register_worker_session_v1(p_worker_id text, p_incarnation text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    IF p_worker_id IS NULL OR p_incarnation IS NULL THEN
+        RAISE EXCEPTION '[courier] a worker session needs a worker id and an incarnation' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO courier.worker_sessions (worker_id, incarnation, backend_pid, role_oid)
+    VALUES (p_worker_id, p_incarnation, pg_backend_pid(), (SELECT oid FROM pg_roles WHERE rolname = session_user))
+    ON CONFLICT DO NOTHING;
+END
+$$;
+
+-- Each registered worker session, and whether it is still connected (see
+-- recover_dead_workers_claims). pg_stat_activity is read once per transaction, so every call
+-- in one transaction agrees.
+CREATE OR REPLACE FUNCTION courier._worker_session_liveness()
+RETURNS TABLE (worker_id text, incarnation text, backend_pid integer, registered_at timestamptz, alive boolean)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT s.worker_id, s.incarnation, s.backend_pid, s.registered_at,
+           EXISTS (SELECT 1 FROM pg_stat_activity a
+                   WHERE a.pid = s.backend_pid AND a.usesysid = s.role_oid
+                     AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                     AND (a.backend_start IS NULL OR a.backend_start <= s.registered_at))
+    FROM courier.worker_sessions s
+$$;
+
+-- Recovers the claims of worker processes that are gone: an incarnation none of whose
+-- registered sessions is still connected (in pg_stat_activity) for p_grace_seconds. A session
+-- is taken for alive when a backend with its pid, role and database exists that started before
+-- the registration (its start time is visible only to the owner's own sessions and to
+-- pg_read_all_stats; without it, pid, role and database decide, which errs towards alive: a
+-- reused pid delays recovery until stale recovery, it never takes claims from a live worker).
+-- A backend still running a dead client's statement (a report waiting on a lock) keeps its
+-- worker alive until it ends, so an orphaned report is never overtaken. The grace covers a
+-- database restart and a network blip: a live worker registers a new session within it.
+--
+-- Only claims taken before the first registration of every live incarnation of the same
+-- worker id are recovered: a supervisor's restart under a fixed --worker-id claims again
+-- under that id, and its claims are its own. Leases fence the dead worker: should it report
+-- after all, the report is a no-op, counted as stale. Runs as the owner, which sees every
+-- role's backends. Returns how many claims it recovered.
+CREATE OR REPLACE FUNCTION courier.recover_dead_workers_claims(p_grace_seconds integer DEFAULT 5) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_dead record;
+    v_ids bigint[];
+    v_recovered integer := 0;
+BEGIN
+    -- Sessions a live incarnation no longer has (a pool replaced the connection): forgotten.
+    DELETE FROM courier.worker_sessions s
+    USING courier._worker_session_liveness() l
+    WHERE (l.worker_id, l.incarnation, l.backend_pid, l.registered_at)
+          = (s.worker_id, s.incarnation, s.backend_pid, s.registered_at)
+      AND NOT l.alive
+      AND EXISTS (SELECT 1 FROM courier._worker_session_liveness() o
+                  WHERE (o.worker_id, o.incarnation) = (l.worker_id, l.incarnation) AND o.alive);
+    -- Incarnations seen without a live session for the first time: the grace starts now.
+    UPDATE courier.worker_sessions s SET lost_at = now()
+    WHERE s.lost_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM courier._worker_session_liveness() o
+                      WHERE (o.worker_id, o.incarnation) = (s.worker_id, s.incarnation) AND o.alive);
+
+    FOR v_dead IN
+        SELECT s.worker_id, s.incarnation
+        FROM courier.worker_sessions s
+        GROUP BY s.worker_id, s.incarnation
+        HAVING bool_and(s.lost_at IS NOT NULL AND s.lost_at <= now() - make_interval(secs => greatest(p_grace_seconds, 0)))
+    LOOP
+        SELECT array_agg(id) INTO v_ids FROM (
+            SELECT q.id FROM courier.queue q
+            WHERE q.worker_id = v_dead.worker_id AND q.status = 'processing' AND q.visible_at IS NULL
+              AND q.processing_started_at < coalesce(
+                    (SELECT min(l.registered_at) FROM courier._worker_session_liveness() l
+                     WHERE l.worker_id = v_dead.worker_id AND l.incarnation <> v_dead.incarnation AND l.alive),
+                    'infinity')
+            ORDER BY q.id
+            FOR UPDATE SKIP LOCKED) c;
+        v_recovered := v_recovered + courier._recover_claims(
+            v_ids, 'Recovered from a dead worker (its database sessions ended)', 'recovered from a dead worker',
+            'messages.dead_worker_recovered', jsonb_build_object('worker_id', v_dead.worker_id));
+        DELETE FROM courier.worker_sessions WHERE (worker_id, incarnation) = (v_dead.worker_id, v_dead.incarnation);
+    END LOOP;
     RETURN v_recovered;
 END
 $$;
@@ -213,6 +348,10 @@ BEGIN
     DELETE FROM courier.workers
     WHERE last_heartbeat < now() - make_interval(secs => greatest(p_after_seconds, 60));
     GET DIAGNOSTICS v_pruned = ROW_COUNT;
+    -- Sessions registered by a worker that never got as far as a heartbeat.
+    DELETE FROM courier.worker_sessions s
+    WHERE s.registered_at < now() - make_interval(secs => greatest(p_after_seconds, 60))
+      AND NOT EXISTS (SELECT 1 FROM courier.workers w WHERE w.worker_id = s.worker_id);
     RETURN v_pruned;
 END
 $$;
