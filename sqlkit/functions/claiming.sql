@@ -282,7 +282,7 @@ $$;
 
 -- Tries to make the calling connection the maintenance leader, or, if it leads already, renews
 -- its lease and records that it is still running maintenance. Leadership is a lease in
--- courier.maintenance_lease (migration 0029), a row only courier_owner writes and nobody else
+-- courier.maintenance_lease (migration 0028), a row only courier_owner writes and nobody else
 -- can lock, rather than an advisory lock, which any database user could take and hold to
 -- stop maintenance. A lease passes to another connection when its holder's session has
 -- ended (at once: a killed leader's connection closes with it) or when its holder stopped
