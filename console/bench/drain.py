@@ -123,7 +123,10 @@ class WorkerProcess(subprocess.Popen):
     """`courier worker` with its log kept, so that a benchmark whose worker failed can say why."""
 
     def __init__(self, dsn: str, log: IO[str]) -> None:
-        super().__init__([sys.executable, "-c", "from console.cli import main; main()", "worker"],
+        # The bench made its scratch database a moment ago: one it cannot reach is a failure to
+        # report, not one to wait out as a deployed worker does.
+        super().__init__([sys.executable, "-c", "from console.cli import main; main()", "worker",
+                          "--exit-if-unavailable"],
                          env={**os.environ, "COURIER_DSN": dsn}, stdout=subprocess.DEVNULL, stderr=log)
         self._log = log
 
