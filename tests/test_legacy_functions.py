@@ -25,9 +25,9 @@ def test_only_the_latest_version_of_each_worker_function_is_installed(conn):
         versions[base].append(int(version))
     assert {base: v for base, v in versions.items() if len(v) > 1} == {}
     # What stays: the current worker primitives, one signature each.
-    assert sorted(installed) == ["claim_batch_v3", "release_batch_v2", "renew_leases_v1", "report_and_claim_v1",
-                                 "report_outcomes_v2", "sends_committing_v1", "try_lead_maintenance_v1",
-                                 "worker_heartbeat_v1"]
+    assert sorted(installed) == ["claim_batch_v3", "register_worker_session_v1", "release_batch_v2", "renew_leases_v1",
+                                 "report_and_claim_v1", "report_outcomes_v2", "sends_committing_v1",
+                                 "try_lead_maintenance_v1", "worker_heartbeat_v1"]
 
 
 def test_no_worker_function_is_executable_by_applications_or_monitors(conn):
