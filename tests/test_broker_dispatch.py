@@ -143,7 +143,8 @@ def test_no_broker_secret_reaches_errors_the_dlq_the_event_log_or_the_worker_log
     extra = {"redis": {"stream": "s"}, "amqp": {"routing_key": "k"}, "mqtt": {"topic": "t"}, "nats": {"subject": "s"}}
     for name, (protocol, url) in urls.items():
         conn.execute("SELECT courier.create_endpoint(%s, %s, %s::jsonb, '{\"max_retries\": 0}'::jsonb)",
-                     (name, protocol, json.dumps({"url": url, "timeout": 2, "allow_internal": True, **extra[protocol]})))
+                     (name, protocol, json.dumps({"url": url, "timeout": 2, "allow_internal": True,
+                                                  **extra[protocol]})))
         conn.execute("SELECT courier.send(%s, '{}')", (name,))
     worker = start_worker_process(dsn)
     try:

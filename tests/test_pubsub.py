@@ -296,3 +296,14 @@ def test_a_push_endpoint_at_its_max_depth_rejects_the_publish_too(conn, orders):
         conn.execute("""SELECT courier.publish('order.created', '{"id": 2, "region": "eu"}')""")
     assert refused.value.sqlstate == "53401"
     assert fanned_out(conn) == [("audit", 1)]
+
+
+def test_cli_publish_batch_names_the_input_line_of_a_refused_event(dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('audit', 'noop')")
+    conn.execute("SELECT courier.set_setting('max_payload_size', '1024')")
+    assert cli("event-type", "create", "order.created", dsn=dsn).code == 0
+    assert cli("subscribe", "order.created", "audit", dsn=dsn).code == 0
+    big = '{"pad": "' + "x" * 2000 + '"}'
+    refused = cli("publish", "order.created", "--batch", dsn=dsn, stdin=f'{{"id": 1}}\n\n{big}\n')
+    assert refused.code == 1 and "stdin line 3: batch element 2" in refused.err, refused.err
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0

@@ -9,9 +9,10 @@ import click
 from rich.table import Table
 
 from sqlkit import pubsub
+from sqlkit.errors import CourierError
 
 from .context import common_options, console, emit, open_connection, parse_json, parse_json_object
-from .send import _batch_payloads, _read_input
+from .send import _batch_payloads, _naming_the_line, _read_input
 
 
 @click.group("event-type")
@@ -111,9 +112,12 @@ def publish(event_type: str, payload: str | None, file: click.File | None, idemp
     if batch:
         if idempotency_key is not None or correlation_id is not None:
             raise click.UsageError("--batch takes no --idempotency-key or --correlation-id")
-        events = _batch_payloads(text, source)
+        events, lines = _batch_payloads(text, source)
         with open_connection() as conn:
-            queued = pubsub.publish_batch(conn, event_type, events)
+            try:
+                queued = pubsub.publish_batch(conn, event_type, events)
+            except CourierError as error:
+                raise _naming_the_line(error, source, lines) from None
         emit({"event_type": event_type, "events": len(events), "queued": queued},
              lambda: console.print(f"published {len(events)} {event_type} event(s): {queued} message(s) queued",
                                    highlight=False))
