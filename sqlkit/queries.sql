@@ -27,21 +27,14 @@ SELECT e.id, e.name, e.protocol, courier._redact(e.config) AS config, e.retry_po
        courier._redact_text(e.last_error) AS last_error, e.created_at, e.updated_at,
        coalesce(d.pending, 0)::bigint AS pending_messages,
        coalesce(d.processing, 0)::bigint AS processing_messages,
-       lease.visible_at AS next_lease_deadline
+       CASE WHEN e.protocol = 'pull' AND coalesce(d.processing, 0) > 0
+            THEN courier._next_lease_deadline(e.id) END AS next_lease_deadline
 FROM courier.endpoints e
 LEFT JOIN LATERAL (
     SELECT sum(messages) FILTER (WHERE status = 'pending') AS pending,
            sum(messages) FILTER (WHERE status = 'processing') AS processing
     FROM courier.queue_depth WHERE endpoint_id = e.id
 ) d ON true
--- A topic's nearest visibility deadline still ahead: the first leased row after now() in
--- queue_pull_due_idx (only messages scheduled later than it can come before it there).
-LEFT JOIN LATERAL (
-    SELECT q.visible_at FROM courier.queue q
-    WHERE e.protocol = 'pull' AND coalesce(d.processing, 0) > 0
-      AND q.endpoint_id = e.id AND q.visible_at > now() AND q.status = 'processing'
-    ORDER BY q.visible_at LIMIT 1
-) lease ON true
 WHERE %(name)s::text IS NULL OR e.name = %(name)s::text
 ORDER BY e.name;
 

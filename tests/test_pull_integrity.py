@@ -402,3 +402,62 @@ def test_receive_takes_one_message_of_an_ordering_key_at_a_time(dsn, conn, order
         first.commit()
         second.rollback()
         assert [r[0] for r in second.execute("SELECT id FROM courier.receive('orders', 10)")] == [a2]
+
+
+# Item 14, second half: priority on pull topics ------------------------------------------------
+
+
+def send_with_priority(conn, priorities: list[int], topic: str = "orders",
+                       ordering_key: str | None = None) -> list[tuple[int, int]]:
+    """Sends one message per priority, in the order given; returns (priority, id) pairs."""
+    return [(p, scalar(conn, "SELECT courier.send_with_options(%s, %s, p_priority => %s, p_ordering_key => %s)",
+                       (topic, Jsonb({"p": p}), p, ordering_key)))
+            for p in priorities]
+
+
+def expected_order(sent: list[tuple[int, int]]) -> list[int]:
+    return [m for _, m in sorted(sent, key=lambda pm: (-pm[0], pm[1]))]
+
+
+PRIORITIES = [3, 0, 10, 7, 7, 1, 10, 5, 0, 9, 2, 4, 6, 8, 6, 5, 3, 1, 9, 2, 8, 4]  # each of 0-10, shuffled
+
+
+def test_dequeue_hands_out_higher_priority_first_across_batches(conn, orders):
+    sent = send_with_priority(conn, PRIORITIES)
+    taken: list[int] = []
+    while batch := conn.execute("SELECT id FROM courier.dequeue('orders', 4)").fetchall():
+        taken += [m for (m,) in batch]
+    assert taken == expected_order(sent)
+
+
+def test_receive_and_the_cli_follow_the_same_order(courier, dsn, conn, orders):  # noqa: F811
+    sent = send_with_priority(conn, PRIORITIES)
+    first = [m for (m,) in conn.execute("SELECT id FROM courier.receive('orders', 5)")]
+    shown = courier("dequeue", "orders", "--count", "5", "--json").json()
+    rest = [m for (m,) in conn.execute("SELECT id FROM courier.receive('orders', 100)")]
+    assert first + [m["id"] for m in shown] + rest == expected_order(sent)
+
+
+def test_a_lapsed_lease_comes_back_in_its_priority_not_ahead_of_higher_ones(conn, orders):
+    [(_, low)] = send_with_priority(conn, [2])
+    [(taken, _)] = dequeue(conn, 1)
+    assert taken == low
+    conn.execute("UPDATE courier.queue SET visible_at = now() - interval '1 second' WHERE id = %s", (low,))
+    sent = send_with_priority(conn, [0, 9, 2])
+    assert [m for m, _ in dequeue(conn, 10)] == [sent[1][1], low, sent[2][1], sent[0][1]]
+
+
+def test_an_ordering_key_keeps_its_id_order_whatever_the_priorities(conn, orders):
+    (_, first), (_, urgent) = send_with_priority(conn, [0, 10], ordering_key="cust-a")
+    [(_, other)] = send_with_priority(conn, [5])
+    assert [m for m, _ in dequeue(conn, 10)] == [other, first]  # urgent waits behind its key's first
+    assert status(conn, urgent) == "pending"
+
+
+def test_scheduled_messages_wait_whatever_their_priority(conn, orders):
+    later = scalar(conn, "SELECT courier.send_with_options('orders', '{}', p_priority => 10, "
+                         "p_scheduled_at => now() + interval '1 hour')")
+    sent = send_with_priority(conn, [0, 4])
+    assert scalar(conn, "SELECT courier.peek('orders')") == 2
+    assert [m for m, _ in dequeue(conn, 10)] == [sent[1][1], sent[0][1]]
+    assert status(conn, later) == "pending"

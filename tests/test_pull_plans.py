@@ -1,5 +1,6 @@
 """Every dequeue, receive and peek of a pull topic is served by queue_pull_due_idx, never a scan,
-with 100k messages scheduled for the future in the same topic and 100k due in another (LonnyMQ).
+with 100k messages scheduled for the future in the same topic (at every priority) and 100k due in
+another (LonnyMQ). The candidates come one priority level at a time, a range each.
 
 Two proofs: the plans of the functions' candidate queries (generic, as plpgsql runs them after a
 few calls, and with their actual row counts), and the server's own scan counters across real
@@ -22,13 +23,17 @@ FUTURE = 100_000
 OTHER = 100_000
 
 CANDIDATES = """
-    SELECT q.id FROM courier.queue q
-    WHERE q.endpoint_id = $1 AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-      AND q.status IN ('pending', 'processing')
-      AND (q.expires_at IS NULL OR q.expires_at > now())
-    ORDER BY q.visible_at, q.id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED"""
+    SELECT c.id FROM generate_series(10, 0, -1) AS p(priority)
+    CROSS JOIN LATERAL (
+        SELECT q.id FROM courier.queue q
+        WHERE q.endpoint_id = $1 AND q.priority = p.priority
+          AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+          AND q.status IN ('pending', 'processing')
+          AND (q.expires_at IS NULL OR q.expires_at > now())
+        ORDER BY q.visible_at, q.id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED) c
+    LIMIT $2"""
 
 
 def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -45,8 +50,8 @@ def plan_of(conn: psycopg.Connection, statement: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def big_topic(server_dsn, template_name) -> Iterator[str]:
-    """One database for the module: 'orders' with 100k scheduled for tomorrow and 1k due, 'other'
-    with 100k due, and 50k finished rows; analyzed."""
+    """One database for the module: 'orders' with 100k scheduled for tomorrow (priorities 0-10)
+    and 1k due (priority 0), 'other' with 100k due, and 50k finished rows; analyzed."""
     from tests.conftest import create_database, drop_database
 
     name = "courier_plans_" + template_name[-10:]
@@ -55,8 +60,8 @@ def big_topic(server_dsn, template_name) -> Iterator[str]:
         conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
         conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
         conn.execute("SELECT courier.create_endpoint('other', 'pull', '{}')")
-        conn.execute(f"""INSERT INTO courier.queue (endpoint_id, payload, scheduled_at, visible_at)
-                         SELECT 1, jsonb_build_object('n', g), t, t
+        conn.execute(f"""INSERT INTO courier.queue (endpoint_id, payload, scheduled_at, visible_at, priority)
+                         SELECT 1, jsonb_build_object('n', g), t, t, g % 11
                          FROM generate_series(1, {FUTURE}) g,
                               LATERAL (SELECT now() + interval '1 day' + g * interval '1 ms' AS t) s""")
         conn.execute(f"""INSERT INTO courier.queue (endpoint_id, payload, visible_at)
@@ -90,7 +95,9 @@ def test_future_messages_are_never_read(big_topic):
         plan = plan_of(conn, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
                              + CANDIDATES.replace("$1", "1").replace("$2", "100"))
         [scan] = [n for n in plan if n.get("Relation Name") == "queue"]
-        assert scan["Actual Rows"] == 100 and scan.get("Rows Removed by Filter", 0) == 0
+        assert plan[0]["Actual Rows"] == 100
+        assert scan["Actual Loops"] == 11  # one range per priority level, highest first
+        assert scan.get("Rows Removed by Filter", 0) == 0  # no level stepped over tomorrow's rows
         assert scan["Shared Hit Blocks"] + scan.get("Shared Read Blocks", 0) < 200  # of thousands of pages
         conn.rollback()
 

@@ -142,7 +142,8 @@ def _message_view(message: pull.LeasedMessage | pull.ReceivedMessage) -> dict[st
               help="Seconds the messages stay invisible to others (default: the topic's).")
 @common_options
 def dequeue(topic: str, count: int, visibility_timeout: int | None) -> None:
-    """Take up to COUNT messages of TOPIC under a lease; ack or nack each with its id and lease."""
+    """Take up to COUNT messages of TOPIC under a lease, highest priority then first due first; ack or
+    nack each with its id and lease."""
     with open_connection() as conn:
         messages = pull.dequeue(conn, topic, count, visibility_timeout)
 
@@ -196,7 +197,7 @@ def nack(message_id: int, lease: int, error: str | None) -> None:
 @click.option("--count", type=click.IntRange(1, MAX_COUNT), default=1, show_default=True)
 @common_options
 def receive(topic: str, count: int) -> None:
-    """Take and delete up to COUNT messages of TOPIC, first due first (destructive FIFO)."""
+    """Take and delete up to COUNT messages of TOPIC, highest priority then first due first (destructive)."""
     with open_connection() as conn:
         messages = pull.receive(conn, topic, count)
 

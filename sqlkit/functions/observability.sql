@@ -8,7 +8,8 @@
 --   the pending ones between them (migration 0024), one probe of queue_ready_idx and one of
 --   queue_pending_rest_idx. The second still steps over push messages scheduled for later
 --   (about 16 ms for 100k of them), which a due-ordered probe would not.
--- - Pull messages: the first pending one of queue_pull_due_idx, in due order, up to now. They
+-- - Pull messages: per priority level, the first pending one of queue_pull_due_idx, in due
+--   order, up to now. They
 --   used to come from queue_pending_rest_idx too, where a topic with 500k messages scheduled
 --   for tomorrow made get_endpoint_health take 0.7-1 s and metrics() 1.3 s.
 CREATE OR REPLACE FUNCTION courier._oldest_pending_at(p_endpoint_id integer) RETURNS timestamptz
@@ -32,10 +33,14 @@ AS $$
              ORDER BY priority DESC, id LIMIT 1)
         ) h
         UNION ALL
-        (SELECT id, created_at, scheduled_at FROM courier.queue
-         WHERE endpoint_id = p_endpoint_id AND visible_at <= now() AND visible_at IS NOT NULL
-           AND status IN ('pending', 'processing') AND status = 'pending'  -- past lapsed leases
-         ORDER BY visible_at, id LIMIT 1)
+        SELECT l.id, l.created_at, l.scheduled_at
+        FROM generate_series(0, 10) AS p(priority)
+        CROSS JOIN LATERAL (
+            SELECT id, created_at, scheduled_at FROM courier.queue
+            WHERE endpoint_id = p_endpoint_id AND priority = p.priority
+              AND visible_at <= now() AND visible_at IS NOT NULL
+              AND status IN ('pending', 'processing') AND status = 'pending'  -- past lapsed leases
+            ORDER BY visible_at, id LIMIT 1) l
     ) q
     ORDER BY q.id LIMIT 1
 $$;

@@ -320,21 +320,26 @@ BEGIN
 END
 $$;
 
--- Takes up to p_count due messages of the topic (never more), in due-time-then-id order, each
--- with a new lease, invisible to other consumers for the visibility timeout (p_visibility_
+-- Takes up to p_count due messages of the topic (never more), highest priority first and in
+-- due-time-then-id order within a priority, each with a new lease, invisible to other consumers for the visibility timeout (p_visibility_
 -- timeout_seconds, else the topic's visibility_timeout, else the setting). Due means pending
 -- and scheduled no later than now, or processing under a lease whose timeout has passed (the
 -- consumer died or overran): taking such a message counts the lost attempt, and one already
 -- past max_retries goes to the DLQ instead of being handed out again. Expired messages are
 -- skipped (the expiry reaper marks them). throughput_limit may return fewer. A disabled
 -- topic hands out nothing. A message with an ordering key waits while another message of its
--- key is in processing or ahead of it.
+-- key is in processing or ahead of it (whatever their priorities: a key keeps its id order).
+--
+-- The candidates come one priority level at a time, highest first, each a range of
+-- queue_pull_due_idx (endpoint, priority, due time, id) that stops at the first message not
+-- yet due: a level costs one index descent when it holds nothing due, and no level steps over
+-- messages scheduled for later or leased, however many a higher one holds.
 --
 -- One statement picks the candidates (SKIP LOCKED) and leases them, finding each row again by
 -- its ctid (a TID scan; the rows are locked, so their ctids hold): looking the batch up again
 -- by id, as two statements must, was a seventh of a dequeue. A candidate past max_retries is
 -- not handed out: the same UPDATE records its lost attempt and parks it at visible_at =
--- -infinity, where the probe after it finds it in one step of queue_pull_due_idx (no other
+-- -infinity, where the probe after it finds it in one step per priority level (no other
 -- consumer can take it meanwhile: it stays locked until this transaction ends, by which time
 -- it is in the DLQ). A batch that came back full had no such candidate, and skips the probe.
 --
@@ -390,31 +395,35 @@ BEGIN
 
     RETURN QUERY
     WITH candidates AS (
-        SELECT q.ctid AS tid, q.id, q.visible_at AS due,
-               q.status = 'processing' AND q.retry_count + 1 > coalesce(q.max_retries, v_max_retries) AS exhausted
-        FROM courier.queue q
-        WHERE q.endpoint_id = v_topic.id AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-          AND q.status IN ('pending', 'processing')
-          AND (q.expires_at IS NULL OR q.expires_at > now())
-          -- Ordering keys, as the push claim's rule: one message of a key at a time, in id order.
-          -- No other message of the key in processing under a running lease, and none before it
-          -- (a smaller id) waiting: pending, scheduled, held back, or in processing under a
-          -- lapsed lease, which is taken again first. A batch never holds two of a key: the
-          -- second sees the first pending in the statement's snapshot, as a concurrent consumer
-          -- does until the first one's lease commits. Inline subplans on the ordering indexes
-          -- of migration 0001, run only for rows with a key (a plpgsql function per row was 4x
-          -- dearer: a dequeue past 19,000 messages of busy keys took 125 ms instead of 32 ms).
-          AND (q.ordering_key IS NULL OR (
-                NOT EXISTS (SELECT 1 FROM courier.queue q2
-                            WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
-                              AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
-                              AND (q2.visible_at > now() OR q2.id < q.id))
-            AND NOT EXISTS (SELECT 1 FROM courier.queue q2
-                            WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
-                              AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
-        ORDER BY q.visible_at, q.id
+        SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)  -- every priority (CHECK 0-10), highest first
+        CROSS JOIN LATERAL (
+            SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
+                   q.status = 'processing' AND q.retry_count + 1 > coalesce(q.max_retries, v_max_retries) AS exhausted
+            FROM courier.queue q
+            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+              AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+              AND q.status IN ('pending', 'processing')
+              AND (q.expires_at IS NULL OR q.expires_at > now())
+              -- Ordering keys, as the push claim's rule: one message of a key at a time, in id order.
+              -- No other message of the key in processing under a running lease, and none before it
+              -- (a smaller id) waiting: pending, scheduled, held back, or in processing under a
+              -- lapsed lease, which is taken again first. A batch never holds two of a key: the
+              -- second sees the first pending in the statement's snapshot, as a concurrent consumer
+              -- does until the first one's lease commits. Inline subplans on the ordering indexes
+              -- of migration 0001, run only for rows with a key (a plpgsql function per row was 4x
+              -- dearer: a dequeue past 19,000 messages of busy keys took 125 ms instead of 32 ms).
+              AND (q.ordering_key IS NULL OR (
+                    NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                  AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
+                                  AND (q2.visible_at > now() OR q2.id < q.id))
+                AND NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
+                                  AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
+            ORDER BY q.visible_at, q.id
+            LIMIT v_limit
+            FOR UPDATE SKIP LOCKED) c
         LIMIT v_limit
-        FOR UPDATE SKIP LOCKED
     ),
     leased AS (
         UPDATE courier.queue q
@@ -442,7 +451,7 @@ BEGIN
            coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
     FROM leased t JOIN candidates c ON c.id = t.id
     WHERE NOT c.exhausted
-    ORDER BY c.due, c.id;
+    ORDER BY c.priority DESC, c.due, c.id;
     GET DIAGNOSTICS v_taken = ROW_COUNT;
     IF v_rate > 0 THEN
         PERFORM courier._return_throughput(v_topic, v_limit - v_taken);
@@ -450,7 +459,8 @@ BEGIN
 
     IF v_taken < v_limit THEN  -- a full batch had no candidate past max_retries: nothing parked
         SELECT array_agg(q.id) INTO v_dead
-        FROM courier.queue q
+        FROM generate_series(10, 0, -1) AS p(priority)
+        JOIN courier.queue q ON q.priority = p.priority
         WHERE q.endpoint_id = v_topic.id AND q.visible_at = '-infinity' AND q.visible_at IS NOT NULL
           AND q.status IN ('pending', 'processing')
           AND q.status = 'processing';  -- parked rows only: a pending one was never taken (sends refuse -infinity)
@@ -717,8 +727,8 @@ $$;
 
 -- Receive and peek (NServiceBus) -----------------------------------------------------------------
 
--- Destructive receive: deletes and returns up to p_count due messages (never more), lowest
--- due time then id first, skipping rows other receivers hold. The candidates are picked into
+-- Destructive receive: deletes and returns up to p_count due messages (never more), highest
+-- priority first, then lowest due time and id, skipping rows other receivers hold. The candidates are picked into
 -- an array first and the DELETE matches that array: a DELETE ... USING (SELECT ... LIMIT ...
 -- FOR UPDATE SKIP LOCKED) may evaluate its subquery again and delete more rows than the limit.
 -- The array holds their ctids, which stand still while the rows are locked: the DELETE is a
@@ -761,21 +771,25 @@ BEGIN
     WHILE v_left > 0 AND v_rounds < 10 LOOP
         v_rounds := v_rounds + 1;
         SELECT array_agg(c.ctid), array_agg(c.ctid) FILTER (WHERE c.keyed) INTO v_tids, v_keyed FROM (
-            SELECT q.ctid, q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed
-            FROM courier.queue q
-            WHERE q.endpoint_id = v_topic.id AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-              AND q.status IN ('pending', 'processing')
-              AND (q.ordering_key IS NULL OR (  -- ordering keys: as in dequeue
-                    NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
-                                  AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
-                                  AND (q2.visible_at > now() OR q2.id < q.id))
-                AND NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
-                                  AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
-            ORDER BY q.visible_at, q.id
-            LIMIT v_left
-            FOR UPDATE SKIP LOCKED) c;
+            SELECT d.* FROM generate_series(10, 0, -1) AS p(priority)  -- highest first, as in dequeue
+            CROSS JOIN LATERAL (
+                SELECT q.ctid, q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed
+                FROM courier.queue q
+                WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                  AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+                  AND q.status IN ('pending', 'processing')
+                  AND (q.ordering_key IS NULL OR (  -- ordering keys: as in dequeue
+                        NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                    WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                      AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
+                                      AND (q2.visible_at > now() OR q2.id < q.id))
+                    AND NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                    WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
+                                      AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
+                ORDER BY q.visible_at, q.id
+                LIMIT v_left
+                FOR UPDATE SKIP LOCKED) d
+            LIMIT v_left) c;
         EXIT WHEN v_tids IS NULL;
         IF v_keyed IS NOT NULL THEN  -- delivered keys keep turning duplicates away, as ack's do
             PERFORM courier._keep_delivered_keys(v_keyed);
@@ -784,12 +798,12 @@ BEGIN
         WITH gone AS (
             DELETE FROM courier.queue q WHERE q.ctid = ANY (v_tids)
             RETURNING q.id, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.created_at, q.visible_at,
-                      q.expires_at
+                      q.expires_at, q.priority
         )
         SELECT g.id, g.payload, g.payload_binary, g.body, g.metadata, g.key, g.created_at
         FROM gone g
         WHERE g.expires_at IS NULL OR g.expires_at > now()
-        ORDER BY g.visible_at, g.id;
+        ORDER BY g.priority DESC, g.visible_at, g.id;
         GET DIAGNOSTICS v_got = ROW_COUNT;
         -- The counters _add_delivery_totals keeps, both outcomes in one statement instead of a
         -- call (and a statement) for each.
@@ -826,9 +840,13 @@ BEGIN
     END IF;
     v_topic := courier._pull_topic(p_topic);
     SELECT count(*) INTO v_due FROM (
-        SELECT 1 FROM courier.queue q
-        WHERE q.endpoint_id = v_topic.id AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-          AND q.status IN ('pending', 'processing')
+        SELECT 1 FROM generate_series(10, 0, -1) AS p(priority)  -- the due range of each priority
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM courier.queue q
+            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+              AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+              AND q.status IN ('pending', 'processing')
+            LIMIT 1000) q
         LIMIT 1000) due;
     IF v_due < 1000 THEN
         RETURN v_due;
@@ -983,6 +1001,23 @@ AS $$
     ON CONFLICT (reaper) DO UPDATE SET last_run_at = excluded.last_run_at, last_count = excluded.last_count
 $$;
 
+-- When the first lease still running on a topic runs out: per priority level, the first
+-- leased message after now() in queue_pull_due_idx (only messages scheduled later than it can
+-- come before it there), the earliest of those. The console and `courier topic list` show it.
+CREATE OR REPLACE FUNCTION courier._next_lease_deadline(p_endpoint_id integer) RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT min(l.visible_at)
+    FROM generate_series(0, 10) AS p(priority)
+    CROSS JOIN LATERAL (
+        SELECT q.visible_at FROM courier.queue q
+        WHERE q.endpoint_id = p_endpoint_id AND q.priority = p.priority
+          AND q.visible_at > now() AND q.visible_at IS NOT NULL AND q.status IN ('pending', 'processing')
+          AND q.status = 'processing'
+        ORDER BY q.visible_at LIMIT 1) l
+$$;
+
 -- Topics at a glance, for `courier topic list` and the console: the maintained counts, the
 -- leased (processing) count and the nearest visibility deadline, and the effective limits.
 CREATE OR REPLACE FUNCTION courier.topics()
@@ -999,10 +1034,7 @@ AS $$
             WHERE d.endpoint_id = e.id AND d.status = 'processing'),
            (SELECT coalesce(sum(d.messages), 0)::bigint FROM courier.dlq_depth d
             WHERE d.endpoint_id = e.id AND d.status = 'failed'),
-           -- The first lease still running, from queue_pull_due_idx after now() (as the console reads it).
-           (SELECT q.visible_at FROM courier.queue q
-            WHERE q.endpoint_id = e.id AND q.visible_at > now() AND q.status = 'processing'
-            ORDER BY q.visible_at LIMIT 1),
+           courier._next_lease_deadline(e.id),
            courier._endpoint_max_retries(e),
            courier._endpoint_limit(e.config, 'message_ttl_seconds', 'default_message_ttl'),
            courier._endpoint_limit(e.config, 'max_depth', 'default_max_depth'),
