@@ -10,13 +10,17 @@ roles.sql comes last and is re-applied whenever anything else was.
 
 `migrate()` does all of it in one transaction under an advisory lock, so concurrent runs
 (several workers starting at once) apply each step exactly once, a failed run leaves nothing
-behind, and no other session ever sees a function before its privileges are set.
+behind, and no other session ever sees a function before its privileges are set. A database
+that is already up to date is left alone without the lock; the lock is waited for a bounded
+time, since any database user can hold an advisory key, and the error names the session
+holding it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import time
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -28,6 +32,8 @@ from .errors import MigrationError, translated
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 # Any fixed key works; this one spells "courier" in the first bytes for pg_locks readers.
 MIGRATION_LOCK_KEY = 0x636F7572696572
+# How long migrate() waits for another session's migration lock before it gives up.
+DEFAULT_LOCK_WAIT = 60.0
 # The order function files are applied in; roles.sql grants on what the others define.
 FUNCTION_AREAS = ("internals", "endpoints", "sending", "claiming", "delivery", "archive", "pull",
                   "consumer", "pubsub", "observability", "roles")
@@ -182,12 +188,56 @@ def _apply_functions(conn: psycopg.Connection, files: list[FunctionFile]) -> Non
         )
 
 
-def migrate(dsn: str, target: int | None = None) -> list[Migration]:
+def _lock_holder(conn: psycopg.Connection) -> str:
+    """Who holds the migration lock, as an operator would look for the session."""
+    row = conn.execute(
+        """SELECT l.pid, a.usename, a.application_name, a.backend_start
+           FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+           WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database
+                                                                     WHERE datname = current_database())
+             AND l.classid = (%(key)s >> 32)::oid AND l.objid = (%(key)s & 4294967295)::oid AND l.objsubid = 1
+           LIMIT 1""",
+        {"key": MIGRATION_LOCK_KEY},
+    ).fetchone()
+    if row is None:
+        return "another session"
+    pid, user, application, since = row
+    connected = f", connected since {since:%Y-%m-%d %H:%M:%S %Z}" if since else ""
+    return f"session {pid} (role {user or '?'}, application {application or '-'!r}{connected})"
+
+
+def _take_migration_lock(conn: psycopg.Connection, wait: float) -> None:
+    deadline = time.monotonic() + wait
+    pause = 0.05
+    while not conn.execute("SELECT pg_try_advisory_lock(%s)", (MIGRATION_LOCK_KEY,)).fetchone()[0]:
+        if time.monotonic() >= deadline:
+            raise MigrationError(
+                f"the migration lock is held by {_lock_holder(conn)}; waited {wait:g} s",
+                hint="Another `courier migrate` may be running; if not, end that session "
+                     "(SELECT pg_terminate_backend(pid)) and run it again",
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 1.0)
+
+
+def _nothing_to_do(conn: psycopg.Connection, migrations: list[Migration]) -> bool:
+    """True when every migration up to the target and every function file is in place:
+    a worker or console starting against an up-to-date database never waits for the lock."""
+    applied = _applied(conn)
+    if _pending(applied, migrations):
+        return False
+    complete = max(applied, default=0) == available()[-1].version
+    return not complete or not _functions_pending(_applied_functions(conn), False)
+
+
+def migrate(dsn: str, target: int | None = None, lock_wait: float = DEFAULT_LOCK_WAIT) -> list[Migration]:
     """Apply pending migrations up to target (default: all), then the function files that
     changed if the schema is complete; returns the versioned migrations applied now."""
     migrations = [m for m in available() if target is None or m.version <= target]
     with connect(dsn) as conn, translated():
-        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        if _nothing_to_do(conn, migrations):
+            return []
+        _take_migration_lock(conn, lock_wait)
         try:
             with conn.transaction():
                 _bootstrap(conn)

@@ -11,8 +11,10 @@ import time
 import psycopg
 import pytest
 
+from sqlkit import migrate
 from tests import test_roles_and_psql
 from tests.helpers import archived, claim, report, scalar
+from tests.test_cli import run
 from tests.test_maintenance import leaders, stop
 from tests.workers import start_worker_process, wait_for
 
@@ -175,3 +177,23 @@ def test_a_long_job_on_a_connection_of_its_own_keeps_renewing_the_lease(dsn, con
 
     asyncio.run(main())
     assert renewed_meanwhile == [True]
+
+
+def test_a_session_holding_the_migration_key_cannot_hang_migrate(dsn, conn, login_as):
+    squatter = login_as("courier_application")
+    squatter.execute("SET application_name = 'squatter'")
+    assert scalar(squatter, "SELECT pg_try_advisory_lock(%s)", (migrate.MIGRATION_LOCK_KEY,))
+    started = time.monotonic()
+    assert migrate.migrate(dsn) == []  # up to date: a starting console or demo takes no lock
+    assert time.monotonic() - started < 5
+
+    conn.execute("UPDATE courier.schema_functions SET checksum = 'stale' WHERE area = 'observability'")
+    refused = run("migrate", "--lock-wait", "1", dsn=dsn)
+    assert refused.code == 1 and "Traceback" not in refused.err
+    pid, role = squatter.execute("SELECT pg_backend_pid(), current_user").fetchone()
+    assert f"migration lock is held by session {pid} (role {role}, application 'squatter'" in refused.err
+    assert scalar(conn, "SELECT checksum FROM courier.schema_functions WHERE area = 'observability'") == "stale"
+
+    squatter.close()
+    assert run("migrate", "--lock-wait", "5", dsn=dsn).code == 0
+    assert scalar(conn, "SELECT checksum FROM courier.schema_functions WHERE area = 'observability'") != "stale"

@@ -65,8 +65,10 @@ def db_url() -> None:
 @click.command("migrate")
 @click.option("--target", type=click.IntRange(min=1), help="Stop after this migration version.")
 @click.option("--status", "show_status", is_flag=True, help="Only show what is installed and pending.")
+@click.option("--lock-wait", type=click.FloatRange(0, 3600), default=migrate.DEFAULT_LOCK_WAIT, show_default=True,
+              help="Seconds to wait for another session's migration lock before giving up.")
 @common_options
-def migrate_command(target: int | None, show_status: bool) -> None:
+def migrate_command(target: int | None, show_status: bool, lock_wait: float) -> None:
     """Install or upgrade schema `courier`; safe to run twice or concurrently."""
     url = database_url()
     if show_status:
@@ -83,7 +85,7 @@ def migrate_command(target: int | None, show_status: bool) -> None:
 
         emit(data, render)
         return
-    applied = migrate.migrate(url, target=target)
+    applied = migrate.migrate(url, target=target, lock_wait=lock_wait)
     with connect(url) as conn:
         version = migrate.status(conn).installed_version
     data = {"applied": [m.label for m in applied], "schema_version": version}
