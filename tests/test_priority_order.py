@@ -18,7 +18,7 @@ import pytest
 
 from console.sink import WebhookSink
 from tests.brokers import Broker, require_broker
-from tests.helpers import scalar
+from tests.helpers import claim, scalar
 from tests.workers import run_pool_until, start_worker_process, wait_for
 
 
@@ -164,3 +164,20 @@ def test_a_broker_endpoint_with_one_message_at_a_time_publishes_in_priority_orde
     seen = [message.payload["p"] for message in received]
     assert len(seen) == sent
     assert _non_increasing(seen), ",".join(map(str, seen))
+
+
+def test_due_retries_and_schedules_are_claimed_highest_priority_first(conn):
+    """Messages whose retry or scheduled time has come are claimed by priority too, not by how
+    long they have been due: a priority-10 retry due a moment ago goes before 30 priority-0
+    messages due an hour ago, in the first claim of five."""
+    conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")
+    conn.execute("INSERT INTO courier.queue (endpoint_id, payload, priority, scheduled_at) "
+                 "SELECT 1, jsonb_build_object('n', g), 0, now() - interval '1 hour' FROM generate_series(1, 30) g")
+    conn.execute("INSERT INTO courier.queue (endpoint_id, payload, priority, next_retry_at, retry_count) "
+                 "VALUES (1, '{\"urgent\": 1}', 10, now() - interval '1 second', 1), "
+                 "       (1, '{\"middling\": 1}', 5, now() - interval '2 seconds', 1)")
+    later = scalar(conn, "INSERT INTO courier.queue (endpoint_id, payload, priority, scheduled_at) "
+                         "VALUES (1, '{}', 10, now() + interval '1 hour') RETURNING id")
+    first = claim(conn, 5)
+    assert [row[2] for row in first] == [10, 5, 0, 0, 0]
+    assert later not in [row[0] for row in first]

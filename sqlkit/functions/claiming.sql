@@ -395,9 +395,10 @@ BEGIN
         FROM courier.endpoints e
         CROSS JOIN LATERAL (
             -- Two index paths, each limited: rows with no time attached in claim order from
-            -- queue_ready_idx, and rows whose scheduled or retry time has come, longest due
-            -- first, from a range of queue_due_idx; rows not yet due are never read (an
-            -- ordered scan of all pending rows filtered 200k future ones per claim).
+            -- queue_ready_idx, and rows whose scheduled or retry time has come, highest
+            -- priority first and longest due first within one, from one range of queue_due_idx
+            -- per priority level; rows not yet due are never read (an ordered scan of all
+            -- pending rows filtered 200k future ones per claim).
             SELECT u.id, u.priority FROM (
                 SELECT * FROM (SELECT q.id, q.priority
                  FROM courier.queue q
@@ -417,9 +418,10 @@ BEGIN
                  LIMIT p_batch_size
                  FOR UPDATE OF q SKIP LOCKED) ready
                 UNION ALL
-                SELECT * FROM (SELECT q.id, q.priority
+                SELECT * FROM (SELECT due.* FROM generate_series(10, 0, -1) AS p(priority)  -- highest first
+                CROSS JOIN LATERAL (SELECT q.id, q.priority
                  FROM courier.queue q
-                 WHERE q.endpoint_id = e.id
+                 WHERE q.endpoint_id = e.id AND q.priority = p.priority
                    AND q.status = 'pending' AND (q.scheduled_at IS NOT NULL OR q.next_retry_at IS NOT NULL)
                    AND q.visible_at IS NULL  -- push messages only, as queue_due_idx holds (0021)
                    AND greatest(q.scheduled_at, q.next_retry_at) <= now()
@@ -435,6 +437,7 @@ BEGIN
                  ORDER BY greatest(q.scheduled_at, q.next_retry_at)
                  LIMIT p_batch_size
                  FOR UPDATE OF q SKIP LOCKED) due
+                LIMIT p_batch_size) due_levels
             ) u
             ORDER BY u.priority DESC, u.id
             LIMIT p_batch_size
