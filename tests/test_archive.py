@@ -122,6 +122,22 @@ def test_cleanup_drops_partitions_older_than_the_retention(conn):
     assert dropped == 2
 
 
+def test_retention_forgets_the_replay_markers_of_messages_it_dropped(conn):
+    """Replay markers (replay once unless --again) would otherwise grow with every replay for
+    good; a message replayed before the retention cutoff was archived before it, so its row
+    is gone once its partition is, and its marker goes with it."""
+    for archive_id, months_ago in ((1, 8), (2, 2)):
+        archive_row(conn, archive_id, mid_month(-months_ago))
+    conn.execute("SELECT courier.maintain_archive_partitions(3)")
+    assert scalar(conn, "SELECT courier.claim_replays(ARRAY[1, 2])") == [1, 2]
+    conn.execute("UPDATE courier.replayed_messages SET replayed_at = %s WHERE archive_id = 1", (mid_month(-8),))
+    assert scalar(conn, "SELECT courier.cleanup_old_archive_partitions(6)") == 1
+    assert [i for (i,) in conn.execute("SELECT archive_id FROM courier.replayed_messages")] == [2]
+    assert scalar(conn, "SELECT details ->> 'replay_markers_deleted' FROM courier.event_log "
+                        "WHERE event_type = 'archive.partitions_dropped'") == "1"
+    assert scalar(conn, "SELECT courier.claim_replays(ARRAY[2])") == []  # still replayed once
+
+
 @pytest.mark.parametrize("call", ["SELECT courier.cleanup_old_archive_partitions(0)",
                                   "SELECT courier.cleanup_old_archive_partitions(121)",
                                   "SELECT courier.maintain_archive_partitions(-1)",

@@ -124,7 +124,7 @@ $$;
 
 -- Drops monthly partitions that ended more than retention_months (default: the setting
 -- archive_retention_months) before the start of this month, and deletes default-partition
--- rows that old; returns how many partitions it dropped. Dropping a partition costs the same
+-- rows that old and the replay markers of their messages; returns how many partitions it dropped. Dropping a partition costs the same
 -- at any size, unlike deleting its rows.
 --
 -- Dropping a partition takes ACCESS EXCLUSIVE on the archive, and while that waits, every
@@ -145,6 +145,7 @@ DECLARE
     v_dropped text[] := '{}';
     v_busy text[] := '{}';
     v_deleted bigint;
+    v_markers bigint := 0;
 BEGIN
     FOR v_partition IN SELECT * FROM courier.archive_partitions_past_retention(retention_months) LOOP
         IF v_partition.state = 'detaching'
@@ -165,9 +166,17 @@ BEGIN
     END LOOP;
     DELETE FROM courier.archive_default WHERE created_at < v_cutoff;
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
-    IF cardinality(v_dropped) > 0 OR v_deleted > 0 OR cardinality(v_busy) > 0 THEN
+    -- Replay markers (claim_replays) of messages whose archive rows are gone: a message replayed
+    -- before the cutoff was created before it, so once no partition past retention is left, its
+    -- row is gone and its marker guards nothing. Markers live at most retention plus a month.
+    IF cardinality(v_busy) = 0 THEN
+        DELETE FROM courier.replayed_messages WHERE replayed_at < v_cutoff;
+        GET DIAGNOSTICS v_markers = ROW_COUNT;
+    END IF;
+    IF cardinality(v_dropped) > 0 OR v_deleted > 0 OR cardinality(v_busy) > 0 OR v_markers > 0 THEN
         PERFORM courier._log_event('archive.partitions_dropped', NULL, jsonb_build_object(
             'partitions', v_dropped, 'default_rows_deleted', v_deleted, 'busy', v_busy,
+            'replay_markers_deleted', v_markers,
             'retention_months', coalesce(retention_months, courier._setting_int('archive_retention_months'))));
     END IF;
     RETURN cardinality(v_dropped);
