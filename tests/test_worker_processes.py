@@ -71,6 +71,24 @@ def test_two_pools_share_the_work_and_drain_on_sigterm(dsn, conn):
     assert sum(1 for line in log if line["msg"] == "worker stopped" and "delivered" in line) == 2
 
 
+def test_pools_start_from_a_directory_holding_a_package_named_like_ours(dsn, conn, tmp_path):
+    """A user's project with its own `console` (or `sqlkit`) package, where they run `courier
+    worker`: the pools' processes import Courier's, not the one in the working directory."""
+    for name in ("console", "sqlkit"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise SystemExit('the user\'s own {name} was imported')\n")
+    conn.execute("SELECT courier.create_endpoint('noop', 'noop', '{}')")
+    conn.execute("SELECT courier.send_batch('noop', ARRAY(SELECT jsonb_build_object('n', g) "
+                 "FROM generate_series(1, 100) g))")
+    worker = start_worker_process(dsn, "--processes", "2", "--worker-id", "w", cwd=str(tmp_path))
+    try:
+        wait_for(lambda: _delivered(conn) == 100, timeout=60)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.stderr.read()
+    assert "own console" not in worker.stderr.read()
+
+
 def test_a_killed_pool_is_restarted_and_delivery_goes_on(dsn, conn):
     conn.execute("SELECT courier.create_endpoint('noop', 'noop', '{}')")
     worker = start_worker_process(dsn, "--processes", "2", "--worker-id", "w")

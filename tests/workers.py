@@ -39,7 +39,7 @@ def run_pool_until(dsn: str, done: Callable[[], bool], *, timeout: float = 20.0,
     return pool
 
 
-def start_worker_process(dsn: str, *args: str) -> subprocess.Popen[str]:
+def start_worker_process(dsn: str, *args: str, cwd: str | None = None) -> subprocess.Popen[str]:
     """`courier worker` as one pool in one process (unless args say --processes): the tests that
     kill it, name it or count its heartbeat rows are about one pool. tests/test_worker_processes.py
     runs the default, a pool per core under a supervisor."""
@@ -47,7 +47,7 @@ def start_worker_process(dsn: str, *args: str) -> subprocess.Popen[str]:
     if "--processes" not in args:
         args = ("--processes", "1", *args)
     worker = subprocess.Popen([COURIER, "worker", "--dsn", dsn, "--poll-interval", "0.1", *args],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     # Read as it comes: a worker whose database is cut logs a reconnect warning every few
     # milliseconds, and one that filled a pipe nobody read would block on its next log line.
     worker.stdout, worker.stderr = _DrainedPipe(worker.stdout), _DrainedPipe(worker.stderr)  # type: ignore[assignment]

@@ -25,7 +25,7 @@ class SinkProcess:
     """The webhook sink in a process of its own, so it does not share our interpreter."""
 
     def __enter__(self) -> str:
-        self._process = subprocess.Popen([sys.executable, "-m", "console.sink", "--port", "0", "--no-record"],
+        self._process = subprocess.Popen([sys.executable, "-P", "-m", "console.sink", "--port", "0", "--no-record"],
                                          stdout=subprocess.PIPE, text=True)
         assert self._process.stdout is not None
         return self._process.stdout.readline().strip()

@@ -125,7 +125,7 @@ class WorkerProcess(subprocess.Popen):
     def __init__(self, dsn: str, log: IO[str]) -> None:
         # The bench made its scratch database a moment ago: one it cannot reach is a failure to
         # report, not one to wait out as a deployed worker does.
-        super().__init__([sys.executable, "-c", "from console.cli import main; main()", "worker",
+        super().__init__([sys.executable, "-P", "-c", "from console.cli import main; main()", "worker",
                           "--exit-if-unavailable"],
                          env={**os.environ, "COURIER_DSN": dsn}, stdout=subprocess.DEVNULL, stderr=log)
         self._log = log

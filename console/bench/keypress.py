@@ -107,7 +107,7 @@ def measure(dsn: str, *, preload: int = PRELOAD, presses: int = PRESSES,
                          "FROM generate_series(1, %s) g))", (preload,))
     terminal = Terminal()
     env = {**os.environ, "TERM": "xterm-256color", "COURIER_DSN": dsn}
-    command = [sys.executable, "-c", LAUNCH, "console", "--workers", str(workers)]
+    command = [sys.executable, "-P", "-c", LAUNCH, "console", "--workers", str(workers)]
     process = subprocess.Popen(command, stdin=terminal.follower, stdout=terminal.follower,
                                stderr=terminal.follower, env=env, start_new_session=True)
     os.close(terminal.follower)

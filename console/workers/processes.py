@@ -92,7 +92,9 @@ class Supervisor:
 
     def _command(self, pool: _Pool) -> list[str]:
         settings = self._settings
-        command = [sys.executable, "-m", "console.workers.child",
+        # -P: the working directory stays off sys.path, so a package of the user's named like
+        # one of ours (a Django app called "console") is not imported in place of it.
+        command = [sys.executable, "-P", "-m", "console.workers.child",
                    "--concurrency", str(pool.share.of(settings.concurrency)),
                    "--batch-size", str(settings.batch_size), "--poll-interval", str(settings.poll_interval),
                    "--drain-timeout", str(settings.drain_timeout),

@@ -66,7 +66,8 @@ class EmbeddedPool:
                 self._concurrency = _checked(concurrency)
             if self._alive():
                 return
-            command = [sys.executable, "-m", "console.workers.child", "--concurrency", str(self._concurrency),
+            # -P: not the working directory's own `console` package (see processes.py).
+            command = [sys.executable, "-P", "-m", "console.workers.child", "--concurrency", str(self._concurrency),
                        "--worker-id", self._worker_id, "--drain-timeout", str(self._drain_timeout)]
             env = dict(os.environ)
             if self._dsn:
