@@ -321,8 +321,9 @@ END
 $$;
 
 -- Takes up to p_count due messages of the topic (never more), highest priority first and in
--- due-time-then-id order within a priority, each with a new lease, invisible to other consumers for the visibility timeout (p_visibility_
--- timeout_seconds, else the topic's visibility_timeout, else the setting). Due means pending
+-- due-time-then-id order within a priority, each with a new lease, invisible to other
+-- consumers for the visibility timeout (p_visibility_timeout_seconds, else the topic's
+-- visibility_timeout, else the setting). Due means pending
 -- and scheduled no later than now, or processing under a lease whose timeout has passed (the
 -- consumer died or overran): taking such a message counts the lost attempt, and one already
 -- past max_retries goes to the DLQ instead of being handed out again. Expired messages are
@@ -728,8 +729,8 @@ $$;
 -- Receive and peek (NServiceBus) -----------------------------------------------------------------
 
 -- Destructive receive: deletes and returns up to p_count due messages (never more), highest
--- priority first, then lowest due time and id, skipping rows other receivers hold. The candidates are picked into
--- an array first and the DELETE matches that array: a DELETE ... USING (SELECT ... LIMIT ...
+-- priority first, then lowest due time and id, skipping rows other receivers hold. The
+-- candidates are picked into an array first and the DELETE matches that array: a DELETE ... USING (SELECT ... LIMIT ...
 -- FOR UPDATE SKIP LOCKED) may evaluate its subquery again and delete more rows than the limit.
 -- The array holds their ctids, which stand still while the rows are locked: the DELETE is a
 -- TID scan rather than a primary-key lookup per message (7% of a receive of 100 under
