@@ -302,11 +302,11 @@ SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, 
        metadata::text AS metadata, priority,
        retry_count, max_retries, correlation_id, ordering_key, idempotency_key, scheduled_at, expires_at, created_at,
        lease, (SELECT d.id FROM courier.database_identity d) AS database_id
-FROM courier.claim_batch_v3(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
+FROM courier.claim_batch(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
 
 -- name: sends_committing
 -- The worker's linger: is a producer that sent to this endpoint still committing?
-SELECT courier.sends_committing_v1(%(endpoint_id)s);
+SELECT courier.sends_committing(%(endpoint_id)s);
 
 -- name: report_and_claim
 -- claim_for_endpoint with the outcomes held so far reported first, in one round trip.
@@ -315,19 +315,19 @@ SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, 
        retry_count, max_retries, correlation_id, ordering_key, idempotency_key, scheduled_at, expires_at, created_at,
        lease, (SELECT d.id FROM courier.database_identity d) AS database_id,
        delivered, retried, dead_lettered, stale
-FROM courier.report_and_claim_v1(%(worker_id)s, %(batch_size)s, %(endpoint_id)s, %(ids)s::bigint[],
+FROM courier.report_and_claim(%(worker_id)s, %(batch_size)s, %(endpoint_id)s, %(ids)s::bigint[],
                                  %(leases)s::integer[], %(outcomes)s::text[], %(errors)s::text[],
                                  %(retry_after)s::integer[], %(responses)s::jsonb[]);
 
 -- name: report_outcomes
-SELECT * FROM courier.report_outcomes_v2(%(ids)s::bigint[], %(leases)s::integer[], %(outcomes)s::text[],
+SELECT * FROM courier.report_outcomes(%(ids)s::bigint[], %(leases)s::integer[], %(outcomes)s::text[],
                                          %(errors)s::text[], %(retry_after)s::integer[], %(responses)s::jsonb[]);
 
 -- name: release_batch
-SELECT courier.release_batch_v2(%(ids)s::bigint[], %(leases)s::integer[], %(delay)s);
+SELECT courier.release_batch(%(ids)s::bigint[], %(leases)s::integer[], %(delay)s);
 
 -- name: renew_leases
-SELECT courier.renew_leases_v1(%(ids)s::bigint[], %(leases)s::integer[]);
+SELECT courier.renew_leases(%(ids)s::bigint[], %(leases)s::integer[]);
 
 -- name: recover_stale_messages
 SELECT courier.recover_stale_messages();
@@ -336,10 +336,10 @@ SELECT courier.recover_stale_messages();
 SELECT courier.recover_dead_workers_claims();
 
 -- name: register_worker_session
-SELECT courier.register_worker_session_v1(%(worker_id)s, %(incarnation)s);
+SELECT courier.register_worker_session(%(worker_id)s, %(incarnation)s);
 
 -- name: worker_heartbeat
-SELECT courier.worker_heartbeat_v1(%(worker_id)s, %(hostname)s, %(pid)s, %(concurrency)s, %(in_flight)s,
+SELECT courier.worker_heartbeat(%(worker_id)s, %(hostname)s, %(pid)s, %(concurrency)s, %(in_flight)s,
                                    %(delivered)s, %(failed)s, %(state)s);
 
 -- name: setting_values
@@ -437,7 +437,7 @@ SELECT courier.cleanup_dlq();
 SELECT 1;
 
 -- name: try_lead_maintenance
-SELECT courier.try_lead_maintenance_v1(%(worker_id)s);
+SELECT courier.try_lead_maintenance(%(worker_id)s);
 
 -- name: mark_expired_messages
 SELECT courier.mark_expired_messages(%(batch_size)s);

@@ -47,7 +47,7 @@ def dead_letter(conn: psycopg.Connection, endpoint: str, count: int) -> list[int
     endpoint_id = conn.execute("SELECT id FROM courier.endpoints WHERE name = %s", (endpoint,)).fetchone()[0]
     conn.execute("SELECT courier.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', g) "
                  "FROM generate_series(1, %s) g))", (endpoint, count))
-    ids = [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch_v3('t', %s, %s)",
+    ids = [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch('t', %s, %s)",
                                           (count, endpoint_id))]
     report(conn, ids, ["permanent"] * len(ids), ["[PERMANENT] HTTP 422"] * len(ids))
     return [row[0] for row in conn.execute(

@@ -17,7 +17,7 @@ def queue_rows(conn: psycopg.Connection) -> int:
 
 
 def claim(conn: psycopg.Connection, batch: int = 10, worker: str = "test") -> list[tuple]:
-    """Claim across every endpoint with no circuit or rate limit (claim_batch_v3's inside)."""
+    """Claim across every endpoint with no circuit or rate limit (claim_batch's inside)."""
     return conn.execute("SELECT id, payload, priority, ordering_key FROM courier._claim_due(%s, %s)",
                         (worker, batch)).fetchall()
 
@@ -30,8 +30,8 @@ def leases(conn: psycopg.Connection, ids: list[int]) -> list[int]:
 
 def report(conn: psycopg.Connection, ids: list[int], outcomes: list[str], errors: list[str | None],
            retry_after: list[int | None] | None = None) -> tuple:
-    """report_outcomes_v2 as the claim's holder: with the leases the messages hold now."""
-    return conn.execute("SELECT * FROM courier.report_outcomes_v2(%s, %s, %s, %s, %s)",
+    """report_outcomes as the claim's holder: with the leases the messages hold now."""
+    return conn.execute("SELECT * FROM courier.report_outcomes(%s, %s, %s, %s, %s)",
                         (list(ids), leases(conn, ids), outcomes, errors, retry_after)).fetchone()
 
 

@@ -48,7 +48,7 @@ def hook(conn) -> int:
 
 
 def deliver(conn, endpoint: int, ids: list[int], outcome: str) -> None:
-    conn.execute("SELECT courier.claim_batch_v3('w', %s, %s)", (len(ids), endpoint))
+    conn.execute("SELECT courier.claim_batch('w', %s, %s)", (len(ids), endpoint))
     report(conn, ids, [outcome] * len(ids), [None if outcome == "success" else "[PERMANENT] 400"] * len(ids))
 
 

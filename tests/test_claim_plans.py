@@ -118,7 +118,7 @@ def test_the_claims_update_uses_the_primary_key_even_with_a_generic_plan(deep_qu
 def test_worker_functions_never_jit(conn):
     """JIT-compiling a 3 ms claim cost 30 ms on a server with JIT on (the default with LLVM)."""
     configs = dict(conn.execute("SELECT proname, proconfig FROM pg_proc WHERE proname IN "
-                                "('_claim_due', 'claim_batch_v3', 'report_outcomes_v2', "
+                                "('_claim_due', 'claim_batch', 'report_outcomes', "
                                 "'archive_completed_messages')").fetchall())
     assert len(configs) == 4 and all("jit=off" in (config or []) for config in configs.values()), configs
 
@@ -146,7 +146,7 @@ def test_a_claim_never_reads_messages_scheduled_for_later(conn, webhook):
     [due] = [n for n in scans if n.get("Index Name") == "queue_due_idx"]
     assert ready["Actual Rows"] == 30
     assert due["Actual Loops"] == 11 and "now()" in due["Index Cond"]  # one range per priority, up to now
-    assert conn.execute("SELECT count(*) FROM courier.claim_batch_v3('w', 100, 1)").fetchone()[0] == 50
+    assert conn.execute("SELECT count(*) FROM courier.claim_batch('w', 100, 1)").fetchone()[0] == 50
 
 
 def test_pull_messages_stay_out_of_the_push_claim_indexes(conn, webhook):

@@ -25,7 +25,7 @@ def dead(conn):
         ids = scalar(conn, "SELECT courier.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', g) "
                            "FROM generate_series(1, %s) g))", (name, n))
         endpoint = scalar(conn, "SELECT id FROM courier.endpoints WHERE name = %s", (name,))
-        conn.execute("SELECT courier.claim_batch_v3('w', 10, %s)", (endpoint,))
+        conn.execute("SELECT courier.claim_batch('w', 10, %s)", (endpoint,))
         report(conn, ids, ["permanent"] * n, ["[PERMANENT] HTTP 400"] * n)
     return conn
 
@@ -105,7 +105,7 @@ def test_dlq_show_redacts_producer_credentials(courier, conn):
     conn.execute("SELECT courier.create_endpoint('billing', 'noop', '{}')")
     message = scalar(conn, "SELECT courier.send_with_options('billing', '{\"n\": 1}', "
                            "p_headers := '{\"Authorization\": \"Bearer t0p-s3cret\", \"X-Tenant\": \"acme\"}')")
-    conn.execute("SELECT courier.claim_batch_v3('w', 1, 1)")
+    conn.execute("SELECT courier.claim_batch('w', 1, 1)")
     report(conn, [message], ["permanent"], ["boom"])
     dlq_id = scalar(conn, "SELECT id FROM courier.dlq")
     for shown in (courier("dlq", "show", str(dlq_id)), courier("dlq", "show", str(dlq_id), "--json")):

@@ -25,7 +25,7 @@ def busy(conn):
         conn.execute("SELECT courier.create_endpoint(%s, 'noop', '{}')", (name,))
     ids = scalar(conn, "SELECT courier.send_batch('billing', ARRAY(SELECT jsonb_build_object('n', g) "
                        "FROM generate_series(1, 6) g))")
-    conn.execute("SELECT courier.claim_batch_v3('w', 6, 1)")
+    conn.execute("SELECT courier.claim_batch('w', 6, 1)")
     report(conn, ids, ["success"] * 4 + ["permanent"] * 2, [None] * 4 + ["[PERMANENT] HTTP 400"] * 2)
     conn.execute("SELECT courier.send_batch('shipping', ARRAY['{}'::jsonb, '{}', '{}'])")
     conn.execute("UPDATE courier.endpoints SET circuit_state = 'open' WHERE name = 'shipping'")

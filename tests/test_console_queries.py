@@ -33,7 +33,7 @@ def send(conn, endpoint: str, n: int = 1, *, priority: int = 0, ordering_key: st
 
 
 def claim(conn, endpoint: str, batch: int) -> list[int]:
-    return [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch_v3('w', %s, %s)",
+    return [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch('w', %s, %s)",
                                            (batch, endpoint_id(conn, endpoint)))]
 
 

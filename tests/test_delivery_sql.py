@@ -28,7 +28,7 @@ def send(conn, n: int = 1, name: str = "hook") -> list[int]:
 
 
 def claim(conn, endpoint: int, batch: int = 10, worker: str = "w") -> list[int]:
-    return [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch_v3(%s, %s, %s)",
+    return [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch(%s, %s, %s)",
                                            (worker, batch, endpoint))]
 
 
@@ -154,12 +154,12 @@ def test_an_all_success_report_archives_responses_and_counts_per_endpoint(conn, 
     other = endpoint_id(conn, "other")
     ids = send(conn, 2) + send(conn, 1, "other")
     held = {row[0]: row[1] for row in conn.execute(
-        "SELECT id, lease FROM courier.claim_batch_v3('w', 10, %s) UNION ALL "
-        "SELECT id, lease FROM courier.claim_batch_v3('w', 10, %s)", (hook, other))}
+        "SELECT id, lease FROM courier.claim_batch('w', 10, %s) UNION ALL "
+        "SELECT id, lease FROM courier.claim_batch('w', 10, %s)", (hook, other))}
     stale = send(conn, 1)[0]
     held[stale] = 0  # never claimed: pending, and its report is a stale one
     reported = [*ids, stale]
-    row = conn.execute("SELECT * FROM courier.report_outcomes_v2(%s, %s, %s, %s, NULL, %s::jsonb[])",
+    row = conn.execute("SELECT * FROM courier.report_outcomes(%s, %s, %s, %s, NULL, %s::jsonb[])",
                        (reported, [held[i] for i in reported], ["success"] * 4, [None] * 4,
                         ['{"status": 200}', None, '{"status": 202}', None])).fetchone()
     assert row == (3, 0, 0, 1)
@@ -464,13 +464,13 @@ def test_rate_limit_defers_instead_of_failing(conn):
 def test_release_returns_claims_without_counting_an_attempt(conn, hook):
     ids = send(conn, 3)
     claim(conn, hook)
-    assert scalar(conn, "SELECT courier.release_batch_v2(%s, %s)", (ids, leases(conn, ids))) == 3
+    assert scalar(conn, "SELECT courier.release_batch(%s, %s)", (ids, leases(conn, ids))) == 3
     assert scalar(conn, "SELECT sum(retry_count) FROM courier.queue WHERE status = 'pending'") == 0
 
 
 def test_worker_heartbeats(conn):
-    conn.execute("SELECT courier.worker_heartbeat_v1('w1', 'host-a', 42, 16, 3, 100, 2, 'running')")
-    conn.execute("SELECT courier.worker_heartbeat_v1('w1', 'host-a', 42, 16, 0, 150, 2, 'draining')")
+    conn.execute("SELECT courier.worker_heartbeat('w1', 'host-a', 42, 16, 3, 100, 2, 'running')")
+    conn.execute("SELECT courier.worker_heartbeat('w1', 'host-a', 42, 16, 0, 150, 2, 'draining')")
     row = conn.execute("SELECT worker_id, state, in_flight, delivered, alive "
                        "FROM courier.get_worker_status()").fetchone()
     assert row == ("w1", "draining", 0, 150, True)

@@ -168,7 +168,7 @@ def test_a_late_report_after_recovery_is_a_no_op_and_the_new_holder_keeps_the_me
                 conn.execute("UPDATE courier.queue SET processing_started_at = now() - interval '1 hour'")
                 assert scalar(conn, "SELECT courier.recover_stale_messages()") == 1
                 conn.execute("UPDATE courier.queue SET next_retry_at = NULL")
-                thief.append(conn.execute("SELECT id, lease FROM courier.claim_batch_v3('thief', 1, "
+                thief.append(conn.execute("SELECT id, lease FROM courier.claim_batch('thief', 1, "
                                           "(SELECT id FROM courier.endpoints))").fetchone())
             return False
         return scalar(conn, "SELECT metric_value FROM courier.metrics() "

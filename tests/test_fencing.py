@@ -25,12 +25,12 @@ def send(conn, payload: str = "{}", endpoint: str = "hook", key: str | None = No
 
 def claim(conn, endpoint: int, worker: str, batch: int = 10) -> list[tuple[int, int]]:
     """(id, lease) of each message claimed."""
-    return [tuple(row) for row in conn.execute("SELECT id, lease FROM courier.claim_batch_v3(%s, %s, %s)",
+    return [tuple(row) for row in conn.execute("SELECT id, lease FROM courier.claim_batch(%s, %s, %s)",
                                                (worker, batch, endpoint))]
 
 
 def report(conn, held: list[tuple[int, int]], outcome: str = "success") -> tuple:
-    return conn.execute("SELECT * FROM courier.report_outcomes_v2(%s, %s, %s, %s)",
+    return conn.execute("SELECT * FROM courier.report_outcomes(%s, %s, %s, %s)",
                         ([i for i, _ in held], [lease for _, lease in held], [outcome] * len(held),
                          [None if outcome == "success" else "[RETRYABLE] HTTP 503"] * len(held))).fetchone()
 
@@ -73,7 +73,7 @@ def test_a_late_release_never_touches_the_claim_of_the_next_worker(conn, hook):
     go_stale(conn)
     conn.execute("SELECT courier.recover_stale_messages()")
     claim(conn, hook, "next-worker")
-    assert scalar(conn, "SELECT courier.release_batch_v2(%s, %s)", ([first[0]], [first[1]])) == 0
+    assert scalar(conn, "SELECT courier.release_batch(%s, %s)", ([first[0]], [first[1]])) == 0
     assert message_status(conn, message) == "processing"
     assert stale_reports_total(conn) == 1
 
@@ -88,10 +88,10 @@ def test_one_stale_report_in_a_batch_leaves_the_others_applied(conn, hook):
 
 
 @pytest.mark.parametrize("call", [
-    "SELECT * FROM courier.report_outcomes_v2(ARRAY[1], NULL, ARRAY['success'], ARRAY[NULL])",
-    "SELECT * FROM courier.report_outcomes_v2(ARRAY[1], ARRAY[NULL]::integer[], ARRAY['success'], ARRAY[NULL])",
-    "SELECT courier.release_batch_v2(ARRAY[1, 2], ARRAY[1])",
-    "SELECT courier.renew_leases_v1(ARRAY[1], ARRAY[]::integer[])",
+    "SELECT * FROM courier.report_outcomes(ARRAY[1], NULL, ARRAY['success'], ARRAY[NULL])",
+    "SELECT * FROM courier.report_outcomes(ARRAY[1], ARRAY[NULL]::integer[], ARRAY['success'], ARRAY[NULL])",
+    "SELECT courier.release_batch(ARRAY[1, 2], ARRAY[1])",
+    "SELECT courier.renew_leases(ARRAY[1], ARRAY[]::integer[])",
 ], ids=["report-without-leases", "report-null-lease", "release-short", "renew-short"])
 def test_every_report_release_and_renewal_needs_a_lease_per_id(conn, hook, call):
     send(conn)
@@ -106,7 +106,7 @@ def test_a_renewed_lease_keeps_a_slow_delivery_from_recovery(conn, hook):
     message = send(conn)
     (held,) = claim(conn, hook, "slow-but-alive")
     go_stale(conn)
-    assert scalar(conn, "SELECT courier.renew_leases_v1(%s, %s)", ([held[0]], [held[1]])) == 1
+    assert scalar(conn, "SELECT courier.renew_leases(%s, %s)", ([held[0]], [held[1]])) == 1
     assert scalar(conn, "SELECT courier.recover_stale_messages()") == 0
     assert report(conn, [held]) == (1, 0, 0, 0)
     assert message_status(conn, message) == "completed"
@@ -118,7 +118,7 @@ def test_a_stale_lease_cannot_be_renewed(conn, hook):
     go_stale(conn)
     conn.execute("SELECT courier.recover_stale_messages()")
     claim(conn, hook, "w2")
-    assert scalar(conn, "SELECT courier.renew_leases_v1(%s, %s)", ([first[0]], [first[1]])) == 0
+    assert scalar(conn, "SELECT courier.renew_leases(%s, %s)", ([first[0]], [first[1]])) == 0
 
 
 # 2. Stale recovery counts the attempt ---------------------------------------------------
@@ -194,7 +194,7 @@ def worker_session(login_as, worker: str, incarnation: str):
     """A connection as a new member of courier_admin (not the owner, not the caller of the
     recovery), registered as a session of the worker process `incarnation`."""
     session = login_as("courier_admin")
-    session.execute("SELECT courier.register_worker_session_v1(%s, %s)", (worker, incarnation))
+    session.execute("SELECT courier.register_worker_session(%s, %s)", (worker, incarnation))
     return session
 
 

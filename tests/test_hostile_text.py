@@ -92,10 +92,10 @@ def hostile(conn: psycopg.Connection) -> psycopg.Connection:
         for topic in ("held", "taken"):
             conn.execute("SELECT courier.enqueue(%s, %s::jsonb, p_key := %s)", (topic, json.dumps(payload), value))
         conn.execute("SELECT courier._log_event('hostile', NULL, %s::jsonb)", (json.dumps({"note": value}),))
-        conn.execute("SELECT courier.worker_heartbeat_v1(%s, %s, 1, 1, 0, 0, 0, 'running')", (value, value))
+        conn.execute("SELECT courier.worker_heartbeat(%s, %s, 1, 1, 0, 0, 0, 'running')", (value, value))
     # The worker's path: a failed attempt's error stays on the pending message.
     endpoint_id = conn.execute("SELECT id FROM courier.endpoints WHERE name = 'hostile'").fetchone()[0]
-    ids = [r[0] for r in conn.execute("SELECT id FROM courier.claim_batch_v3('t', 100, %s)", (endpoint_id,))]
+    ids = [r[0] for r in conn.execute("SELECT id FROM courier.claim_batch('t', 100, %s)", (endpoint_id,))]
     report(conn, ids, ["retryable"] * len(ids), values[: len(ids)])
     # One dead letter holding everything at once, and one holding a megabyte.
     _dead_letter_pull(conn, "inbox", dict(CORPUS), None, " | ".join(values))

@@ -33,7 +33,7 @@ def test_an_application_holding_the_old_maintenance_key_stops_no_maintenance(dsn
     assert scalar(app, f"SELECT pg_try_advisory_lock({MAINTENANCE_KEY})")
     for statement in ("SELECT * FROM courier.maintenance_lease FOR UPDATE",
                       "UPDATE courier.maintenance_lease SET expires_at = 'infinity'",
-                      "SELECT courier.try_lead_maintenance_v1('squatter')"):
+                      "SELECT courier.try_lead_maintenance('squatter')"):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             app.execute(statement)
 
@@ -88,7 +88,7 @@ def test_two_candidates_never_both_lead_and_a_lease_passes_on(dsn, conn):
 
         def campaign(i: int) -> None:
             barrier.wait()
-            won[i] = bool(scalar(candidates[i], "SELECT courier.try_lead_maintenance_v1(%s)", (f"w{i}",)))
+            won[i] = bool(scalar(candidates[i], "SELECT courier.try_lead_maintenance(%s)", (f"w{i}",)))
 
         threads = [threading.Thread(target=campaign, args=(i,)) for i in range(len(candidates))]
         for thread in threads:
@@ -97,20 +97,20 @@ def test_two_candidates_never_both_lead_and_a_lease_passes_on(dsn, conn):
             thread.join(30)
         assert won.count(True) == 1
         leader = won.index(True)
-        assert scalar(candidates[leader], "SELECT courier.try_lead_maintenance_v1(%s)", (f"w{leader}",))  # renews
+        assert scalar(candidates[leader], "SELECT courier.try_lead_maintenance(%s)", (f"w{leader}",))  # renews
         others = [i for i in range(len(candidates)) if i != leader]
-        assert not any(scalar(candidates[i], "SELECT courier.try_lead_maintenance_v1(%s)", (f"w{i}",))
+        assert not any(scalar(candidates[i], "SELECT courier.try_lead_maintenance(%s)", (f"w{i}",))
                        for i in others)
 
         # A hung leader (its session alive, its lease run out) loses the lease, and learns so.
         conn.execute("UPDATE courier.maintenance_lease SET expires_at = now() - interval '1 second'")
         successor = others[0]
-        assert scalar(candidates[successor], "SELECT courier.try_lead_maintenance_v1(%s)", (f"w{successor}",))
-        assert not scalar(candidates[leader], "SELECT courier.try_lead_maintenance_v1(%s)", (f"w{leader}",))
+        assert scalar(candidates[successor], "SELECT courier.try_lead_maintenance(%s)", (f"w{successor}",))
+        assert not scalar(candidates[leader], "SELECT courier.try_lead_maintenance(%s)", (f"w{leader}",))
 
         # A leader whose session ends frees the lease at once.
         candidates[successor].close()
-        wait_for(lambda: scalar(candidates[others[1]], "SELECT courier.try_lead_maintenance_v1(%s)",
+        wait_for(lambda: scalar(candidates[others[1]], "SELECT courier.try_lead_maintenance(%s)",
                                 (f"w{others[1]}",)), timeout=10)
         assert [e for (e,) in conn.execute("SELECT details ->> 'worker_id' FROM courier.event_log "
                                            "WHERE event_type = 'maintenance.leader_elected' ORDER BY id")] \
@@ -126,7 +126,7 @@ def test_health_check_is_critical_when_live_workers_run_no_maintenance(conn):
     status, detail = health(conn, "maintenance_leader")
     assert status == "critical" and "never run" in detail
     # A leader elected, then silent past its lease (hung, or its jobs stuck): critical again.
-    assert scalar(conn, "SELECT courier.try_lead_maintenance_v1('w')")
+    assert scalar(conn, "SELECT courier.try_lead_maintenance('w')")
     assert health(conn, "maintenance_leader")[0] == "ok"
     assert scalar(conn, "SELECT maintenance_leader FROM courier.get_worker_status()")
     conn.execute("UPDATE courier.maintenance_lease SET maintained_at = now() - interval '5 minutes', "

@@ -100,11 +100,11 @@ def test_the_event_log_records_each_kind_of_event(conn):
     conn.execute("SELECT courier.enable_endpoint('hook')")
     conn.execute("SELECT courier.set_setting('circuit_breaker_threshold', '1')")
     ids = scalar(conn, "SELECT courier.send_batch('hook', ARRAY['{}'::jsonb, '{}'])")
-    conn.execute("SELECT courier.claim_batch_v3('w', 1, 1)")
+    conn.execute("SELECT courier.claim_batch('w', 1, 1)")
     report(conn, ids[:1], ["retryable"], ["boom"])  # opens
     conn.execute("UPDATE courier.endpoints SET circuit_half_open_at = now() - interval '1 second'")
     conn.execute("UPDATE courier.queue SET next_retry_at = NULL")
-    probe = [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch_v3('w', 5, 1)")]  # half_open
+    probe = [row[0] for row in conn.execute("SELECT id FROM courier.claim_batch('w', 5, 1)")]  # half_open
     report(conn, probe, ["permanent"], ["[PERMANENT] 400"])
     conn.execute("SELECT courier.reset_circuit_breaker('hook')")
     dlq_id = scalar(conn, "SELECT id FROM courier.dlq")
@@ -149,8 +149,8 @@ def test_health_check_flags_what_an_operator_must_act_on(conn, setup, check, sta
 
 
 def test_long_gone_workers_are_pruned(conn):
-    conn.execute("SELECT courier.worker_heartbeat_v1('gone', 'h', 1, 1, 0, 0, 0, 'stopped')")
-    conn.execute("SELECT courier.worker_heartbeat_v1('here', 'h', 2, 1, 0, 0, 0, 'running')")
+    conn.execute("SELECT courier.worker_heartbeat('gone', 'h', 1, 1, 0, 0, 0, 'stopped')")
+    conn.execute("SELECT courier.worker_heartbeat('here', 'h', 2, 1, 0, 0, 0, 'running')")
     conn.execute("UPDATE courier.workers SET last_heartbeat = now() - interval '2 hours' WHERE worker_id = 'gone'")
     assert scalar(conn, "SELECT courier.prune_workers()") == 1
     assert [w for (w,) in conn.execute("SELECT worker_id FROM courier.workers")] == ["here"]

@@ -124,7 +124,7 @@ def test_admin_runs_courier_through_its_rows_and_functions(conn, billing, login_
     admin = login_as("courier_admin")
     assert scalar(admin, "SELECT count(*) FROM courier.queue") == 1
     admin.execute("UPDATE courier.endpoints SET description = 'payments' WHERE name = 'billing'")
-    assert admin.execute("SELECT * FROM courier.claim_batch_v3('w', 10, %s)", (billing,)).fetchall()
+    assert admin.execute("SELECT * FROM courier.claim_batch('w', 10, %s)", (billing,)).fetchall()
     assert scalar(admin, "SELECT courier.recover_stale_messages()") == 0
 
 
@@ -137,7 +137,7 @@ APPLICATION_ESCALATIONS = [
     "DELETE FROM courier.queue",
     "INSERT INTO courier.endpoints (name, protocol) VALUES ('x', 'noop')",
     "COPY courier.queue TO STDOUT",
-    "SELECT * FROM courier.claim_batch_v3('thief', 10, 1)",
+    "SELECT * FROM courier.claim_batch('thief', 10, 1)",
     "SELECT * FROM courier._claim_due('thief', 10)",
     "SELECT courier._dead_letter(ARRAY[1::bigint])",
     "SELECT courier.redrive_all()",
@@ -177,7 +177,7 @@ MONITOR_REFUSED = [
     "SELECT courier._redact(config) FROM courier.endpoints",
     "SELECT courier.send('billing', '{}')",
     "UPDATE courier.settings SET value = '0' WHERE name = 'max_queue_size'",
-    "SELECT courier.claim_batch_v3('m', 1, 1)",
+    "SELECT courier.claim_batch('m', 1, 1)",
 ]
 
 

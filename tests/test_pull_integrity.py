@@ -309,9 +309,9 @@ def test_a_push_dead_letter_is_still_redriven_without_key_or_expiry(conn, webhoo
     message_id = scalar(conn, "SELECT courier.send_with_options('webhook', '{}', p_idempotency_key => 'i-1', "
                               "p_expires_at => now() + interval '1 hour')")
     endpoint_id = scalar(conn, "SELECT id FROM courier.endpoints WHERE name = 'webhook'")
-    conn.execute("SELECT courier.claim_batch_v3('w', 10, %s)", (endpoint_id,))
+    conn.execute("SELECT courier.claim_batch('w', 10, %s)", (endpoint_id,))
     lease = scalar(conn, "SELECT lease FROM courier.queue WHERE id = %s", (message_id,))
-    conn.execute("SELECT courier.report_outcomes_v2(%s, %s, %s, %s)", ([message_id], [lease], ["permanent"], ["x"]))
+    conn.execute("SELECT courier.report_outcomes(%s, %s, %s, %s)", ([message_id], [lease], ["permanent"], ["x"]))
     dlq_id = scalar(conn, "SELECT id FROM courier.dlq")
     again = scalar(conn, "SELECT courier.redrive_message(%s)", (dlq_id,))
     assert conn.execute("SELECT idempotency_key, expires_at FROM courier.queue WHERE id = %s",

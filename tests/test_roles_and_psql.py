@@ -181,11 +181,11 @@ def test_application_role_can_send(conn, webhook, login_as):
 @pytest.mark.parametrize("statement", [
     "SELECT courier.create_endpoint('mine', 'noop')",
     "SELECT courier.set_setting('max_queue_size', '0')",
-    "SELECT * FROM courier.claim_batch_v3('thief', 10, 1)",
+    "SELECT * FROM courier.claim_batch('thief', 10, 1)",
     "SELECT * FROM courier._claim_due('thief', 10)",
     "SELECT * FROM courier.queue",
     "INSERT INTO courier.queue (endpoint_id, payload) VALUES (1, '{}')",
-], ids=["create_endpoint", "set_setting", "claim_batch_v3", "_claim_due", "select-queue", "insert-queue"])
+], ids=["create_endpoint", "set_setting", "claim_batch", "_claim_due", "select-queue", "insert-queue"])
 def test_application_role_cannot_administer_consume_or_touch_tables(conn, webhook, login_as, statement):
     app = login_as("courier_application")
     message_id = scalar(app, "SELECT courier.send('webhook', '{}')")
@@ -239,7 +239,7 @@ def test_admin_role_creates_endpoints_and_is_named_in_the_event_log(conn, login_
     endpoint_id = scalar(admin, "SELECT courier.create_endpoint('billing', 'http', %s)", (HOOK,))
     assert scalar(admin, "SELECT courier.set_setting('max_queue_size', '5000')") == "5000"
     scalar(admin, "SELECT courier.send('billing', '{}')")
-    assert len(admin.execute("SELECT * FROM courier.claim_batch_v3('admin-worker', 10, %s)",
+    assert len(admin.execute("SELECT * FROM courier.claim_batch('admin-worker', 10, %s)",
                              (endpoint_id,)).fetchall()) == 1
 
     assert scalar(conn, "SELECT name FROM courier.endpoints WHERE id = %s", (endpoint_id,)) == "billing"

@@ -29,7 +29,7 @@ def _claim_ms(conn: psycopg.Connection, endpoint_id: int) -> float:
     for _ in range(SAMPLES):
         with conn.transaction(force_rollback=True):  # every sample sees the same queue
             started = time.perf_counter()
-            conn.execute("SELECT * FROM courier.claim_batch_v3('bench', 50, %s)", (endpoint_id,)).fetchall()
+            conn.execute("SELECT * FROM courier.claim_batch('bench', 50, %s)", (endpoint_id,)).fetchall()
             timings.append((time.perf_counter() - started) * 1000)
     return statistics.median(timings)
 

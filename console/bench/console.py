@@ -79,7 +79,7 @@ def _add_busy_state(conn: psycopg.Connection, ids: Sequence[int]) -> None:
                            'order-' || (g %% 100), CASE WHEN g %% 5 = 0 THEN md5(g::text)::uuid END
                     FROM generate_series(1, %(keyed)s) g""", {"ids": list(ids), "n": len(ids), "keyed": KEYED})
     for n in range(3):
-        conn.execute("SELECT courier.worker_heartbeat_v1(%s, 'bench-host', %s, 8, 100, 100000, 1000, 'running')",
+        conn.execute("SELECT courier.worker_heartbeat(%s, 'bench-host', %s, 8, 100, 100000, 1000, 'running')",
                      (f"console-bench-{n}", 1000 + n))
     for endpoint_id in ids:
         for outcome, total in (("delivered", 100_000), ("failed_attempt", 3_000), ("dead_lettered", 1_000)):

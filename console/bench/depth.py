@@ -26,7 +26,7 @@ SAMPLES = 25
 def _claim(conn: psycopg.Connection, endpoint_id: int) -> None:
     # Claims a batch and rolls it back, so every sample sees the same queue.
     with conn.transaction(force_rollback=True):
-        conn.execute("SELECT * FROM courier.claim_batch_v3('bench', 50, %s)", (endpoint_id,)).fetchall()
+        conn.execute("SELECT * FROM courier.claim_batch('bench', 50, %s)", (endpoint_id,)).fetchall()
 
 
 QUERIES: dict[str, Callable[[psycopg.Connection], object]] = {

@@ -67,11 +67,11 @@ UPDATE public.bench_drain SET status = 'completed' WHERE id = ANY (:ids::bigint[
 """
 
 # Each transaction reports the batch the previous one claimed and claims the next, as the
-# worker's claim loop does with report_and_claim_v1.
+# worker's claim loop does with report_and_claim.
 SQL_PATH_SCRIPT = """
 SELECT coalesce(array_agg(id) FILTER (WHERE id IS NOT NULL), '{}') AS ids,
        coalesce(array_agg(lease) FILTER (WHERE id IS NOT NULL), '{}') AS leases
-FROM courier.report_and_claim_v1('pgbench', 100, :endpoint, :ids::bigint[], :leases::integer[],
+FROM courier.report_and_claim('pgbench', 100, :endpoint, :ids::bigint[], :leases::integer[],
                                  array_fill('success'::text, ARRAY[cardinality(:ids::bigint[])]),
                                  array_fill(NULL::text, ARRAY[cardinality(:ids::bigint[])])) \\gset
 """
@@ -253,7 +253,7 @@ def drain_noop(dsn: str, *, clients: int, seconds: float, rounds: int, messages:
               f"them in place instead, the ceiling before issue 13: {in_place:,.0f} msg/s = "
               f"{in_place / measured['ceiling'].rate:.2f}x this one; in batches of {PoolSettings.batch_size}, as the "
               f"worker claims: {at_batch:,.0f} msg/s, the worker {measured['courier'].rate / at_batch:.2f} of it). "
-              f"SQL path (Courier's report_and_claim_v1 of 100 under pgbench): "
+              f"SQL path (Courier's report_and_claim of 100 under pgbench): "
               f"{sql_path:,.0f} msg/s = {sql_path / measured['ceiling'].rate:.2f} of the ceiling; the worker "
               f"reached {measured['courier'].rate / sql_path:.2f} of its SQL path"
               + (f"; {min(trips):.3f} database round trips per message" if trips else ""),

@@ -2,7 +2,7 @@
 recovery, archiving, partition upkeep and retention, elected by a lease in the database.
 
 Every pool runs a `MaintenanceLeader`. It holds a connection of its own; whichever one's
-`try_lead_maintenance_v1()` wins the lease leads while it renews it (before every job) from
+`try_lead_maintenance()` wins the lease leads while it renews it (before every job) from
 that connection. When a leader dies its session ends and another worker wins the next
 election, within `election_interval` seconds; a leader that hangs loses the lease when it
 expires. The lease is a row only Courier's owner writes: unlike the advisory lock it replaced,

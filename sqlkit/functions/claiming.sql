@@ -5,7 +5,7 @@
 -- for messages a worker claimed but did not dispatch (shutdown, a circuit that opened
 -- mid-batch). p_leases, parallel to p_ids, fence the release like a report: a message whose
 -- claim was recovered and handed to another worker is left alone. Returns how many it released.
-CREATE OR REPLACE FUNCTION courier.release_batch_v2(p_ids bigint[], p_leases integer[], p_delay_seconds integer DEFAULT 0)
+CREATE OR REPLACE FUNCTION courier.release_batch(p_ids bigint[], p_leases integer[], p_delay_seconds integer DEFAULT 0)
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
@@ -28,7 +28,7 @@ $$;
 -- Renews the leases of messages still being delivered, so that stale recovery never takes a
 -- slow but healthy delivery from a live worker: recovery looks at processing_started_at,
 -- which a renewal moves to now. Only the lease's holder renews; returns how many it renewed.
-CREATE OR REPLACE FUNCTION courier.renew_leases_v1(p_ids bigint[], p_leases integer[]) RETURNS integer
+CREATE OR REPLACE FUNCTION courier.renew_leases(p_ids bigint[], p_leases integer[]) RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
@@ -52,7 +52,7 @@ BEGIN
     IF coalesce(cardinality(p_ids), 0) <> coalesce(cardinality(p_leases), 0)
        OR array_position(p_leases, NULL) IS NOT NULL THEN
         RAISE EXCEPTION '[courier] every message id needs the lease its claim returned'
-            USING ERRCODE = '22023', HINT = 'Pass the lease column of claim_batch_v3 for each id';
+            USING ERRCODE = '22023', HINT = 'Pass the lease column of claim_batch for each id';
     END IF;
 END
 $$;
@@ -166,7 +166,7 @@ $$;
 -- p_incarnation tells this process from an earlier one under the same worker id. Only the
 -- session's own pid is recorded, with its role and the time of its first registration, so
 -- that a later backend reusing the pid is not taken for it.
-CREATE OR REPLACE FUNCTION courier.register_worker_session_v1(p_worker_id text, p_incarnation text) RETURNS void
+CREATE OR REPLACE FUNCTION courier.register_worker_session(p_worker_id text, p_incarnation text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
@@ -259,7 +259,7 @@ END
 $$;
 
 -- Workers -----------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION courier.worker_heartbeat_v1(p_worker_id text, p_hostname text, p_pid integer,
+CREATE OR REPLACE FUNCTION courier.worker_heartbeat(p_worker_id text, p_hostname text, p_pid integer,
                                             p_concurrency integer, p_in_flight integer,
                                             p_delivered bigint, p_failed bigint, p_state text)
 RETURNS void
@@ -288,7 +288,7 @@ $$;
 -- ended (at once: a killed leader's connection closes with it) or when its holder stopped
 -- renewing it (a hung leader, after maintenance_lease_seconds). The row lock makes
 -- concurrent candidates take turns, so two never both win. Returns whether the caller leads.
-CREATE OR REPLACE FUNCTION courier.try_lead_maintenance_v1(p_worker_id text) RETURNS boolean
+CREATE OR REPLACE FUNCTION courier.try_lead_maintenance(p_worker_id text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
@@ -358,7 +358,7 @@ $$;
 
 -- Claims up to p_batch_size deliverable messages, priority DESC then FIFO by id, for one
 -- endpoint or (p_endpoint_id NULL) across every enabled endpoint, with no circuit breaker or
--- rate limit: the inside of claim_batch_v3, never called by workers directly. A deliverable
+-- rate limit: the inside of claim_batch, never called by workers directly. A deliverable
 -- message is pending, due (scheduled_at and next_retry_at reached), unexpired, on an enabled
 -- endpoint, and first in line for its ordering key on its endpoint: nothing with its key is
 -- processing there, and nothing earlier with its key is still pending there (ulak's two NOT
@@ -469,7 +469,7 @@ $$;
 -- only then logs circuit.half_open). While half_open nothing else is claimed, unless the
 -- probe has gone unanswered for a whole cooldown (its worker died), when the next worker
 -- may probe again.
-CREATE OR REPLACE FUNCTION courier.claim_batch_v3(p_worker_id text, p_batch_size integer, p_endpoint_id integer)
+CREATE OR REPLACE FUNCTION courier.claim_batch(p_worker_id text, p_batch_size integer, p_endpoint_id integer)
 RETURNS SETOF courier.claimed_message
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp

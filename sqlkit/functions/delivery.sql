@@ -331,7 +331,7 @@ BEGIN
 END
 $$;
 
--- report_outcomes_v2's path when every outcome is a success, the common case (issue 13): one
+-- report_outcomes's path when every outcome is a success, the common case (issue 13): one
 -- statement moves the delivered messages to the archive and counts them per endpoint, and
 -- each endpoint's bookkeeping reads its row once, instead of a read of every reported row
 -- before the writes. Only a message still in processing under the lease its worker names
@@ -384,7 +384,7 @@ BEGIN
         v_delivered := v_delivered + v_counts[i];
         SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = v_endpoint_ids[i];
         CONTINUE WHEN NOT FOUND;
-        -- As report_outcomes_v2: successes alone refresh last_success_at at most once a second.
+        -- As report_outcomes: successes alone refresh last_success_at at most once a second.
         IF v_endpoint.last_success_at IS NULL OR v_endpoint.last_success_at < now() - interval '1 second' THEN
             UPDATE courier.endpoints SET last_success_at = now() WHERE id = v_endpoint.id;
         END IF;
@@ -411,7 +411,7 @@ $$;
 -- processing under that lease is touched. A report whose claim went stale and was recovered
 -- (and perhaps claimed again by another worker) is a no-op for that message, counted in
 -- `stale` and in metrics() and logged as report.stale_lease.
-CREATE OR REPLACE FUNCTION courier.report_outcomes_v2(p_ids bigint[], p_leases integer[], p_outcomes text[],
+CREATE OR REPLACE FUNCTION courier.report_outcomes(p_ids bigint[], p_leases integer[], p_outcomes text[],
                                                       p_errors text[], p_retry_after integer[] DEFAULT NULL,
                                                       p_responses jsonb[] DEFAULT NULL)
 RETURNS TABLE (delivered integer, retried integer, dead_lettered integer, stale integer)
@@ -442,7 +442,7 @@ BEGIN
     IF v_n IS DISTINCT FROM coalesce(cardinality(p_outcomes), 0) OR v_n IS DISTINCT FROM coalesce(cardinality(p_errors), 0)
        OR v_n IS DISTINCT FROM coalesce(cardinality(p_retry_after), v_n)
        OR v_n IS DISTINCT FROM coalesce(cardinality(p_responses), v_n) THEN
-        RAISE EXCEPTION '[courier] report_outcomes_v2 needs one outcome, error, retry-after and response per id'
+        RAISE EXCEPTION '[courier] report_outcomes needs one outcome, error, retry-after and response per id'
             USING ERRCODE = '22023';
     END IF;
     PERFORM courier._require_leases(p_ids, p_leases);
@@ -581,14 +581,14 @@ END
 $$;
 
 -- The worker's hot path in one round trip and one commit: report the outcomes a worker holds
--- (any endpoints', exactly as report_outcomes_v2 does, fenced by lease) and then claim the
--- next batch of p_endpoint_id (exactly as claim_batch_v3 does: circuit, rate limit, ordering
+-- (any endpoints', exactly as report_outcomes does, fenced by lease) and then claim the
+-- next batch of p_endpoint_id (exactly as claim_batch does: circuit, rate limit, ordering
 -- keys). The claim runs after the report in the same transaction, so the next message of an
 -- ordering key that was just delivered can be claimed at once. Each row is one claimed
 -- message with the report's counts; when nothing is claimed one row carries the counts and
 -- NULL message columns. A report the database refuses fails the whole call: the worker
--- then reports through report_outcomes_v2 on its own, which isolates the bad outcome.
-CREATE OR REPLACE FUNCTION courier.report_and_claim_v1(
+-- then reports through report_outcomes on its own, which isolates the bad outcome.
+CREATE OR REPLACE FUNCTION courier.report_and_claim(
     p_worker_id text, p_batch_size integer, p_endpoint_id integer,
     p_ids bigint[], p_leases integer[], p_outcomes text[], p_errors text[],
     p_retry_after integer[] DEFAULT NULL, p_responses jsonb[] DEFAULT NULL)
@@ -606,13 +606,13 @@ DECLARE
 BEGIN
     IF coalesce(cardinality(p_ids), 0) > 0 THEN
         SELECT * INTO v_report
-        FROM courier.report_outcomes_v2(p_ids, p_leases, p_outcomes, p_errors, p_retry_after, p_responses) r;
+        FROM courier.report_outcomes(p_ids, p_leases, p_outcomes, p_errors, p_retry_after, p_responses) r;
     ELSE
         SELECT 0 AS delivered, 0 AS retried, 0 AS dead_lettered, 0 AS stale INTO v_report;
     END IF;
     RETURN QUERY
         SELECT c.*, v_report.delivered, v_report.retried, v_report.dead_lettered, v_report.stale
-        FROM courier.claim_batch_v3(p_worker_id, p_batch_size, p_endpoint_id) c;
+        FROM courier.claim_batch(p_worker_id, p_batch_size, p_endpoint_id) c;
     IF NOT FOUND THEN
         RETURN QUERY SELECT (NULL::courier.claimed_message).*, v_report.delivered, v_report.retried,
                             v_report.dead_lettered, v_report.stale;

@@ -154,7 +154,7 @@ REVOKE INSERT, UPDATE, DELETE ON courier.send_limits FROM courier_admin;
 -- The database's identity is read by workers (every broker and webhook dedup id carries it)
 -- and never changed: a changed identity would let a redelivery through as a new message.
 REVOKE INSERT, UPDATE, DELETE ON courier.database_identity FROM courier_admin;
--- The maintenance lease is taken and renewed only through try_lead_maintenance_v1(): an admin
+-- The maintenance lease is taken and renewed only through try_lead_maintenance(): an admin
 -- session that could lock or write its row could stop maintenance as the advisory lock let
 -- anyone do (issue 23).
 REVOKE INSERT, UPDATE, DELETE ON courier.maintenance_lease FROM courier_admin;

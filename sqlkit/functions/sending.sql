@@ -12,7 +12,7 @@
 -- NOTIFYs; the others skip it and commit in the same WAL flush, or the next. One of them may
 -- become visible only after the claim the NOTIFY set off, so every committing producer also
 -- holds a shared lock until its commit is visible, and a worker that comes back empty from a
--- claim after a wake-up asks sends_committing_v1() whether any is still held: while one is,
+-- claim after a wake-up asks sends_committing() whether any is still held: while one is,
 -- it claims again after a pause of milliseconds (its linger); once none is, one more claim
 -- sees them all. The fallback poll covers anything else.
 -- The setting stays 'on' for the rest of the transaction: a later write that adds pending
@@ -53,7 +53,7 @@ $$;
 -- (between its commit-time wake-up and the moment its commit is visible). Trying the lock
 -- exclusively for an instant makes a producer that asks for its shared lock meanwhile wait
 -- that instant; nothing waits on the worker.
-CREATE OR REPLACE FUNCTION courier.sends_committing_v1(p_endpoint_id integer) RETURNS boolean
+CREATE OR REPLACE FUNCTION courier.sends_committing(p_endpoint_id integer) RETURNS boolean
 LANGUAGE sql
 AS $$
     SELECT CASE WHEN pg_try_advisory_lock(hashtext('courier.sends_committing'), p_endpoint_id)
