@@ -220,22 +220,12 @@ def _take_migration_lock(conn: psycopg.Connection, wait: float) -> None:
         pause = min(pause * 2, 1.0)
 
 
-def _nothing_to_do(conn: psycopg.Connection, migrations: list[Migration]) -> bool:
-    """True when every migration up to the target and every function file is in place:
-    a worker or console starting against an up-to-date database never waits for the lock."""
-    applied = _applied(conn)
-    if _pending(applied, migrations):
-        return False
-    complete = max(applied, default=0) == available()[-1].version
-    return not complete or not _functions_pending(_applied_functions(conn), False)
-
-
 def migrate(dsn: str, target: int | None = None, lock_wait: float = DEFAULT_LOCK_WAIT) -> list[Migration]:
     """Apply pending migrations up to target (default: all), then the function files that
     changed if the schema is complete; returns the versioned migrations applied now."""
     migrations = [m for m in available() if target is None or m.version <= target]
     with connect(dsn) as conn, translated():
-        if _nothing_to_do(conn, migrations):
+        if target is None and status(conn).up_to_date:  # a starting console or demo waits for no lock
             return []
         _take_migration_lock(conn, lock_wait)
         try:

@@ -459,12 +459,19 @@ BEGIN
     END IF;
 
     IF v_taken < v_limit THEN  -- a full batch had no candidate past max_retries: nothing parked
-        SELECT array_agg(q.id) INTO v_dead
+        -- One range per level, as the candidates: a plain join was left to the statistics, and
+        -- with few leased rows when planned, its generic plan read every leased pull message.
+        -- At most v_limit per level: only this call's parked rows are visible (others' are
+        -- uncommitted until they are in the DLQ).
+        SELECT array_agg(d.id) INTO v_dead
         FROM generate_series(10, 0, -1) AS p(priority)
-        JOIN courier.queue q ON q.priority = p.priority
-        WHERE q.endpoint_id = v_topic.id AND q.visible_at = '-infinity' AND q.visible_at IS NOT NULL
-          AND q.status IN ('pending', 'processing')
-          AND q.status = 'processing';  -- parked rows only: a pending one was never taken (sends refuse -infinity)
+        CROSS JOIN LATERAL (
+            SELECT q.id FROM courier.queue q
+            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+              AND q.visible_at = '-infinity' AND q.visible_at IS NOT NULL
+              AND q.status IN ('pending', 'processing')
+              AND q.status = 'processing'  -- parked rows only: a pending one was never taken (sends refuse -infinity)
+            LIMIT v_limit) d;
         IF v_dead IS NOT NULL THEN
             PERFORM courier._pull_dead_letter(v_dead);
         END IF;
