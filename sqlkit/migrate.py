@@ -2,10 +2,14 @@
 repeatable function files, each function defined once and re-applied when its file changes.
 
 sqlkit/migrations/NNNN_name.sql run once each, in order, and are immutable once shipped; they
-are the history an installed database upgrades through. sqlkit/functions/<area>.sql hold every
-function (and the triggers that call them) in its current form, as CREATE OR REPLACE; a file
-whose checksum differs from the one recorded in courier.schema_functions is applied again, the
-way Flyway's repeatable migrations work, so a change to a function is a diff of that function.
+are the history an installed database upgrades through. The first, 0032_baseline, is the schema
+migrations 0001-0032 built, squashed into one file; a database those migrations built is
+recognised by its recorded history and recorded as at the baseline, with nothing applied.
+
+sqlkit/functions/<area>.sql hold every function (and the triggers that call them) in its
+current form, as CREATE OR REPLACE; a file whose checksum differs from the one recorded in
+courier.schema_functions is applied again, the way Flyway's repeatable migrations work, so a
+change to a function is a diff of that function.
 roles.sql comes last and is re-applied whenever anything else was.
 
 `migrate()` does all of it in one transaction under an advisory lock, so concurrent runs
@@ -34,6 +38,11 @@ _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 MIGRATION_LOCK_KEY = 0x636F7572696572
 # How long migrate() waits for another session's migration lock before it gives up.
 DEFAULT_LOCK_WAIT = 60.0
+# The squashed history: migrations 0001-0032 became 0032_baseline. A database they built
+# records each (version, checksum); this is the digest of all 32 rows (_history_digest).
+BASELINE_VERSION = 32
+SQUASHED_HISTORY_DIGEST = "d5b63f8ce4365ed751127792b3ec293f5384fe23af475b18e325e9c59d957229"
+SQUASHED_AT_COMMIT = "c427f3d"
 # The order function files are applied in; roles.sql grants on what the others define.
 FUNCTION_AREAS = ("internals", "endpoints", "sending", "claiming", "delivery", "archive", "pull",
                   "consumer", "pubsub", "observability", "roles")
@@ -78,10 +87,13 @@ class MigrationStatus:
     latest_version: int
     pending: list[Migration]
     functions_pending: list[FunctionFile] = field(default_factory=list)
+    adopts_history: bool = False
+    """Whether the database holds the history the baseline squashed, still to be recorded as
+    the baseline."""
 
     @property
     def up_to_date(self) -> bool:
-        return not self.pending and not self.functions_pending
+        return not self.pending and not self.functions_pending and not self.adopts_history
 
 
 def available() -> list[Migration]:
@@ -95,6 +107,8 @@ def available() -> list[Migration]:
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
         raise MigrationError(f"two migration files share a version number: {versions}")
+    if not found or found[0].version != BASELINE_VERSION:
+        raise MigrationError(f"sqlkit/migrations must begin with the baseline {BASELINE_VERSION:04d}: {versions}")
     return found
 
 
@@ -122,6 +136,25 @@ def _applied_functions(conn: psycopg.Connection) -> dict[str, str]:
     if not _exists(conn, "courier.schema_functions"):
         return {}
     return dict(conn.execute("SELECT area, checksum FROM courier.schema_functions").fetchall())
+
+
+def _history_digest(applied: dict[int, str]) -> str:
+    return _checksum("".join(f"{version}:{checksum}\n" for version, checksum in sorted(applied.items())))
+
+
+def _as_baseline(applied: dict[int, str], baseline: Migration) -> tuple[dict[int, str], bool]:
+    """The applied migrations as this Courier numbers them, and whether they hold the history
+    the baseline squashed (recorded as the baseline by the next migrate). Any other history
+    from before the baseline is refused: no release shipped one, so nothing can upgrade it."""
+    if min(applied, default=BASELINE_VERSION) >= BASELINE_VERSION:
+        return applied, False
+    if _history_digest(applied) != SQUASHED_HISTORY_DIGEST:
+        raise MigrationError(
+            f"the database has schema version {max(applied):04d} of a development build from before "
+            f"the baseline migration {baseline.label}, which this Courier cannot upgrade",
+            hint=f"Run `courier migrate` with Courier at commit {SQUASHED_AT_COMMIT} first, then with this one",
+        )
+    return {BASELINE_VERSION: baseline.checksum}, True
 
 
 def _pending(applied: dict[int, str], migrations: list[Migration]) -> list[Migration]:
@@ -154,9 +187,10 @@ def status(conn: psycopg.Connection) -> MigrationStatus:
     with translated():
         applied = _applied(conn)
         applied_functions = _applied_functions(conn)
+    applied, adopts_history = _as_baseline(applied, migrations[0])
     pending = _pending(applied, migrations)
     return MigrationStatus(max(applied, default=0), migrations[-1].version, pending,
-                           _functions_pending(applied_functions, bool(pending)))
+                           _functions_pending(applied_functions, bool(pending)), adopts_history)
 
 
 def _bootstrap(conn: psycopg.Connection) -> None:
@@ -174,6 +208,14 @@ def _bootstrap(conn: psycopg.Connection) -> None:
                checksum   text NOT NULL,
                applied_at timestamptz NOT NULL DEFAULT now())"""
     )
+
+
+def _record_as_baseline(conn: psycopg.Connection, baseline: Migration) -> None:
+    """Replace the squashed history's rows with the baseline's: the schema they built is the
+    one the baseline builds (tests/test_migrations.py proves it)."""
+    conn.execute("DELETE FROM courier.schema_migrations WHERE version <= %s", (baseline.version,))
+    conn.execute("INSERT INTO courier.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                 (baseline.version, baseline.name, baseline.checksum))
 
 
 def _apply_functions(conn: psycopg.Connection, files: list[FunctionFile]) -> None:
@@ -231,7 +273,10 @@ def migrate(dsn: str, target: int | None = None, lock_wait: float = DEFAULT_LOCK
         try:
             with conn.transaction():
                 _bootstrap(conn)
-                pending = _pending(_applied(conn), migrations)
+                applied, adopts_history = _as_baseline(_applied(conn), available()[0])
+                if adopts_history:
+                    _record_as_baseline(conn, available()[0])
+                pending = _pending(applied, migrations)
                 for migration in pending:
                     conn.execute(migration.sql.encode())
                     conn.execute(

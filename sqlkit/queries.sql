@@ -131,7 +131,7 @@ LIMIT 1;
 -- first, on queue_processing_started_idx, then pull messages under a lease, which have no
 -- claim time, by id on queue_pull_leased_idx), then pending in claim order, priority DESC then
 -- FIFO by id (per endpoint, the first rows of queue_ready_idx and of queue_pending_rest_idx,
--- which hold the pending messages between them: migration 0024), then
+-- which hold the pending messages between them), then
 -- finished rows not archived yet, newest first (queue_finished_idx). The status gates are
 -- one-time filters, so a branch the status rules out is never run.
 WITH wanted AS (

@@ -39,7 +39,7 @@ def next_run_after(schedule: str, since: datetime) -> datetime | None:
 def run_delete_reaper_if_scheduled(conn: psycopg.Connection, batch_size: int) -> int:
     """Run the delete reaper once if its schedule says so; returns how many it deleted."""
     with translated():
-        schedule, set_at, last_run, last_count, now = conn.execute(_STATE).fetchone()  # migration 0025's row
+        schedule, set_at, last_run, last_count, now = conn.execute(_STATE).fetchone()
         if not schedule:
             return int(conn.execute("SELECT courier.run_delete_reaper_if_due(%s)", (batch_size,)).fetchone()[0])
         ran_since_set = last_run is not None and last_run >= set_at

@@ -167,7 +167,7 @@ def test_after_100k_deliveries_the_queue_holds_only_active_messages(dsn, conn, h
 
 def test_the_sweep_archives_finished_rows_older_than_asked(conn, hook):
     ids = scalar(conn, "SELECT courier.send_batch('hook', ARRAY['{}'::jsonb, '{}', '{}'])")
-    # Rows a release before 0014 completed in place (complete_batch_v1), left for the sweep.
+    # Rows completed in place (as the older primitives left them), for the sweep.
     conn.execute("UPDATE courier.queue SET status = 'completed', completed_at = now() WHERE id = ANY (%s)", (ids,))
     conn.execute("UPDATE courier.queue SET completed_at = now() - interval '2 hours' WHERE id = %s", (ids[0],))
 

@@ -150,7 +150,7 @@ def test_a_claim_never_reads_messages_scheduled_for_later(conn, webhook):
 
 
 def test_pull_messages_stay_out_of_the_push_claim_indexes(conn, webhook):
-    """queue_ready_idx and queue_due_idx hold push messages only (0021): enqueues and nacks of a
+    """queue_ready_idx and queue_due_idx hold push messages only: enqueues and nacks of a
     pull topic add nothing to them, and a claim across every endpoint never takes a pull message.
     That the claims still read both indexes, the tests above show on their larger queues."""
     conn.execute("SELECT courier.set_setting('max_queue_size', '0')")

@@ -18,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from sqlkit import migrate
@@ -404,10 +405,16 @@ def test_commands_without_schema_hint_courier_migrate(empty_dsn):
                                                                      "`courier migrate`")
     pending = assert_ok(run("migrate", "--status", "--json", dsn=empty_dsn)).json()
     assert pending["installed_version"] == 0 and len(pending["pending"]) == len(migrate.available())
+    # Nothing is older than the baseline to stop at.
+    assert_usage_error(run("migrate", "--target", "3", dsn=empty_dsn), "--target")
 
 
 def test_command_on_outdated_schema_hints_courier_migrate(empty_dsn):
-    assert_ok(run("migrate", "--target", "3", dsn=empty_dsn))
+    """As on a database an older Courier migrated: a function this one calls is not there yet."""
+    assert_ok(run("migrate", dsn=empty_dsn))
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("DROP FUNCTION courier.send_with_options")
+        conn.execute("UPDATE courier.schema_functions SET checksum = 'older' WHERE area = 'sending'")
     assert_ok(run("endpoint", "create", "billing", "http", HOOK, dsn=empty_dsn))
     line = assert_one_line_error(run("send", "billing", "{}", dsn=empty_dsn), "SQLSTATE 42883")
     assert "courier migrate" in line

@@ -236,7 +236,7 @@ def searchable(conn):
     assert claim(conn, "b", 2) == [m[8], m[6]]
     report(conn, [m[8]], "success")                   # delivered: archived at once
     assert claim(conn, "a", 1) == [m[2]]
-    # completed in place, not archived yet (as a release before 0014 left some)
+    # completed in place, not archived yet (as the older primitives left some)
     conn.execute("UPDATE courier.queue SET status = 'completed', completed_at = now() WHERE id = %s", (m[2],))
     return conn, m, c1
 
@@ -287,7 +287,7 @@ def test_search_rows_carry_the_summary_columns(searchable):
 
 def test_search_lists_ready_scheduled_and_retrying_messages_once_in_claim_order(conn):
     """Pending push messages due now and those with a time attached are in different indexes
-    (migration 0024); a search lists both in one order, priority DESC then FIFO."""
+    (see the baseline migration); a search lists both in one order, priority DESC then FIFO."""
     conn.execute("SELECT courier.create_endpoint('a', 'noop', '{}')")
 
     def scheduled(priority: int, at: str) -> int:
@@ -464,7 +464,7 @@ def test_dlq_summary_reads_counters_and_probes_not_every_entry(deep_dlq):
 
 def test_search_lists_leased_pull_messages_after_the_pushed_ones_in_flight(searchable):
     """Pull messages under a lease have no claim time: in flight, after every pushed message in
-    processing, by id (they come from their own index since migration 0021)."""
+    processing, by id (they come from their own index, queue_pull_leased_idx)."""
     conn, m, _ = searchable
     conn.execute("SELECT courier.create_endpoint('topic', 'pull', '{}')")
     pulled = [conn.execute("SELECT courier.enqueue('topic', %s::jsonb)", (f'{{"n": {i}}}',)).fetchone()[0]

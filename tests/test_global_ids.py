@@ -59,14 +59,6 @@ def test_the_identity_is_made_at_first_migrate_survives_a_remigrate_and_differs_
             conn.execute("INSERT INTO courier.database_identity DEFAULT VALUES")
 
 
-def test_an_upgraded_database_gets_an_identity_too(empty_dsn):
-    migrate.migrate(empty_dsn, target=25)
-    with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert scalar(conn, "SELECT to_regclass('courier.database_identity')") is None
-    migrate.migrate(empty_dsn)
-    assert isinstance(identity(empty_dsn), uuid.UUID)
-
-
 def test_the_admin_role_that_runs_workers_reads_the_identity_and_cannot_change_it(conn):
     conn.execute("SET ROLE courier_admin")
     assert isinstance(scalar(conn, IDENTITY), uuid.UUID)

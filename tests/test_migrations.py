@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tarfile
 import threading
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -58,58 +60,147 @@ def test_concurrent_migrations_apply_each_step_once(empty_dsn):
         assert scalar(conn, "SELECT count(*) FROM courier.schema_migrations") == len(migrate.available())
 
 
+def seeded_rows(dsn: str) -> dict[str, list[tuple]]:
+    """The rows Courier starts with, as a fresh install writes them."""
+    with psycopg.connect(dsn) as conn:
+        return {
+            "settings": conn.execute("SELECT name, value, default_value, value_type, min_value, max_value, unit,"
+                                     " description FROM courier.settings ORDER BY name").fetchall(),
+            "send_limits": conn.execute("SELECT * FROM courier.send_limits").fetchall(),
+            "internal_locks": conn.execute("SELECT name FROM courier.internal_locks ORDER BY name").fetchall(),
+            "maintenance_lease": conn.execute("SELECT singleton, worker_id, expires_at::text"
+                                              " FROM courier.maintenance_lease").fetchall(),
+            "database_identity": conn.execute("SELECT count(*) FROM courier.database_identity").fetchall(),
+        }
+
+
 def _assert_equals_a_fresh_install(server_dsn: str, upgraded_dsn: str) -> None:
     fresh_name = "courier_fresh_" + uuid.uuid4().hex[:10]
     fresh_dsn = create_database(server_dsn, fresh_name)
     try:
         migrate.migrate(fresh_dsn)
         assert schema_dump(upgraded_dsn) == schema_dump(fresh_dsn)
+        assert seeded_rows(upgraded_dsn) == seeded_rows(fresh_dsn)
     finally:
         drop_database(server_dsn, fresh_name)
 
 
-def _with_data_in_flight(dsn: str, version: int) -> None:
-    """What a release at `version` had in its tables when the upgrade ran."""
-    if version < 4:
-        return
+def _with_data_in_flight(dsn: str, name: str) -> None:
+    """What a database had in its tables when the upgrade ran: a push endpoint with messages
+    pending and dead-lettered, a pull topic with a message leased."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        name = f"legacy{version}"
         conn.execute("SELECT courier.create_endpoint(%s, 'noop', '{}')", (name,))
         conn.execute("SELECT courier.send(%s, '{\"old\": true}')", (name,))
+        conn.execute("SELECT courier.send_with_options(%s, '{}', p_priority := 7, p_ordering_key := 'k')", (name,))
+        conn.execute("SELECT courier.create_endpoint(%s, 'pull', '{}')", (name + "-topic",))
+        conn.execute("SELECT courier.enqueue(%s, '{\"pulled\": true}')", (name + "-topic",))
+        conn.execute("SELECT * FROM courier.dequeue(%s, 1)", (name + "-topic",))
 
 
-@pytest.mark.parametrize("stop_at", [1, 3, 5])
-def test_upgraded_database_equals_a_fresh_install(server_dsn, empty_dsn, stop_at):
-    migrate.migrate(empty_dsn, target=stop_at)
-    with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert migrate.status(conn).installed_version == stop_at
-    _with_data_in_flight(empty_dsn, stop_at)
-    migrate.migrate(empty_dsn)
-    _assert_equals_a_fresh_install(server_dsn, empty_dsn)
+def _messages(dsn: str) -> list[tuple]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT id, endpoint_id, status, priority, lease, payload FROM courier.queue"
+                            " ORDER BY id").fetchall()
 
 
-def test_every_release_upgraded_step_by_step_equals_a_fresh_install(server_dsn, empty_dsn):
-    """From the first release, one version at a time, each with messages in flight."""
+def test_every_migration_upgraded_step_by_step_equals_a_fresh_install(server_dsn, empty_dsn):
+    """From the baseline, one version at a time, each with messages in flight."""
     for migration in migrate.available():
         assert [m.version for m in migrate.migrate(empty_dsn, target=migration.version)] == [migration.version]
-        _with_data_in_flight(empty_dsn, migration.version)
+        _with_data_in_flight(empty_dsn, f"at{migration.version}")
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert migrate.status(conn).up_to_date
-        assert scalar(conn, "SELECT count(*) FROM courier.queue") >= 5  # nothing in flight was lost
+    assert len(_messages(empty_dsn)) == 3 * len(migrate.available())  # nothing in flight was lost
     _assert_equals_a_fresh_install(server_dsn, empty_dsn)
 
 
-def test_a_database_of_a_release_before_function_files_upgrades(server_dsn, empty_dsn):
-    """Releases up to 0012 defined their functions in the migrations, with no schema_functions."""
-    last_of_that_release = 12
-    migrate.migrate(empty_dsn, target=last_of_that_release)
+# Migrations 0001-0032 and the function files as they stood when the baseline replaced them
+# (commit c427f3d), kept as one archive: the history a database made before the squash holds.
+PRE_BASELINE = Path(__file__).parent / "fixtures" / "pre_baseline_schema.tar.gz"
+
+
+def _pre_baseline_files() -> tuple[list[migrate.Migration], list[migrate.FunctionFile]]:
+    with tarfile.open(PRE_BASELINE) as archive:
+        files = {member.name: archive.extractfile(member).read().decode()
+                 for member in archive.getmembers() if member.isfile()}
+    migrations = []
+    for path, sql in files.items():
+        if match := re.fullmatch(r"pre_baseline/migrations/(\d{4})_(\w+)\.sql", path):
+            migrations.append(migrate.Migration(int(match[1]), match[2], sql))
+    migrations.sort(key=lambda m: m.version)
+    functions = [migrate.FunctionFile(area, files[f"pre_baseline/functions/{area}.sql"])
+                 for area in migrate.FUNCTION_AREAS]
+    return migrations, functions
+
+
+def migrate_before_the_squash(dsn: str, through: int | None = None) -> None:
+    """What `courier migrate` did before the squash: each migration of the history in order,
+    recorded with its checksum, then (once the history is complete) every function file."""
+    migrations, functions = _pre_baseline_files()
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        migrate._bootstrap(conn)
+        for migration in migrations:
+            if through is not None and migration.version > through:
+                break
+            conn.execute(migration.sql.encode())
+            conn.execute("INSERT INTO courier.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                         (migration.version, migration.name, migration.checksum))
+        if through is None:
+            migrate._apply_functions(conn, functions)
+
+
+def test_the_squashed_history_is_the_one_recognised():
+    migrations, _ = _pre_baseline_files()
+    assert [m.version for m in migrations] == list(range(1, migrate.BASELINE_VERSION + 1))
+    assert migrate._history_digest({m.version: m.checksum for m in migrations}) == migrate.SQUASHED_HISTORY_DIGEST
+
+
+def test_a_database_migrated_before_the_squash_is_recorded_as_the_baseline(server_dsn, empty_dsn):
+    migrate_before_the_squash(empty_dsn)
+    _with_data_in_flight(empty_dsn, "before-squash")
+    messages = _messages(empty_dsn)
+    with psycopg.connect(empty_dsn) as conn:
+        identity = scalar(conn, "SELECT id FROM courier.database_identity")
+        state = migrate.status(conn)
+    assert state.adopts_history and not state.pending and not state.up_to_date
+    assert state.installed_version == migrate.BASELINE_VERSION
+
+    assert migrate.migrate(empty_dsn) == []  # nothing applied: the schema is already the baseline's
+    with psycopg.connect(empty_dsn) as conn:
+        baseline = migrate.available()[0]
+        assert conn.execute("SELECT version, name, checksum FROM courier.schema_migrations").fetchall() == [
+            (baseline.version, "baseline", baseline.checksum)]
+        assert migrate.status(conn).up_to_date
+        assert scalar(conn, "SELECT id FROM courier.database_identity") == identity
+    assert _messages(empty_dsn) == messages
+    _assert_equals_a_fresh_install(server_dsn, empty_dsn)
+
+
+@pytest.mark.parametrize("through", [12, 31])
+def test_a_partial_history_from_before_the_baseline_is_refused(empty_dsn, through):
+    migrate_before_the_squash(empty_dsn, through=through)
+    with pytest.raises(MigrationError, match=f"schema version {through:04d} of a development build") as error:
+        migrate.migrate(empty_dsn)
+    assert "c427f3d" in error.value.hint
+    with psycopg.connect(empty_dsn) as conn:
+        assert scalar(conn, "SELECT max(version) FROM courier.schema_migrations") == through
+        assert scalar(conn, "SELECT count(*) FROM courier.schema_migrations") == through
+
+
+def test_an_edited_history_from_before_the_baseline_is_refused(empty_dsn):
+    migrate_before_the_squash(empty_dsn)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        conn.execute("DROP TABLE courier.schema_functions")
-        for statement in (m.sql for m in migrate.available() if m.version <= last_of_that_release):
-            assert "schema_functions" not in statement
-    _with_data_in_flight(empty_dsn, last_of_that_release)
-    migrate.migrate(empty_dsn)
-    _assert_equals_a_fresh_install(server_dsn, empty_dsn)
+        conn.execute("UPDATE courier.schema_migrations SET checksum = 'edited' WHERE version = 7")
+    with pytest.raises(MigrationError, match="from before the baseline"):
+        migrate.migrate(empty_dsn)
+
+
+def test_the_migrations_define_no_functions():
+    """A function is defined once, in its file under sqlkit/functions; a migration holds tables,
+    indexes and data, so that a function changes in one place."""
+    for migration in migrate.available():
+        defines = re.search(r"CREATE\s+(OR\s+REPLACE\s+)?(FUNCTION|PROCEDURE|TRIGGER)", migration.sql, re.I)
+        assert defines is None, migration.label
 
 
 # The pull API takes one id or arrays (SPEC.md), as two signatures of one name each.
@@ -164,8 +255,8 @@ def test_a_failed_function_file_leaves_the_database_as_it_was(dsn, monkeypatch):
 
 def test_a_changed_migration_is_refused(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE courier.schema_migrations SET checksum = 'edited' WHERE version = 2")
-    with pytest.raises(MigrationError, match="0002_internals has changed since it was applied"):
+        conn.execute("UPDATE courier.schema_migrations SET checksum = 'edited' WHERE version = 32")
+    with pytest.raises(MigrationError, match="0032_baseline has changed since it was applied"):
         migrate.migrate(dsn)
 
 
@@ -176,6 +267,7 @@ def test_a_newer_database_is_refused(dsn):
         migrate.migrate(dsn)
 
 
-def test_migration_files_are_numbered_without_gaps():
+def test_migration_files_follow_the_baseline_without_gaps():
     versions = [m.version for m in migrate.available()]
-    assert versions == list(range(1, len(versions) + 1))
+    assert migrate.available()[0].label == f"{migrate.BASELINE_VERSION:04d}_baseline"
+    assert versions == list(range(migrate.BASELINE_VERSION, migrate.BASELINE_VERSION + len(versions)))

@@ -1,5 +1,5 @@
 """courier.send_limits: the settings a send reads, as one row that courier.settings' trigger
-rewrites after every change (migration 0023). Whatever way a setting changes, the next send
+rewrites after every change. Whatever way a setting changes, the next send
 obeys it; concurrent changes all land; nobody writes the copy directly."""
 
 from __future__ import annotations

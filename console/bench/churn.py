@@ -1,7 +1,7 @@
 """churn: the claim's cost, and the queue table's size, before and after a million deliveries
 pass through the queue, sent while the worker drains them (at most 50k waiting). Finished
-messages leave the hot table as they finish and autovacuum (with the queue's own settings,
-migration 0018) reclaims their rows, so neither the claim nor the table should notice them;
+messages leave the hot table as they finish and autovacuum (with the queue's own settings
+in the baseline migration) reclaims their rows, so neither the claim nor the table should notice them;
 the ceiling is the same claim before the churn."""
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ def db_url() -> None:
 
 
 @click.command("migrate")
-@click.option("--target", type=click.IntRange(min=1), help="Stop after this migration version.")
+@click.option("--target", type=click.IntRange(min=migrate.BASELINE_VERSION),
+              help="Stop after this migration version.")
 @click.option("--status", "show_status", is_flag=True, help="Only show what is installed and pending.")
 @click.option("--lock-wait", type=click.FloatRange(0, 3600), default=migrate.DEFAULT_LOCK_WAIT, show_default=True,
               help="Seconds to wait for another session's migration lock before giving up.")
@@ -74,13 +75,15 @@ def migrate_command(target: int | None, show_status: bool, lock_wait: float) -> 
     if show_status:
         with connect(url) as conn:
             state = migrate.status(conn)
+        # A database migrated before the squash is recorded as at the baseline by the next migrate.
+        pending = ([f"0001-{migrate.BASELINE_VERSION:04d} recorded as the baseline"] if state.adopts_history else []) \
+            + [m.label for m in state.pending]
         data = {"installed_version": state.installed_version, "latest_version": state.latest_version,
-                "pending": [m.label for m in state.pending]}
+                "pending": pending}
 
         def render() -> None:
             table = Table("installed", "latest", "pending")
-            table.add_row(str(state.installed_version), str(state.latest_version),
-                          ", ".join(m.label for m in state.pending) or "none")
+            table.add_row(str(state.installed_version), str(state.latest_version), ", ".join(pending) or "none")
             console.print(table)
 
         emit(data, render)

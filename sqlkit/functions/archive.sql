@@ -33,7 +33,7 @@ BEGIN
     IF to_regclass(format('courier.%I', v_name)) IS NOT NULL THEN
         RETURN false;
     END IF;
-    -- A row only the owner can lock (migration 0028): an advisory key, which any database user
+    -- A row only the owner can lock (courier.internal_locks): an advisory key, which any database user
     -- can hold, stopped the maintenance leader here.
     PERFORM 1 FROM courier.internal_locks WHERE name = 'archive_partitions' FOR UPDATE;
     IF to_regclass(format('courier.%I', v_name)) IS NOT NULL THEN

@@ -148,7 +148,7 @@ DECLARE
 BEGIN
     SELECT array_agg(id) INTO v_ids FROM (
         SELECT q.id FROM courier.queue q
-        WHERE q.status = 'processing' AND q.visible_at IS NULL  -- queue_processing_started_idx (0021)
+        WHERE q.status = 'processing' AND q.visible_at IS NULL  -- queue_processing_started_idx
           AND q.processing_started_at < now() - make_interval(
                 secs => coalesce(p_timeout_seconds, courier._setting_int('stale_recovery_timeout')))
         ORDER BY q.id
@@ -282,7 +282,7 @@ $$;
 
 -- Tries to make the calling connection the maintenance leader, or, if it leads already, renews
 -- its lease and records that it is still running maintenance. Leadership is a lease in
--- courier.maintenance_lease (migration 0028), a row only courier_owner writes and nobody else
+-- courier.maintenance_lease, a row only courier_owner writes and nobody else
 -- can lock, rather than an advisory lock, which any database user could take and hold to
 -- stop maintenance. A lease passes to another connection when its holder's session has
 -- ended (at once: a killed leader's connection closes with it) or when its holder stopped
@@ -404,12 +404,12 @@ BEGIN
                  FROM courier.queue q
                  WHERE q.endpoint_id = e.id
                    AND q.status = 'pending' AND q.scheduled_at IS NULL AND q.next_retry_at IS NULL
-                   AND q.visible_at IS NULL  -- push messages only, as queue_ready_idx holds (0021)
+                   AND q.visible_at IS NULL  -- push messages only, as queue_ready_idx holds
                    AND (q.expires_at IS NULL OR q.expires_at > now())
                    AND (q.ordering_key IS NULL OR (
                          NOT EXISTS (SELECT 1 FROM courier.queue q2
                                      WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
-                                       AND q2.visible_at IS NULL  -- always, on a push endpoint (0021)
+                                       AND q2.visible_at IS NULL  -- always, on a push endpoint
                                        AND q2.endpoint_id = q.endpoint_id)
                      AND NOT EXISTS (SELECT 1 FROM courier.queue q2
                                      WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
@@ -423,13 +423,13 @@ BEGIN
                  FROM courier.queue q
                  WHERE q.endpoint_id = e.id AND q.priority = p.priority
                    AND q.status = 'pending' AND (q.scheduled_at IS NOT NULL OR q.next_retry_at IS NOT NULL)
-                   AND q.visible_at IS NULL  -- push messages only, as queue_due_idx holds (0021)
+                   AND q.visible_at IS NULL  -- push messages only, as queue_due_idx holds
                    AND greatest(q.scheduled_at, q.next_retry_at) <= now()
                    AND (q.expires_at IS NULL OR q.expires_at > now())
                    AND (q.ordering_key IS NULL OR (
                          NOT EXISTS (SELECT 1 FROM courier.queue q2
                                      WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
-                                       AND q2.visible_at IS NULL  -- always, on a push endpoint (0021)
+                                       AND q2.visible_at IS NULL  -- always, on a push endpoint
                                        AND q2.endpoint_id = q.endpoint_id)
                      AND NOT EXISTS (SELECT 1 FROM courier.queue q2
                                      WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'

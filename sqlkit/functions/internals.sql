@@ -359,7 +359,7 @@ AS $$
 DECLARE
     v_folded integer;
 BEGIN
-    -- A row only the owner can lock (migration 0028), not an advisory key anyone could hold.
+    -- A row only the owner can lock (courier.internal_locks), not an advisory key anyone could hold.
     PERFORM 1 FROM courier.internal_locks WHERE name = 'compact_queue_depth' FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN 0;

@@ -5,7 +5,7 @@
 -- or its scheduled_at when it was scheduled, so that a message scheduled for later is not
 -- "old" (health_check raised alarms on them).
 -- - Push messages: per priority level, the lowest due id of each of the two indexes that hold
---   the pending ones between them (migration 0024), one probe of queue_ready_idx and one of
+--   the pending ones between them, one probe of queue_ready_idx and one of
 --   queue_pending_rest_idx. The second still steps over push messages scheduled for later
 --   (about 16 ms for 100k of them), which a due-ordered probe would not.
 -- - Pull messages: per priority level, the first pending one of queue_pull_due_idx, in due
@@ -268,7 +268,7 @@ BEGIN
 
     SELECT count(*) INTO v_count FROM (
         SELECT 1 FROM courier.queue q
-        WHERE q.status = 'processing' AND q.visible_at IS NULL  -- queue_processing_started_idx (0021)
+        WHERE q.status = 'processing' AND q.visible_at IS NULL  -- queue_processing_started_idx
           AND q.processing_started_at < now() - make_interval(secs => courier._setting_int('stale_recovery_timeout'))
         LIMIT 1000) stale;
     check_name := 'stale_processing';

@@ -7,7 +7,7 @@
 --   LonnyMQ:      scheduled messages, served in due-time-then-id order from one index.
 --
 -- Pull messages are rows of courier.queue like any other; what marks them is visible_at
--- (migration 0019), which is never NULL for them and always NULL for push messages. While a
+-- (see the baseline migration), which is never NULL for them and always NULL for push messages. While a
 -- message is processing, visible_at is the end of its visibility timeout, and the row is due
 -- again once that passes: dequeue and receive take pending rows and such lapsed leases alike,
 -- from queue_pull_due_idx. processing_started_at stays NULL for pull rows so that the push
@@ -411,7 +411,7 @@ BEGIN
               -- lapsed lease, which is taken again first. A batch never holds two of a key: the
               -- second sees the first pending in the statement's snapshot, as a concurrent consumer
               -- does until the first one's lease commits. Inline subplans on the ordering indexes
-              -- of migration 0001, run only for rows with a key (a plpgsql function per row was 4x
+              -- on ordering_key, run only for rows with a key (a plpgsql function per row was 4x
               -- dearer: a dequeue past 19,000 messages of busy keys took 125 ms instead of 32 ms).
               AND (q.ordering_key IS NULL OR (
                     NOT EXISTS (SELECT 1 FROM courier.queue q2

@@ -2,7 +2,7 @@
 -- the same transaction, so that no function or table is ever visible with other rights.
 --
 -- Every object of schema courier belongs to courier_owner (a NOLOGIN role with no special
--- attributes, made by migration 0015), so SECURITY DEFINER functions run with its rights and
+-- attributes, made by the baseline migration), so SECURITY DEFINER functions run with its rights and
 -- never a superuser's. The three roles get what SPEC.md gives them and nothing else: no
 -- TRIGGER, TRUNCATE or REFERENCES for anyone, nothing for PUBLIC, and for the monitor no
 -- column that holds a payload, headers, metadata, a secret, an error text or a captured body.
