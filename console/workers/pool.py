@@ -19,7 +19,6 @@ import socket
 import time
 import uuid
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
 
 from psycopg.types.json import Jsonb
 
@@ -30,8 +29,20 @@ from sqlkit.messages import ClaimedMessage, claimed_from_row
 from sqlkit.stopping import cancel_within, within
 
 from .dispatchers import Dispatcher, Target, dispatcher_for
-from .maintenance import MaintenanceLeader, MaintenanceSchedule
+from .faults import call_with_retry, one_line
+from .maintenance import MaintenanceLeader
 from .outcome import Outcome, OutcomeKind
+from .settings import (
+    HTTP_DEFAULT_CONCURRENCY,
+    MAX_CONCURRENCY,
+    PoolSettings,
+    PoolStats,
+    Share,
+    default_concurrency,
+)
+
+__all__ = ["DRAIN_GRACE", "HTTP_DEFAULT_CONCURRENCY", "MAX_CONCURRENCY", "STOP_STEP", "PoolSettings", "PoolStats",
+           "Share", "WorkerPool", "default_concurrency"]
 
 log = logging.getLogger("courier.worker")
 
@@ -43,106 +54,13 @@ STOP_STEP at most, a stop takes at most drain_timeout + 8 s."""
 STOP_STEP = 1.0
 """Seconds each step after the drain may take before the stop goes on without it."""
 
-MAX_CONCURRENCY = 10_000
-"""The most messages one pool may have in flight (as `courier worker --concurrency` allows)."""
-
-HTTP_DEFAULT_CONCURRENCY = 64
-"""Requests one webhook gets at once when its endpoint sets no concurrency."""
-
 REPORT_BATCH = 500
 """Most outcomes one report (or one report-and-claim) carries."""
-
-
-def default_concurrency() -> int:
-    """Messages in flight by default: two claims of a full batch ahead per core, so a claim of
-    a full batch is always possible while the previous one is being delivered and reported.
-    Draining no-op messages on two cores, claims of 500 with 1,024 in flight measured about
-    twice the rate of claims of 100 with 256 (0.002 round trips per message instead of 0.01);
-    a webhook still gets at most HTTP_DEFAULT_CONCURRENCY requests at once."""
-    return 512 * max(1, min(os.cpu_count() or 1, 8))
 
 
 PREFETCH = 100
 """Most messages an endpoint dispatched one at a time (HTTP) holds claimed beyond its free
 slots: enough to cover a claim's round trip at several thousand requests a second."""
-
-
-@dataclass(frozen=True)
-class Share:
-    """Which of the worker's pools this is, when `courier worker --processes N` runs N of them
-    (pool `index` of `count`): limits meant for the whole worker, an endpoint's
-    config.concurrency and a webhook's default, are split between them, so that N pools
-    together never have more requests in flight to an endpoint than one pool would."""
-
-    index: int = 0
-    count: int = 1
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.index < self.count:
-            raise ValueError(f"share index must be between 0 and {self.count - 1}, not {self.index}")
-
-    def of(self, total: int) -> int:
-        """This pool's part of total: the parts differ by at most one and add up to total (an
-        endpoint allowed one request at a time gets it from pool 0 only)."""
-        return total // self.count + (1 if self.index < total % self.count else 0)
-
-
-@dataclass
-class PoolSettings:
-    concurrency: int = field(default_factory=default_concurrency)
-    """Messages in flight at once across all endpoints; also the limit of an endpoint
-    without its own config.concurrency."""
-    batch_size: int = 500
-    """Most messages one claim takes."""
-    poll_interval: float = 1.0
-    """Seconds between claims of an idle endpoint when no notification arrives."""
-    linger: tuple[float, ...] = (0.0005, 0.001, 0.002, 0.004, 0.008)
-    """Pauses (seconds) between the claims of an endpoint's linger: after a wake-up, while a
-    claim comes back empty and producers that sent to it are still committing, it claims again
-    after the next pause (the last one repeats, for at most linger_limit seconds). Of the
-    producers committing together, only one NOTIFYs (see sqlkit/functions/sending.sql); the
-    others may become visible just after the claim that NOTIFY set off, and the linger picks
-    their messages up instead of the poll a poll_interval later."""
-    linger_limit: float = 0.5
-    """Most seconds one linger lasts: producers that take longer to commit wait for the poll."""
-    report_interval: float = 0.005
-    """Seconds outcomes may wait for an endpoint's next claim to carry them (report_and_claim)
-    while some endpoint's claims come back full; otherwise they are reported at once, and
-    outcomes that arrive during a report go together in the next."""
-    drain_timeout: float = 30.0
-    """Seconds a graceful stop waits for in-flight deliveries before releasing them."""
-    refresh_interval: float = 2.0
-    """Seconds between re-reads of the endpoint list."""
-    heartbeat_interval: float = 5.0
-    """Seconds between heartbeats, and between checks for leases to renew."""
-    renew_after: float | None = None
-    """Seconds a lease is held before the pool renews it (default: a third of the database's
-    stale_recovery_timeout), so stale recovery never takes a slow delivery from a live worker."""
-    claimers: int = 2
-    """Claims one endpoint may have on their way at once; beyond the first, only while claims
-    come back full. An endpoint dispatched one message at a time (HTTP) has one, so that its
-    messages go out in priority order (see _endpoint_loop)."""
-    max_unreported: int = 5_000
-    """Most outcomes waiting to be reported; past it the pool claims nothing new until the
-    reporter catches up, so a database that refuses reports cannot grow memory without end."""
-    maintenance: MaintenanceSchedule | None = field(default_factory=MaintenanceSchedule)
-    """The schedule this pool runs if it is elected maintenance leader; None never stands."""
-    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}")
-    share: Share = field(default_factory=Share)
-    """This pool's part of the per-endpoint limits when several pools make up one worker
-    (`concurrency` above is already this pool's own)."""
-
-
-@dataclass
-class PoolStats:
-    delivered: int = 0
-    failed: int = 0
-    dead_lettered: int = 0
-    stale_reports: int = 0
-    round_trips: int = 0
-    """Database calls of the claim loops and the reporter (the hot path)."""
-    lone_reports: int = 0
-    """Of those, reports that went in a round trip of their own rather than with a claim."""
 
 
 class WorkerPool:
@@ -240,7 +158,7 @@ class WorkerPool:
         await self._db.open(timeout=30)
         background: list[asyncio.Task[None]] = []
         try:
-            await self._call_with_retry(self._heartbeat)  # the leader election records itself on this row
+            await call_with_retry(self._heartbeat)  # the leader election records itself on this row
             await self._refresh_targets()
             reporter = asyncio.create_task(self._report_loop(), name="reporter")
             background = [
@@ -376,7 +294,7 @@ class WorkerPool:
                 raise
             except Exception as error:  # never let one endpoint's claim loop die
                 failures += 1
-                log.warning("claim failed", extra={"endpoint": target.name, "error": _one_line(error)})
+                log.warning("claim failed", extra={"endpoint": target.name, "error": one_line(error)})
                 await asyncio.sleep(min(0.2 * 2**failures, 5.0))
                 continue
             finally:
@@ -419,7 +337,7 @@ class WorkerPool:
         except asyncio.CancelledError:
             raise
         except Exception as error:  # the poll still finds whatever the linger would have
-            log.info("linger check failed", extra={"endpoint": target.name, "error": _one_line(error)})
+            log.info("linger check failed", extra={"endpoint": target.name, "error": one_line(error)})
             linger.stop()
             return None
         return linger.next_pause(bool(committing))
@@ -558,7 +476,7 @@ class WorkerPool:
             # The outcomes may be what failed (refused, or waiting on a lock): the reporter
             # retries or isolates them, and a claim does not wait for it. If the database
             # is away, this claim fails too.
-            log.info("report with claim failed; reporting separately", extra={"error": _one_line(error)})
+            log.info("report with claim failed; reporting separately", extra={"error": one_line(error)})
             self._report_wake.set()
             self.stats.round_trips += 1
             async with self._db.connection() as conn:
@@ -578,10 +496,10 @@ class WorkerPool:
                 claimed.append(claimed_from_row(row))
             except Exception as error:  # RecursionError, bad JSON: this message fails alone
                 log.error("claimed message cannot be decoded",
-                          extra={"message_id": row["id"], "error": _one_line(error)})
+                          extra={"message_id": row["id"], "error": one_line(error)})
                 undecodable = claimed_from_row({**row, "headers": "{}", "metadata": "{}"})
                 self._reports.append((undecodable, Outcome.permanent(
-                    f"the worker cannot decode this message's headers or metadata: {_one_line(error)[:200]}")))
+                    f"the worker cannot decode this message's headers or metadata: {one_line(error)[:200]}")))
                 self._report_wake.set()
         return claimed
 
@@ -695,10 +613,10 @@ class WorkerPool:
 
     async def _release_quietly(self, messages: list[ClaimedMessage]) -> None:
         try:
-            await self._call_with_retry(lambda: self._release(messages), attempts=3)
+            await call_with_retry(lambda: self._release(messages), attempts=3)
         except Exception as error:
             log.warning("releasing prefetched messages failed; stale recovery will take them back",
-                        extra={"count": len(messages), "error": _one_line(error)})
+                        extra={"count": len(messages), "error": one_line(error)})
 
     async def _report_loop(self) -> None:
         failures = 0
@@ -723,7 +641,7 @@ class WorkerPool:
                     self._give_back(self._unsettled(batch, settled), error)
                     failures += 1
                     log.warning("reporting outcomes failed; will retry",
-                                extra={"pending_reports": self._unreported(), "error": _one_line(error)})
+                                extra={"pending_reports": self._unreported(), "error": one_line(error)})
                     await asyncio.sleep(min(0.2 * 2**failures, 5.0))
                     continue
                 self._reports_sending -= len(batch)
@@ -759,7 +677,7 @@ class WorkerPool:
                 await self._report_isolating(batch[middle:], settled)
                 return
             message, outcome = batch[0]
-            reason = _one_line(error)
+            reason = one_line(error)
             log.error("outcome could not be recorded; recording an error for this message instead",
                       extra={"message_id": message.id, "endpoint": message.endpoint_name, "error": reason})
         # Even a delivered message: recording it as failed costs a redelivery, while leaving
@@ -774,7 +692,7 @@ class WorkerPool:
             if _transient(second):
                 raise
             log.error("outcome dropped; stale recovery will redeliver the message",
-                      extra={"message_id": message.id, "error": _one_line(second)})
+                      extra={"message_id": message.id, "error": one_line(second)})
             await self._forget(batch)
         settled.add(message.id)
 
@@ -837,9 +755,9 @@ class WorkerPool:
             self._in_flight.clear()
             log.warning("drain timeout: releasing unfinished messages", extra={"count": len(stuck)})
             try:
-                await self._call_with_retry(lambda: self._release(stuck), attempts=3)
+                await call_with_retry(lambda: self._release(stuck), attempts=3)
             except Exception as error:  # their leases run out and stale recovery takes them back
-                log.error("releasing unfinished messages failed", extra={"error": _one_line(error)})
+                log.error("releasing unfinished messages failed", extra={"error": one_line(error)})
 
     async def _release(self, messages: list[ClaimedMessage]) -> None:
         async with self._db.connection() as conn:
@@ -915,18 +833,7 @@ class WorkerPool:
             except asyncio.CancelledError:
                 raise
             except Exception as error:
-                log.warning("periodic task failed", extra={"task": action.__name__, "error": _one_line(error)})
-
-    async def _call_with_retry(self, action, attempts: int = 5) -> None:
-        for attempt in range(attempts):
-            try:
-                await action()
-                return
-            except CourierError as error:
-                if attempt == attempts - 1:
-                    raise
-                log.warning("database call failed; retrying", extra={"error": error.one_line()})
-                await asyncio.sleep(0.5 * 2**attempt)
+                log.warning("periodic task failed", extra={"task": action.__name__, "error": one_line(error)})
 
 
 class _Linger:
@@ -998,12 +905,6 @@ def _local_error(error: BaseException) -> Outcome:
     message goes to the DLQ with the error, for a redrive once fixed."""
     return Outcome.permanent(f"local dispatcher error, not the endpoint's: "
                              f"{type(error).__name__}: {str(error)[:300]}")
-
-
-def _one_line(error: BaseException) -> str:
-    if isinstance(error, CourierError):
-        return error.one_line()
-    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
 def _transient(error: BaseException) -> bool:
