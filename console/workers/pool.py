@@ -28,8 +28,10 @@ from sqlkit.errors import CourierError, DatabaseUnavailable
 from sqlkit.messages import ClaimedMessage, claimed_from_row
 from sqlkit.stopping import cancel_within, within
 
+from .capacity import Capacity
 from .dispatchers import Dispatcher, Target, dispatcher_for
 from .faults import call_with_retry, one_line
+from .leases import Leases
 from .maintenance import MaintenanceLeader
 from .outcome import Outcome, OutcomeKind
 from .settings import (
@@ -87,7 +89,7 @@ class WorkerPool:
         # trip, and claims come in batches instead of a few freed slots at a time.
         self._buffered: dict[int, deque[ClaimedMessage]] = defaultdict(deque)
         self._dispatch_tasks: set[asyncio.Task[None]] = set()
-        self._capacity = asyncio.Condition()
+        self._capacity = Capacity()
         self._reports: list[tuple[ClaimedMessage, Outcome]] = []
         # Outcomes taken from _reports by a report (or a report-and-claim) in progress; put
         # back in front if it fails.
@@ -97,8 +99,7 @@ class WorkerPool:
         # Slots reserved by claims on their way to the database, in total and by endpoint.
         self._claiming = 0
         self._claiming_by_endpoint: dict[int, int] = defaultdict(int)
-        # When each held lease was taken or last renewed (monotonic), by message id.
-        self._leased_at: dict[int, float] = {}
+        self._leases = Leases(self._db)
         self._report_wake = asyncio.Event()
         # Failures not yet reported, by endpoint: until SQL has seen them it cannot open the
         # circuit, so the endpoint gets no more room until they are (see _room).
@@ -220,8 +221,7 @@ class WorkerPool:
         for endpoint_id in changed:
             self._wake[endpoint_id].set()
             self._busy[endpoint_id].set()  # its idle claimers look, and end
-        async with self._capacity:
-            self._capacity.notify_all()
+        await self._capacity.notify()
         for dispatcher in self._dispatchers.values():
             # Settings are live: a dispatcher that reads any takes them at every refresh.
             apply_settings = getattr(dispatcher, "apply_settings", None)
@@ -348,8 +348,7 @@ class WorkerPool:
     async def _wake_all_loops(self) -> None:
         for event in [*self._wake.values(), *self._busy.values()]:
             event.set()
-        async with self._capacity:
-            self._capacity.notify_all()
+        await self._capacity.notify()
 
     async def _room(self, target: Target) -> int:
         """Wait until this endpoint may take at least one more message; return how many
@@ -431,16 +430,12 @@ class WorkerPool:
         self._claiming -= room
         self._claiming_by_endpoint[endpoint_id] -= room
         if room:
-            self._loop_soon(self._notify_capacity)
+            self._capacity.notify_soon()
 
     def _loop_soon(self, action) -> None:
         task = asyncio.ensure_future(action())
         self._resizes.add(task)
         task.add_done_callback(self._resizes.discard)
-
-    async def _notify_capacity(self) -> None:
-        async with self._capacity:
-            self._capacity.notify_all()
 
     def _unreported(self) -> int:
         return len(self._reports) + self._reports_sending
@@ -491,7 +486,7 @@ class WorkerPool:
         for row in rows:
             if row["id"] is None:  # report-and-claim's row of counts, when nothing was claimed
                 continue
-            self._leased_at[row["id"]] = now
+            self._leases.taken(row["id"], now)
             try:
                 claimed.append(claimed_from_row(row))
             except Exception as error:  # RecursionError, bad JSON: this message fails alone
@@ -532,8 +527,7 @@ class WorkerPool:
             outcome = _local_error(error)
         self._record(target, message, outcome)
         self._pump_freed(target)
-        async with self._capacity:
-            self._capacity.notify_all()
+        await self._capacity.notify()
 
     async def _dispatch_batch(self, target: Target, messages: list[ClaimedMessage]) -> None:
         """One claimed batch through deliver_batch: the dispatcher publishes it in one go and
@@ -552,8 +546,7 @@ class WorkerPool:
         for message, outcome in zip(messages, outcomes, strict=True):
             self._record(target, message, outcome)
         self._pump_freed(target)
-        async with self._capacity:
-            self._capacity.notify_all()
+        await self._capacity.notify()
 
     def _record(self, target: Target, message: ClaimedMessage, outcome: Outcome) -> None:
         if outcome.kind != OutcomeKind.SUCCESS:
@@ -598,22 +591,22 @@ class WorkerPool:
         if not messages:
             return
         for message in messages:
-            self._leased_at.pop(message.id, None)
+            self._leases.forget(message.id)
         self._wake[endpoint_id].set()
-        self._loop_soon(self._notify_capacity)
+        self._capacity.notify_soon()
         self._loop_soon(lambda: self._release_quietly(messages))
 
     async def _release_all_buffered(self) -> None:
         messages = [message for buffered in self._buffered.values() for message in buffered]
         self._buffered.clear()
         for message in messages:
-            self._leased_at.pop(message.id, None)
+            self._leases.forget(message.id)
         if messages:
             await self._release_quietly(messages)
 
     async def _release_quietly(self, messages: list[ClaimedMessage]) -> None:
         try:
-            await call_with_retry(lambda: self._release(messages), attempts=3)
+            await call_with_retry(lambda: self._leases.release(messages), attempts=3)
         except Exception as error:
             log.warning("releasing prefetched messages failed; stale recovery will take them back",
                         extra={"count": len(messages), "error": one_line(error)})
@@ -729,14 +722,13 @@ class WorkerPool:
     async def _forget(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
         reported: set[int] = set()
         for message, _ in batch:
-            self._leased_at.pop(message.id, None)
+            self._leases.forget(message.id)
             self._unanswered.discard(message.id)
             endpoint_id = self._failed_endpoint.pop(message.id, None)
             if endpoint_id is not None:
                 self._unreported_failures[endpoint_id] -= 1
             reported.add(message.endpoint_id)
-        async with self._capacity:
-            self._capacity.notify_all()
+        await self._capacity.notify()
         # A report may unblock the next message of an ordering key, or close a circuit: the
         # endpoints it concerns look again now. No other loop is woken: with 20 endpoints,
         # waking every loop on every report cost two round trips per message in empty claims.
@@ -755,14 +747,9 @@ class WorkerPool:
             self._in_flight.clear()
             log.warning("drain timeout: releasing unfinished messages", extra={"count": len(stuck)})
             try:
-                await call_with_retry(lambda: self._release(stuck), attempts=3)
+                await call_with_retry(lambda: self._leases.release(stuck), attempts=3)
             except Exception as error:  # their leases run out and stale recovery takes them back
                 log.error("releasing unfinished messages failed", extra={"error": one_line(error)})
-
-    async def _release(self, messages: list[ClaimedMessage]) -> None:
-        async with self._db.connection() as conn:
-            await queries.fetch_value_async(conn, "release_batch", {
-                "ids": [m.id for m in messages], "leases": [m.lease for m in messages], "delay": 0})
 
     async def _renew_leases(self) -> None:
         """Renew the leases of deliveries (and unreported outcomes) held for a third of the
@@ -770,19 +757,9 @@ class WorkerPool:
         renew_after = self.settings.renew_after
         if renew_after is None:
             renew_after = float(self._db_settings.get("stale_recovery_timeout", "60")) / 3
-        due = time.monotonic() - renew_after
         held = [*self._in_flight.values(), *(m for buffered in self._buffered.values() for m in buffered),
                 *(message for message, _ in list(self._reports))]
-        renew = [m for m in held if self._leased_at.get(m.id, due) < due]
-        if not renew:
-            return
-        async with self._db.connection() as conn:
-            await queries.fetch_value_async(conn, "renew_leases", {
-                "ids": [m.id for m in renew], "leases": [m.lease for m in renew]})
-        now = time.monotonic()
-        for message in renew:
-            if message.id in self._leased_at:
-                self._leased_at[message.id] = now
+        await self._leases.renew(held, renew_after)
 
     # Housekeeping ----------------------------------------------------------------------
 
