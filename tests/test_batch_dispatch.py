@@ -214,14 +214,14 @@ def test_the_outcome_buffer_stays_bounded_while_outcomes_cannot_be_recorded(dsn,
         task = asyncio.create_task(pool.run())
         until = time.monotonic() + 3
         while time.monotonic() < until:
-            peak = max(peak, pool._unreported())
+            peak = max(peak, pool.reporter.unreported())
             await asyncio.sleep(0.005)
         claimed_while_held = await asyncio.to_thread(scalar, conn, "SELECT count(*) FROM courier.queue "
                                                                    "WHERE status = 'processing'")
         locker.execute("ROLLBACK")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and await asyncio.to_thread(archived, conn) < 2000:
-            peak = max(peak, pool._unreported()) if time.monotonic() < until else peak
+            peak = max(peak, pool.reporter.unreported()) if time.monotonic() < until else peak
             await asyncio.sleep(0.05)
         pool.stop()
         await task

@@ -17,6 +17,7 @@ import pytest
 
 from console.sink import WebhookSink
 from console.workers.pool import PoolSettings, WorkerPool
+from console.workers.reporting import Reporter
 from sqlkit.errors import CourierError
 from tests.helpers import archived, scalar
 from tests.tcp_proxy import PostgresProxy
@@ -125,7 +126,7 @@ def test_a_database_lost_while_isolating_a_refused_outcome_sends_only_the_rest_a
         return Outcome.success({"body": _Unencodable()} if message.id == poison else None)
 
     proxy = PostgresProxy(dsn)
-    report = WorkerPool._report
+    report = Reporter._report
     state = {"refused": 0, "cut": False}
 
     async def report_then_lose_the_database(self, batch):
@@ -142,7 +143,7 @@ def test_a_database_lost_while_isolating_a_refused_outcome_sends_only_the_rest_a
 
     monkeypatch.setattr(NoopDispatcher, "deliver", deliver)
     monkeypatch.setattr(NoopDispatcher, "batched", False)
-    monkeypatch.setattr(WorkerPool, "_report", report_then_lose_the_database)
+    monkeypatch.setattr(Reporter, "_report", report_then_lose_the_database)
     try:
         pool = run_pool_until(proxy.proxied_dsn, lambda: archived(conn) == 29 and in_queue(conn, "true") == 1,
                               timeout=60, batch_size=50, maintenance=None)

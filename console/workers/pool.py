@@ -20,11 +20,9 @@ import time
 import uuid
 from collections import defaultdict, deque
 
-from psycopg.types.json import Jsonb
-
 from sqlkit import queries
 from sqlkit.connection import AsyncDatabase
-from sqlkit.errors import CourierError, DatabaseUnavailable
+from sqlkit.errors import CourierError
 from sqlkit.messages import ClaimedMessage, claimed_from_row
 from sqlkit.stopping import cancel_within, within
 
@@ -33,7 +31,8 @@ from .dispatchers import Dispatcher, Target, dispatcher_for
 from .faults import call_with_retry, one_line
 from .leases import Leases
 from .maintenance import MaintenanceLeader
-from .outcome import Outcome, OutcomeKind
+from .outcome import Outcome
+from .reporting import Reporter, report_params
 from .settings import (
     HTTP_DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
@@ -55,10 +54,6 @@ STOP_STEP at most, a stop takes at most drain_timeout + 8 s."""
 
 STOP_STEP = 1.0
 """Seconds each step after the drain may take before the stop goes on without it."""
-
-REPORT_BATCH = 500
-"""Most outcomes one report (or one report-and-claim) carries."""
-
 
 PREFETCH = 100
 """Most messages an endpoint dispatched one at a time (HTTP) holds claimed beyond its free
@@ -90,21 +85,13 @@ class WorkerPool:
         self._buffered: dict[int, deque[ClaimedMessage]] = defaultdict(deque)
         self._dispatch_tasks: set[asyncio.Task[None]] = set()
         self._capacity = Capacity()
-        self._reports: list[tuple[ClaimedMessage, Outcome]] = []
-        # Outcomes taken from _reports by a report (or a report-and-claim) in progress; put
-        # back in front if it fails.
-        self._reports_sending = 0
-        # Messages whose outcome went out in a report that failed in transit, and is sent again.
-        self._unanswered: set[int] = set()
         # Slots reserved by claims on their way to the database, in total and by endpoint.
         self._claiming = 0
         self._claiming_by_endpoint: dict[int, int] = defaultdict(int)
         self._leases = Leases(self._db)
-        self._report_wake = asyncio.Event()
-        # Failures not yet reported, by endpoint: until SQL has seen them it cannot open the
-        # circuit, so the endpoint gets no more room until they are (see _room).
-        self._unreported_failures: dict[int, int] = defaultdict(int)
-        self._failed_endpoint: dict[int, int] = {}
+        self.reporter = Reporter(self._db, self.settings, self.stats, self._capacity, self._leases, self._stopping,
+                                 wake=lambda endpoint_id: self._wake[endpoint_id].set(),
+                                 busy=lambda: any(busy.is_set() for busy in self._busy.values()))
         self._db_settings: dict[str, str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._heartbeat_due = asyncio.Event()
@@ -161,7 +148,8 @@ class WorkerPool:
         try:
             await call_with_retry(self._heartbeat)  # the leader election records itself on this row
             await self._refresh_targets()
-            reporter = asyncio.create_task(self._report_loop(), name="reporter")
+            reporter = asyncio.create_task(self.reporter.run(lambda: not self._in_flight and not self._dispatch_tasks),
+                                           name="reporter")
             background = [
                 asyncio.create_task(self._listen_loop(), name="listen"),
                 asyncio.create_task(self._every(self.settings.refresh_interval, self._refresh_targets), name="refresh"),
@@ -182,7 +170,7 @@ class WorkerPool:
             if not await within(self.settings.drain_timeout + DRAIN_GRACE, self._drain_and_report(reporter),
                                 "the drain"):
                 log.error("drain timed out; what is still claimed is recovered once this worker has exited",
-                          extra={"worker_id": self.worker_id, "unreported": len(self._reports)})
+                          extra={"worker_id": self.worker_id, "unreported": len(self.reporter.waiting())})
                 await cancel_within([reporter], STOP_STEP)
         finally:
             closing = [dispatcher.close() for dispatcher in self._dispatchers.values() if dispatcher is not None]
@@ -202,7 +190,7 @@ class WorkerPool:
         await asyncio.gather(*self._loops.values(), return_exceptions=True)
         await self._release_all_buffered()
         await self._drain(deadline)
-        self._report_wake.set()
+        self.reporter.wake()
         await reporter
 
     # Endpoints -------------------------------------------------------------------------
@@ -378,8 +366,8 @@ class WorkerPool:
                     # endpoint is busy, wait until a quarter of its budget (or a batch) is free.
                     enough = 1 if held == 0 else max(1, min(self.settings.batch_size, limit // 4,
                                                             self.settings.concurrency // 4))
-                if (room >= enough and self._unreported_failures[target.id] == 0
-                        and self._unreported() < self.settings.max_unreported):
+                if (room >= enough and not self.reporter.has_unreported_failure(target.id)
+                        and self.reporter.unreported() < self.settings.max_unreported):
                     self._claiming += room
                     self._claiming_by_endpoint[target.id] += room
                     return room
@@ -437,50 +425,30 @@ class WorkerPool:
         self._resizes.add(task)
         task.add_done_callback(self._resizes.discard)
 
-    def _unreported(self) -> int:
-        return len(self._reports) + self._reports_sending
-
-    def _take_reports(self) -> list[tuple[ClaimedMessage, Outcome]]:
-        batch = self._reports[:REPORT_BATCH]
-        del self._reports[: len(batch)]
-        self._reports_sending += len(batch)
-        return batch
-
-    def _give_back(self, batch: list[tuple[ClaimedMessage, Outcome]], error: BaseException | None = None) -> None:
-        """Put outcomes back in front after a report that failed with `error`: one that failed
-        in transit may have committed before its answer was lost (see _count_reported)."""
-        self._reports_sending -= len(batch)
-        self._reports[:0] = batch
-        if error is not None and _transient(error):
-            self._unanswered.update(message.id for message, _ in batch)
-
     async def _claim(self, endpoint_id: int, room: int) -> list[ClaimedMessage]:
         """Claim for one endpoint, reporting the outcomes held so far in the same round trip
         (and the same commit). If that fails, the outcomes go back to the reporter, which
         retries them or isolates a bad one, and the claim goes alone."""
-        batch = self._take_reports()
+        batch = self.reporter.take()
         params = {"worker_id": self.worker_id, "batch_size": room, "endpoint_id": endpoint_id}
         try:
             self.stats.round_trips += 1
             async with self._db.connection() as conn:
-                rows = await queries.fetch_all_async(conn, "report_and_claim", {**params, **_report_params(batch)})
+                rows = await queries.fetch_all_async(conn, "report_and_claim", {**params, **report_params(batch)})
         except BaseException as error:
-            self._give_back(batch, error)
+            self.reporter.give_back(batch, error)
             if not batch or not isinstance(error, Exception):
                 raise
             # The outcomes may be what failed (refused, or waiting on a lock): the reporter
             # retries or isolates them, and a claim does not wait for it. If the database
             # is away, this claim fails too.
             log.info("report with claim failed; reporting separately", extra={"error": one_line(error)})
-            self._report_wake.set()
+            self.reporter.wake()
             self.stats.round_trips += 1
             async with self._db.connection() as conn:
                 rows = await queries.fetch_all_async(conn, "claim_for_endpoint", params)
         else:
-            self._reports_sending -= len(batch)
-            if batch:
-                self._count_reported(rows[0], batch)
-                await self._forget(batch)
+            await self.reporter.reported(batch, rows)
         now = time.monotonic()
         claimed = []
         for row in rows:
@@ -493,9 +461,8 @@ class WorkerPool:
                 log.error("claimed message cannot be decoded",
                           extra={"message_id": row["id"], "error": one_line(error)})
                 undecodable = claimed_from_row({**row, "headers": "{}", "metadata": "{}"})
-                self._reports.append((undecodable, Outcome.permanent(
-                    f"the worker cannot decode this message's headers or metadata: {one_line(error)[:200]}")))
-                self._report_wake.set()
+                self.reporter.add(undecodable, Outcome.permanent(
+                    f"the worker cannot decode this message's headers or metadata: {one_line(error)[:200]}"))
         return claimed
 
     # Dispatch and outcomes -------------------------------------------------------------
@@ -549,11 +516,7 @@ class WorkerPool:
         await self._capacity.notify()
 
     def _record(self, target: Target, message: ClaimedMessage, outcome: Outcome) -> None:
-        if outcome.kind != OutcomeKind.SUCCESS:
-            self._unreported_failures[target.id] += 1
-            self._failed_endpoint[message.id] = target.id
-        self._reports.append((message, outcome))
-        self._report_wake.set()
+        self.reporter.record(target, message, outcome)
         self._in_flight.pop(message.id, None)
         self._in_flight_by_endpoint[target.id] -= 1
 
@@ -575,7 +538,7 @@ class WorkerPool:
         buffered = self._buffered.get(target.id)
         if not buffered:
             return
-        if self._unreported_failures[target.id] or not self._current(target):
+        if self.reporter.has_unreported_failure(target.id) or not self._current(target):
             self._release_buffered(target.id)
             return
         limit = self._limit(target)
@@ -611,130 +574,6 @@ class WorkerPool:
             log.warning("releasing prefetched messages failed; stale recovery will take them back",
                         extra={"count": len(messages), "error": one_line(error)})
 
-    async def _report_loop(self) -> None:
-        failures = 0
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._report_wake.wait(), 1.0)
-            self._report_wake.clear()
-            if not self._stopping.is_set() and any(busy.is_set() for busy in self._busy.values()):
-                # A busy endpoint claims again within moments, and its claim carries these
-                # outcomes in the same round trip; a quiet pool reports them at once.
-                await asyncio.sleep(self.settings.report_interval)
-            while self._reports:
-                batch = self._take_reports()
-                settled: set[int] = set()
-                try:
-                    await self._report_isolating(batch, settled)
-                    failures = 0
-                except asyncio.CancelledError:
-                    self._give_back(self._unsettled(batch, settled))
-                    raise
-                except Exception as error:  # the database is away: keep the batch, try again
-                    self._give_back(self._unsettled(batch, settled), error)
-                    failures += 1
-                    log.warning("reporting outcomes failed; will retry",
-                                extra={"pending_reports": self._unreported(), "error": one_line(error)})
-                    await asyncio.sleep(min(0.2 * 2**failures, 5.0))
-                    continue
-                self._reports_sending -= len(batch)
-            if self._stopping.is_set() and not self._in_flight and not self._dispatch_tasks:
-                return
-
-    def _unsettled(self, batch: list[tuple[ClaimedMessage, Outcome]],
-                   settled: set[int]) -> list[tuple[ClaimedMessage, Outcome]]:
-        """The part of a batch a failed report has not settled, to be sent again; the rest no
-        longer counts as being sent."""
-        rest = [item for item in batch if item[0].id not in settled]
-        self._reports_sending -= len(batch) - len(rest)
-        return rest
-
-    async def _report_isolating(self, batch: list[tuple[ClaimedMessage, Outcome]], settled: set[int]) -> None:
-        """Report a batch; if the database refuses it for what it holds (not for being away),
-        split it until the one bad outcome is found, and record that one as an error of its
-        message alone, so one bad response never holds back the others. The ids of messages
-        done with (reported, or given up on) go into `settled`: if the database goes away
-        halfway, only the rest is sent again."""
-        try:
-            await self._report(batch)
-            settled.update(message.id for message, _ in batch)
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            if _transient(error):
-                raise
-            if len(batch) > 1:
-                middle = len(batch) // 2
-                await self._report_isolating(batch[:middle], settled)
-                await self._report_isolating(batch[middle:], settled)
-                return
-            message, outcome = batch[0]
-            reason = one_line(error)
-            log.error("outcome could not be recorded; recording an error for this message instead",
-                      extra={"message_id": message.id, "endpoint": message.endpoint_name, "error": reason})
-        # Even a delivered message: recording it as failed costs a redelivery, while leaving
-        # the batch refused would hold back every outcome behind it.
-        replacement = Outcome.retryable(f"the worker could not record this delivery's outcome ({outcome.kind}): "
-                                        f"{reason[:300]}")
-        try:
-            await self._report([(message, replacement)])
-        except asyncio.CancelledError:
-            raise
-        except Exception as second:
-            if _transient(second):
-                raise
-            log.error("outcome dropped; stale recovery will redeliver the message",
-                      extra={"message_id": message.id, "error": one_line(second)})
-            await self._forget(batch)
-        settled.add(message.id)
-
-    async def _report(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
-        self.stats.round_trips += 1
-        self.stats.lone_reports += 1
-        async with self._db.connection() as conn:
-            rows = await queries.fetch_all_async(conn, "report_outcomes", _report_params(batch))
-        self._count_reported(rows[0], batch)
-        await self._forget(batch)
-
-    def _count_reported(self, counts: dict, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
-        delivered, retried, dead = counts["delivered"], counts["retried"], counts["dead_lettered"]
-        self.stats.delivered += delivered
-        self.stats.failed += retried + dead
-        self.stats.dead_lettered += dead
-        stale = counts["stale"]
-        if not stale:
-            return
-        self.stats.stale_reports += stale
-        again = sum(1 for message, _ in batch if message.id in self._unanswered)
-        if again:
-            # A report whose commit answer was lost (the database restarted, the connection
-            # broke) is sent again; if the first attempt had committed, this one finds the
-            # claims already settled and changes nothing.
-            log.warning("outcomes not applied again: an earlier attempt of this report, whose answer was lost, "
-                        "may already have recorded them; if it did not, their claims were recovered and the "
-                        "messages are delivered again", extra={"count": stale, "sent_again": again})
-        else:
-            log.warning("outcomes ignored: their claims were recovered (held past the stale-recovery timeout, or "
-                        "this worker's database sessions were seen to end) and the messages are delivered again",
-                        extra={"count": stale})
-
-    async def _forget(self, batch: list[tuple[ClaimedMessage, Outcome]]) -> None:
-        reported: set[int] = set()
-        for message, _ in batch:
-            self._leases.forget(message.id)
-            self._unanswered.discard(message.id)
-            endpoint_id = self._failed_endpoint.pop(message.id, None)
-            if endpoint_id is not None:
-                self._unreported_failures[endpoint_id] -= 1
-            reported.add(message.endpoint_id)
-        await self._capacity.notify()
-        # A report may unblock the next message of an ordering key, or close a circuit: the
-        # endpoints it concerns look again now. No other loop is woken: with 20 endpoints,
-        # waking every loop on every report cost two round trips per message in empty claims.
-        for endpoint_id in reported:
-            self._wake[endpoint_id].set()
-
     async def _drain(self, deadline: float) -> None:
         """Wait for in-flight deliveries; release any still running at the deadline."""
         while self._dispatch_tasks and time.monotonic() < deadline:
@@ -758,7 +597,7 @@ class WorkerPool:
         if renew_after is None:
             renew_after = float(self._db_settings.get("stale_recovery_timeout", "60")) / 3
         held = [*self._in_flight.values(), *(m for buffered in self._buffered.values() for m in buffered),
-                *(message for message, _ in list(self._reports))]
+                *self.reporter.waiting()]
         await self._leases.renew(held, renew_after)
 
     # Housekeeping ----------------------------------------------------------------------
@@ -849,32 +688,6 @@ class _Linger:
         return pause
 
 
-def _report_params(batch: list[tuple[ClaimedMessage, Outcome]]) -> dict[str, list]:
-    return {
-        "ids": [message.id for message, _ in batch],
-        "leases": [message.lease for message, _ in batch],
-        "outcomes": [str(outcome.kind) for _, outcome in batch],
-        "errors": [outcome.error for _, outcome in batch],
-        "retry_after": [outcome.retry_after for _, outcome in batch],
-        "responses": [_jsonb(outcome.response) for _, outcome in batch],
-    }
-
-
-def _jsonb(value: object) -> Jsonb | None:
-    return None if value is None else Jsonb(_without_nul(value))
-
-
-def _without_nul(value: object) -> object:
-    """jsonb cannot hold U+0000; a captured body or header with one is recorded without it."""
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd") if "\x00" in value else value
-    if isinstance(value, dict):
-        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_without_nul(v) for v in value]
-    return value
-
-
 def _local_error(error: BaseException) -> Outcome:
     """The outcome of a dispatcher that raised. A local failure (a bug, or data the dispatcher
     cannot send, such as a header with a line break) says nothing about the endpoint, so it
@@ -882,13 +695,3 @@ def _local_error(error: BaseException) -> Outcome:
     message goes to the DLQ with the error, for a redrive once fixed."""
     return Outcome.permanent(f"local dispatcher error, not the endpoint's: "
                              f"{type(error).__name__}: {str(error)[:300]}")
-
-
-def _transient(error: BaseException) -> bool:
-    """Whether a failed call may succeed as it is later (the database is away, busy or
-    restarting), as opposed to being refused for what it carried."""
-    if isinstance(error, DatabaseUnavailable | TimeoutError | ConnectionError | OSError):
-        return True
-    if isinstance(error, CourierError):
-        return error.sqlstate is None or error.sqlstate[:2] in ("08", "40", "53", "55", "57", "58")
-    return False
