@@ -179,7 +179,7 @@ def test_a_dispatchers_own_exception_never_counts_against_the_endpoint(dsn, conn
         monkeypatch.setattr(HttpDispatcher, "_request_body", staticmethod(broken))
     else:
         conn.execute("SELECT courier.create_endpoint('buggy', 'noop', '{}')")
-        monkeypatch.setattr("console.workers.pool.dispatcher_for", lambda protocol, settings: BrokenBatch())
+        monkeypatch.setattr("console.workers.dispatching.dispatcher_for", lambda protocol, settings: BrokenBatch())
     send_all(conn, "buggy", [{"n": n} for n in range(10)])
     run_pool_until(dsn, lambda: scalar(conn, "SELECT count(*) FROM courier.dlq") == 10, timeout=20)
     state = conn.execute("SELECT circuit_state, circuit_failure_count FROM courier.endpoints").fetchone()

@@ -396,7 +396,7 @@ def test_config_change_takes_effect_without_restart_and_connections_close_when_u
                 await asyncio.sleep(0.5)  # the pool's next endpoint refresh
                 send_many(conn, "moving", 5, start=5)
                 await until(lambda: completed(conn) == 10, 30, "five more")
-                dispatcher = pool._dispatchers["redis"]
+                dispatcher = pool.deliveries.dispatcher("redis")
                 held["serving"] = len(dispatcher.connections._entries)
                 conn.execute("SELECT courier.disable_endpoint('moving')")
                 await asyncio.sleep(0.6)  # the next refresh closes the disabled endpoint's connection

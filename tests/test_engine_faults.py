@@ -305,7 +305,7 @@ def test_a_heartbeat_failure_during_the_drain_does_not_abort_it(dsn, conn, sink,
         task = asyncio.create_task(pool.run())
         # Deliveries under way, not only claims committed: a stop that came before the pool had
         # read its claim's answer would give the claimed messages back undelivered.
-        while not pool.stats.round_trips or not pool._in_flight:
+        while not pool.stats.round_trips or not pool.deliveries.in_flight_count:
             await asyncio.sleep(0.02)
         pool.stop()
         await task

@@ -18,7 +18,7 @@ import os
 import socket
 import time
 import uuid
-from collections import defaultdict, deque
+from collections import defaultdict
 
 from sqlkit import queries
 from sqlkit.connection import AsyncDatabase
@@ -27,11 +27,13 @@ from sqlkit.messages import ClaimedMessage, claimed_from_row
 from sqlkit.stopping import cancel_within, within
 
 from .capacity import Capacity
-from .dispatchers import Dispatcher, Target, dispatcher_for
+from .dispatchers import Target
+from .dispatching import Deliveries
 from .faults import call_with_retry, one_line
 from .leases import Leases
 from .maintenance import MaintenanceLeader
 from .outcome import Outcome
+from .prefetch import Prefetch
 from .reporting import Reporter, report_params
 from .settings import (
     HTTP_DEFAULT_CONCURRENCY,
@@ -55,11 +57,6 @@ STOP_STEP at most, a stop takes at most drain_timeout + 8 s."""
 STOP_STEP = 1.0
 """Seconds each step after the drain may take before the stop goes on without it."""
 
-PREFETCH = 100
-"""Most messages an endpoint dispatched one at a time (HTTP) holds claimed beyond its free
-slots: enough to cover a claim's round trip at several thousand requests a second."""
-
-
 class WorkerPool:
     def __init__(self, dsn: str, settings: PoolSettings | None = None) -> None:
         self.settings = settings or PoolSettings()
@@ -76,14 +73,6 @@ class WorkerPool:
         self._wake: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
         # Set while an endpoint's claims come back full: its extra claimers work only then.
         self._busy: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
-        self._dispatchers: dict[str, Dispatcher | None] = {}
-        self._in_flight: dict[int, ClaimedMessage] = {}
-        self._in_flight_by_endpoint: dict[int, int] = defaultdict(int)
-        # Claimed ahead for endpoints dispatched one message at a time (HTTP): a freed slot
-        # takes its next message from here at once instead of waiting for a claim's round
-        # trip, and claims come in batches instead of a few freed slots at a time.
-        self._buffered: dict[int, deque[ClaimedMessage]] = defaultdict(deque)
-        self._dispatch_tasks: set[asyncio.Task[None]] = set()
         self._capacity = Capacity()
         # Slots reserved by claims on their way to the database, in total and by endpoint.
         self._claiming = 0
@@ -92,7 +81,11 @@ class WorkerPool:
         self.reporter = Reporter(self._db, self.settings, self.stats, self._capacity, self._leases, self._stopping,
                                  wake=lambda endpoint_id: self._wake[endpoint_id].set(),
                                  busy=lambda: any(busy.is_set() for busy in self._busy.values()))
+        self.prefetch = Prefetch(self._leases, self._capacity, wake=lambda endpoint_id: self._wake[endpoint_id].set())
         self._db_settings: dict[str, str] = {}
+        self.deliveries = Deliveries(self.settings, self._capacity, self._leases, self.prefetch, self.reporter,
+                                     current=self._current, target=self._target,
+                                     db_settings=lambda: self._db_settings)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._heartbeat_due = asyncio.Event()
         self._resizes: set[asyncio.Task[None]] = set()
@@ -148,8 +141,7 @@ class WorkerPool:
         try:
             await call_with_retry(self._heartbeat)  # the leader election records itself on this row
             await self._refresh_targets()
-            reporter = asyncio.create_task(self.reporter.run(lambda: not self._in_flight and not self._dispatch_tasks),
-                                           name="reporter")
+            reporter = asyncio.create_task(self.reporter.run(self.deliveries.idle), name="reporter")
             background = [
                 asyncio.create_task(self._listen_loop(), name="listen"),
                 asyncio.create_task(self._every(self.settings.refresh_interval, self._refresh_targets), name="refresh"),
@@ -163,7 +155,7 @@ class WorkerPool:
                 background.append(asyncio.create_task(self.maintenance.run(self._stopping), name="maintenance"))
             log.info("worker started", extra={"worker_id": self.worker_id, "concurrency": self.settings.concurrency})
             await self._stopping.wait()
-            log.info("draining", extra={"worker_id": self.worker_id, "in_flight": len(self._in_flight)})
+            log.info("draining", extra={"worker_id": self.worker_id, "in_flight": self.deliveries.in_flight_count})
             # Bounded by the drain timeout plus DRAIN_GRACE for the release and the last reports,
             # whatever the database does: a heartbeat, release or report that fails or hangs is
             # logged and left behind, and the stop goes on.
@@ -173,12 +165,11 @@ class WorkerPool:
                           extra={"worker_id": self.worker_id, "unreported": len(self.reporter.waiting())})
                 await cancel_within([reporter], STOP_STEP)
         finally:
-            closing = [dispatcher.close() for dispatcher in self._dispatchers.values() if dispatcher is not None]
             await asyncio.gather(  # in this order: the periodic heartbeat is cancelled before the last one starts
                 cancel_within(background, STOP_STEP),
                 within(STOP_STEP, self._heartbeat("stopped"), "the last heartbeat"),
                 # a broker or a session that hangs cannot hold the stop
-                within(STOP_STEP, asyncio.gather(*closing, return_exceptions=True), "closing dispatchers"))
+                within(STOP_STEP, self.deliveries.close(), "closing dispatchers"))
             await within(STOP_STEP, self._db.close(), "closing the connection pool")
             log.info("worker stopped", extra={"worker_id": self.worker_id, "delivered": self.stats.delivered,
                                               "failed": self.stats.failed})
@@ -188,8 +179,8 @@ class WorkerPool:
         await within(STOP_STEP, self._heartbeat("draining"), "the draining heartbeat")
         await self._wake_all_loops()
         await asyncio.gather(*self._loops.values(), return_exceptions=True)
-        await self._release_all_buffered()
-        await self._drain(deadline)
+        await self.prefetch.release_all()
+        await self.deliveries.drain(deadline)
         self.reporter.wake()
         await reporter
 
@@ -210,36 +201,13 @@ class WorkerPool:
             self._wake[endpoint_id].set()
             self._busy[endpoint_id].set()  # its idle claimers look, and end
         await self._capacity.notify()
-        for dispatcher in self._dispatchers.values():
-            # Settings are live: a dispatcher that reads any takes them at every refresh.
-            apply_settings = getattr(dispatcher, "apply_settings", None)
-            if apply_settings is not None:
-                apply_settings(self._db_settings)
-            # Broker dispatchers close the idle connections of endpoints no longer served.
-            retain = getattr(dispatcher, "retain", None)
-            if retain is not None:
-                await retain(set(current))
+        await self.deliveries.refresh(current)
         if self._stopping.is_set():
             return
         for endpoint_id, target in current.items():
             running = self._loops.get(endpoint_id)
-            if (running is None or running.done()) and self._dispatcher(target.protocol) is not None:
+            if (running is None or running.done()) and self.deliveries.dispatcher(target.protocol) is not None:
                 self._loops[endpoint_id] = asyncio.create_task(self._endpoint_loop(target), name=f"claim-{target.name}")
-
-    def _default_limit(self, target: Target) -> int:
-        """In-flight limit of an endpoint without config.concurrency: the whole pool, except
-        that a webhook gets at most HTTP_DEFAULT_CONCURRENCY requests at once, so a default
-        pool sized for no-op throughput never opens hundreds of connections to one server."""
-        if target.protocol == "http":
-            return min(self.settings.concurrency, self.settings.share.of(HTTP_DEFAULT_CONCURRENCY))
-        return self.settings.concurrency
-
-    def _dispatcher(self, protocol: str) -> Dispatcher | None:
-        if protocol not in self._dispatchers:
-            self._dispatchers[protocol] = dispatcher_for(protocol, self._db_settings)
-            if self._dispatchers[protocol] is None:
-                log.warning("no dispatcher for protocol; its messages stay queued", extra={"protocol": protocol})
-        return self._dispatchers[protocol]
 
     async def _endpoint_loop(self, target: Target) -> None:
         """The endpoint's claimers: the first polls; the others join in only while claims
@@ -255,7 +223,7 @@ class WorkerPool:
         out, sends messages that were pending together in priority order."""
         busy = self._busy[target.id]
         busy.clear()
-        dispatcher = self._dispatcher(target.protocol)
+        dispatcher = self.deliveries.dispatcher(target.protocol)
         claimers = self.settings.claimers if dispatcher is not None and dispatcher.batched else 1
         await asyncio.gather(*(self._claim_loop(target, busy, eager=n > 0) for n in range(max(1, claimers))))
 
@@ -299,18 +267,18 @@ class WorkerPool:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(wake.wait(), pause)
                 continue
-            dispatcher = self._dispatcher(target.protocol)
+            dispatcher = self.deliveries.dispatcher(target.protocol)
             if dispatcher is None:  # cannot happen: loops start only for protocols with one
                 continue
             if dispatcher.batched:
-                self._start_dispatch_batch(target, claimed)
+                self.deliveries.start_batch(target, claimed)
                 # One turn of the event loop before the next claim: a dispatcher that is
                 # done at once (noop) records its outcomes in it, and that claim carries them,
                 # instead of the reporter sending them in a round trip of their own.
                 await asyncio.sleep(0)
             else:
-                self._buffered[target.id].extend(claimed)
-                self._pump(target)
+                self.prefetch.add(target.id, claimed)
+                self.deliveries.pump(target)
 
     async def _linger_pause(self, target: Target, linger: _Linger) -> float | None:
         """After an empty claim: the pause before the linger's next claim, or None if the
@@ -331,7 +299,12 @@ class WorkerPool:
         return linger.next_pause(bool(committing))
 
     def _current(self, target: Target) -> bool:
+        """Whether the endpoint is still served as it is: the pool is not stopping, and the
+        endpoint was not disabled, dropped or reconfigured."""
         return not self._stopping.is_set() and self._targets.get(target.id) == target
+
+    def _target(self, endpoint_id: int) -> Target | None:
+        return self._targets.get(endpoint_id)
 
     async def _wake_all_loops(self) -> None:
         for event in [*self._wake.values(), *self._busy.values()]:
@@ -344,20 +317,20 @@ class WorkerPool:
         room, so that a circuit they open stops its next claim, not the one after.
 
         An endpoint dispatched one message at a time may also hold a prefetch of claimed
-        messages beyond its in-flight limit (see _buffered); it claims again when half of
+        messages beyond its in-flight limit (see Prefetch); it claims again when half of
         that prefetch is gone, so a busy webhook pays one round trip per half batch."""
         async with self._capacity:
             while not self._stopping.is_set():
                 # Read on every wake-up: resize() changes the pool's concurrency, which is
                 # also the default limit of an endpoint without its own config.concurrency.
-                limit = self._limit(target)
-                prefetch = self._prefetch(target, limit)
+                limit = self.deliveries.limit(target)
+                prefetch = self.deliveries.prefetch_size(target, limit)
                 # Slots reserved by claims on their way count as taken.
-                held = (self._in_flight_by_endpoint[target.id] + self._claiming_by_endpoint[target.id]
-                        + len(self._buffered[target.id]))
+                held = (self.deliveries.in_flight_to(target.id) + self._claiming_by_endpoint[target.id]
+                        + self.prefetch.held(target.id))
                 room = min(self.settings.batch_size,
-                           self.settings.concurrency + prefetch - len(self._in_flight) - self._claiming
-                           - self._buffered_total(),
+                           self.settings.concurrency + prefetch - self.deliveries.in_flight_count - self._claiming
+                           - self.prefetch.total(),
                            limit + prefetch - held)
                 if prefetch:
                     enough = 1 if held == 0 else max(1, prefetch // 2)
@@ -373,12 +346,6 @@ class WorkerPool:
                     return room
                 await self._capacity.wait()
             return 0
-
-    def _limit(self, target: Target) -> int:
-        configured = target.config.get("concurrency")
-        if configured is None:
-            return self._default_limit(target)
-        return self.settings.share.of(int(configured))
 
     def _woken_here(self, target: Target) -> bool:
         """Whether a NOTIFY for the endpoint wakes this pool. When several pools make up the
@@ -397,21 +364,6 @@ class WorkerPool:
             HTTP_DEFAULT_CONCURRENCY if target.protocol == "http" else share.count)
         return target.id % max(1, min(share.count, total)) == share.index
 
-    def _prefetch(self, target: Target, limit: int) -> int:
-        """How many claimed messages an endpoint may hold beyond its in-flight limit: none for
-        a batched dispatcher (it takes whole claims), else up to PREFETCH, but at most four
-        times its limit, so that an endpoint allowed one request at a time holds four more,
-        not a hundred."""
-        dispatcher = self._dispatchers.get(target.protocol)
-        if dispatcher is None or dispatcher.batched or target.config.get("rate_limit"):
-            # A rate limit's tokens are taken at the claim: messages claimed ahead while the
-            # endpoint was slow would go out together later, past its burst.
-            return 0
-        return max(0, min(PREFETCH, self.settings.batch_size, 4 * limit))
-
-    def _buffered_total(self) -> int:
-        return sum(map(len, self._buffered.values()))
-
     def _unreserve(self, endpoint_id: int, room: int) -> None:
         """Give back the slots _room reserved for a claim, now that its messages (if any)
         count as in flight; the part it did not fill is free for others again."""
@@ -419,11 +371,6 @@ class WorkerPool:
         self._claiming_by_endpoint[endpoint_id] -= room
         if room:
             self._capacity.notify_soon()
-
-    def _loop_soon(self, action) -> None:
-        task = asyncio.ensure_future(action())
-        self._resizes.add(task)
-        task.add_done_callback(self._resizes.discard)
 
     async def _claim(self, endpoint_id: int, room: int) -> list[ClaimedMessage]:
         """Claim for one endpoint, reporting the outcomes held so far in the same round trip
@@ -465,140 +412,14 @@ class WorkerPool:
                     f"the worker cannot decode this message's headers or metadata: {one_line(error)[:200]}"))
         return claimed
 
-    # Dispatch and outcomes -------------------------------------------------------------
-
-    def _start_dispatch(self, target: Target, message: ClaimedMessage) -> None:
-        self._in_flight[message.id] = message
-        self._in_flight_by_endpoint[target.id] += 1
-        task = asyncio.create_task(self._dispatch(target, message))
-        self._dispatch_tasks.add(task)
-        task.add_done_callback(self._dispatch_tasks.discard)
-
-    def _start_dispatch_batch(self, target: Target, messages: list[ClaimedMessage]) -> None:
-        for message in messages:
-            self._in_flight[message.id] = message
-        self._in_flight_by_endpoint[target.id] += len(messages)
-        task = asyncio.create_task(self._dispatch_batch(target, messages))
-        self._dispatch_tasks.add(task)
-        task.add_done_callback(self._dispatch_tasks.discard)
-
-    async def _dispatch(self, target: Target, message: ClaimedMessage) -> None:
-        dispatcher = self._dispatcher(target.protocol)
-        assert dispatcher is not None
-        try:
-            outcome = await dispatcher.deliver(target, message)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            log.exception("dispatcher raised", extra={"endpoint": target.name, "message_id": message.id})
-            outcome = _local_error(error)
-        self._record(target, message, outcome)
-        self._pump_freed(target)
-        await self._capacity.notify()
-
-    async def _dispatch_batch(self, target: Target, messages: list[ClaimedMessage]) -> None:
-        """One claimed batch through deliver_batch: the dispatcher publishes it in one go and
-        returns one outcome per message; each is then recorded exactly as _dispatch does."""
-        dispatcher = self._dispatcher(target.protocol)
-        assert dispatcher is not None
-        try:
-            outcomes = await dispatcher.deliver_batch(target, messages)
-            if len(outcomes) != len(messages):
-                raise RuntimeError(f"deliver_batch returned {len(outcomes)} outcomes for {len(messages)} messages")
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            log.exception("dispatcher raised", extra={"endpoint": target.name, "messages": len(messages)})
-            outcomes = [_local_error(error)] * len(messages)
-        for message, outcome in zip(messages, outcomes, strict=True):
-            self._record(target, message, outcome)
-        self._pump_freed(target)
-        await self._capacity.notify()
-
-    def _record(self, target: Target, message: ClaimedMessage, outcome: Outcome) -> None:
-        self.reporter.record(target, message, outcome)
-        self._in_flight.pop(message.id, None)
-        self._in_flight_by_endpoint[target.id] -= 1
-
-    def _pump_freed(self, target: Target) -> None:
-        """After a delivery freed slots: start prefetched messages of its endpoint, then of any
-        other, since the pool's limit, not their own, may be what held them back."""
-        self._pump(target)
-        if len(self._in_flight) < self.settings.concurrency:
-            for endpoint_id in [e for e, buffered in self._buffered.items() if buffered and e != target.id]:
-                other = self._targets.get(endpoint_id)
-                if other is not None:
-                    self._pump(other)
-
-    def _pump(self, target: Target) -> None:
-        """Start the endpoint's prefetched messages while it and the pool have room. If the
-        endpoint has a failure SQL has not seen yet, or it is stopping or being reconfigured,
-        give them back instead: a circuit that failure opens must stop them, and a changed
-        endpoint is delivered with its new configuration."""
-        buffered = self._buffered.get(target.id)
-        if not buffered:
-            return
-        if self.reporter.has_unreported_failure(target.id) or not self._current(target):
-            self._release_buffered(target.id)
-            return
-        limit = self._limit(target)
-        while (buffered and self._in_flight_by_endpoint[target.id] < limit
-               and len(self._in_flight) < self.settings.concurrency):
-            self._start_dispatch(target, buffered.popleft())
-
-    def _release_buffered(self, endpoint_id: int) -> None:
-        """Give an endpoint's prefetched messages back to the queue, pending with no attempt
-        counted, in the background; if that fails their leases run out and stale recovery
-        takes them back."""
-        messages = list(self._buffered.pop(endpoint_id, ()))
-        if not messages:
-            return
-        for message in messages:
-            self._leases.forget(message.id)
-        self._wake[endpoint_id].set()
-        self._capacity.notify_soon()
-        self._loop_soon(lambda: self._release_quietly(messages))
-
-    async def _release_all_buffered(self) -> None:
-        messages = [message for buffered in self._buffered.values() for message in buffered]
-        self._buffered.clear()
-        for message in messages:
-            self._leases.forget(message.id)
-        if messages:
-            await self._release_quietly(messages)
-
-    async def _release_quietly(self, messages: list[ClaimedMessage]) -> None:
-        try:
-            await call_with_retry(lambda: self._leases.release(messages), attempts=3)
-        except Exception as error:
-            log.warning("releasing prefetched messages failed; stale recovery will take them back",
-                        extra={"count": len(messages), "error": one_line(error)})
-
-    async def _drain(self, deadline: float) -> None:
-        """Wait for in-flight deliveries; release any still running at the deadline."""
-        while self._dispatch_tasks and time.monotonic() < deadline:
-            await asyncio.wait(set(self._dispatch_tasks), timeout=deadline - time.monotonic())
-        if self._dispatch_tasks:
-            stuck = list(self._in_flight.values())
-            for task in list(self._dispatch_tasks):
-                task.cancel()
-            await asyncio.gather(*self._dispatch_tasks, return_exceptions=True)
-            self._in_flight.clear()
-            log.warning("drain timeout: releasing unfinished messages", extra={"count": len(stuck)})
-            try:
-                await call_with_retry(lambda: self._leases.release(stuck), attempts=3)
-            except Exception as error:  # their leases run out and stale recovery takes them back
-                log.error("releasing unfinished messages failed", extra={"error": one_line(error)})
-
     async def _renew_leases(self) -> None:
         """Renew the leases of deliveries (and unreported outcomes) held for a third of the
         stale-recovery timeout, so recovery never takes a slow delivery from a live worker."""
         renew_after = self.settings.renew_after
         if renew_after is None:
             renew_after = float(self._db_settings.get("stale_recovery_timeout", "60")) / 3
-        held = [*self._in_flight.values(), *(m for buffered in self._buffered.values() for m in buffered),
-                *self.reporter.waiting()]
-        await self._leases.renew(held, renew_after)
+        await self._leases.renew([*self.deliveries.in_flight_messages(), *self.prefetch.messages(),
+                                  *self.reporter.waiting()], renew_after)
 
     # Housekeeping ----------------------------------------------------------------------
 
@@ -631,7 +452,7 @@ class WorkerPool:
             await self._register_session(conn)  # a no-op unless a pooler moved us to another session
             await queries.fetch_value_async(conn, "worker_heartbeat", {
                 "worker_id": self.worker_id, "hostname": socket.gethostname(), "pid": os.getpid(),
-                "concurrency": self.settings.concurrency, "in_flight": len(self._in_flight),
+                "concurrency": self.settings.concurrency, "in_flight": self.deliveries.in_flight_count,
                 "delivered": self.stats.delivered, "failed": self.stats.failed, "state": state,
             })
 
@@ -686,12 +507,3 @@ class _Linger:
         pause = self._pauses[min(self._step, len(self._pauses) - 1)]
         self._step += 1
         return pause
-
-
-def _local_error(error: BaseException) -> Outcome:
-    """The outcome of a dispatcher that raised. A local failure (a bug, or data the dispatcher
-    cannot send, such as a header with a line break) says nothing about the endpoint, so it
-    is PERMANENT, which never counts towards its circuit (SQL counts RETRYABLE ones): the
-    message goes to the DLQ with the error, for a redrive once fixed."""
-    return Outcome.permanent(f"local dispatcher error, not the endpoint's: "
-                             f"{type(error).__name__}: {str(error)[:300]}")
