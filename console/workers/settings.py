@@ -80,7 +80,7 @@ class PoolSettings:
     claimers: int = 2
     """Claims one endpoint may have on their way at once; beyond the first, only while claims
     come back full. An endpoint dispatched one message at a time (HTTP) has one, so that its
-    messages go out in priority order (see WorkerPool._endpoint_loop)."""
+    messages go out in priority order (see Claims._endpoint_loop in claiming.py)."""
     max_unreported: int = 5_000
     """Most outcomes waiting to be reported; past it the pool claims nothing new until the
     reporter catches up, so a database that refuses reports cannot grow memory without end."""
