@@ -313,3 +313,33 @@ def test_a_heartbeat_failure_during_the_drain_does_not_abort_it(dsn, conn, sink,
     asyncio.run(main())
     assert in_queue(conn, "status = 'processing'") == 0  # in-flight deliveries finished and were reported
     assert archived(conn) >= 1
+
+
+def test_a_claim_still_in_the_database_at_a_stop_has_its_outcomes_reported(dsn, conn):
+    """The report loop ended as soon as the pool was stopping with no delivery in flight, while
+    a claim could still be on its way: its messages were then delivered after the last report
+    and left in processing for recovery to deliver again. Here the claim waits on a lock past
+    the report loop's one-second wake-up, and is answered only after the stop."""
+    conn.execute("SELECT courier.create_endpoint('held', 'noop', '{}')")
+    pool = WorkerPool(dsn, PoolSettings(poll_interval=0.1, maintenance=None))
+
+    async def main() -> None:
+        task = asyncio.create_task(pool.run())
+        while not pool.stats.round_trips:
+            await asyncio.sleep(0.02)
+        async with await psycopg.AsyncConnection.connect(dsn) as blocker:
+            await blocker.execute("LOCK TABLE courier.queue IN ACCESS EXCLUSIVE MODE")
+            await blocker.execute("SELECT courier.send_batch('held', ARRAY(SELECT jsonb_build_object('n', g) "
+                                  "FROM generate_series(1, 5) g))")
+            waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'courier-worker' " \
+                      "AND wait_event_type = 'Lock'"
+            while not (await (await blocker.execute(waiting)).fetchone())[0]:  # a claim is on its way, and waits
+                await asyncio.sleep(0.02)
+            pool.stop()
+            await asyncio.sleep(1.5)  # past the report loop's wake-up with nothing in flight
+            await blocker.commit()  # the claim takes the five messages now
+        await asyncio.wait_for(task, 15)
+
+    asyncio.run(main())
+    assert in_queue(conn, "status = 'processing'") == 0
+    assert archived(conn) == 5

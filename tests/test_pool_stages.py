@@ -52,8 +52,8 @@ def test_a_failure_holds_back_its_endpoint_until_the_reporter_has_reported_it(ds
             reporter.record(target, delivered, Outcome.success())
             reporter.record(target, failed, Outcome.retryable("503 from the endpoint"))
             held_back = reporter.has_unreported_failure(target.id) and reporter.unreported() == 2
-            stopping.set()  # the loop reports what it holds, then ends: no delivery is left
-            await asyncio.wait_for(reporter.run(deliveries_over=lambda: True), 10)
+            stopping.set()  # the loop reports what it holds, then ends: nothing more can come
+            await asyncio.wait_for(reporter.run(drained=lambda: True), 10)
             assert not reporter.has_unreported_failure(target.id) and reporter.unreported() == 0
             return held_back, failed.id
 

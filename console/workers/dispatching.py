@@ -58,10 +58,6 @@ class Deliveries:
     def in_flight_messages(self) -> list[ClaimedMessage]:
         return list(self._in_flight.values())
 
-    def idle(self) -> bool:
-        """No delivery in flight or still finishing."""
-        return not self._in_flight and not self._dispatch_tasks
-
     # Dispatchers and limits ------------------------------------------------------------
 
     def dispatcher(self, protocol: str) -> Dispatcher | None:

@@ -72,6 +72,9 @@ class WorkerPool:
         self._db = AsyncDatabase(dsn, min_size=2, max_size=8, application_name="courier-worker",
                                  configure=self._register_session)
         self._stopping = asyncio.Event()
+        # Set at a stop once the claim loops have ended and the deliveries are drained: from then
+        # on no outcome can be recorded, and the report loop ends once it has sent the last one.
+        self._drained = asyncio.Event()
         self._targets: dict[int, Target] = {}
         self._db_settings: dict[str, str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -140,7 +143,7 @@ class WorkerPool:
         try:
             await call_with_retry(self._heartbeat)  # the leader election records itself on this row
             await self._refresh_targets()
-            report_loop = asyncio.create_task(self.reporter.run(self.deliveries.idle), name="reporter")
+            report_loop = asyncio.create_task(self.reporter.run(self._drained.is_set), name="reporter")
             background = [
                 asyncio.create_task(self._listen_loop(), name="listen"),
                 asyncio.create_task(self._every(self.settings.refresh_interval, self._refresh_targets), name="refresh"),
@@ -180,6 +183,7 @@ class WorkerPool:
         await self.claims.finish()
         await self.prefetch.release_all()
         await self.deliveries.drain(deadline)
+        self._drained.set()
         self.reporter.wake()
         await report_loop
 

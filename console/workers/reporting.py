@@ -113,9 +113,11 @@ class Reporter:
             self._count_reported(rows[0], batch)
             await self._forget(batch)
 
-    async def run(self, deliveries_over: Callable[[], bool]) -> None:
+    async def run(self, drained: Callable[[], bool]) -> None:
         """The report loop: send the outcomes no claim carried, until the pool stops and
-        deliveries_over() says no delivery is left to report."""
+        drained() says no outcome can come any more (the claim loops have ended and the
+        deliveries are done). Not sooner: a claim still in the database when the stop came
+        hands its messages to the deliveries after the last delivery ended."""
         failures = 0
         while True:
             with contextlib.suppress(TimeoutError):
@@ -142,7 +144,7 @@ class Reporter:
                     await asyncio.sleep(min(0.2 * 2**failures, 5.0))
                     continue
                 self._reports_sending -= len(batch)
-            if self._stopping.is_set() and deliveries_over():
+            if self._stopping.is_set() and drained():
                 return
 
     def _unsettled(self, batch: list[Report], settled: set[int]) -> list[Report]:
