@@ -409,6 +409,17 @@ def test_commands_without_schema_hint_courier_migrate(empty_dsn):
     assert_usage_error(run("migrate", "--target", "3", dsn=empty_dsn), "--target")
 
 
+def test_migrate_records_a_database_built_before_the_squash_as_the_baseline(empty_dsn):
+    from tests.test_migrations import migrate_before_the_squash
+
+    migrate_before_the_squash(empty_dsn)
+    status = assert_ok(run("migrate", "--status", "--json", dsn=empty_dsn)).json()
+    assert status["pending"] == ["0001-0032 recorded as the baseline"]
+    done = assert_ok(run("migrate", dsn=empty_dsn)).text
+    assert done.startswith("recorded migrations 0001-0032 as the baseline 0032_baseline")
+    assert assert_ok(run("migrate", "--status", "--json", dsn=empty_dsn)).json()["pending"] == []
+
+
 def test_command_on_outdated_schema_hints_courier_migrate(empty_dsn):
     """As on a database an older Courier migrated: a function this one calls is not there yet."""
     assert_ok(run("migrate", dsn=empty_dsn))

@@ -88,13 +88,23 @@ def migrate_command(target: int | None, show_status: bool, lock_wait: float) -> 
 
         emit(data, render)
         return
+    with connect(url) as conn:
+        adopts_history = migrate.status(conn).adopts_history
     applied = migrate.migrate(url, target=target, lock_wait=lock_wait)
     with connect(url) as conn:
         version = migrate.status(conn).installed_version
-    data = {"applied": [m.label for m in applied], "schema_version": version}
-    emit(data, lambda: console.print(
-        f"applied {len(applied)} migration(s): {', '.join(m.label for m in applied)}; schema version {version}"
-        if applied else f"schema is up to date (version {version})", highlight=False))
+    data = {"applied": [m.label for m in applied], "schema_version": version,
+            "recorded_as_baseline": adopts_history}
+
+    def render() -> None:
+        if adopts_history:
+            console.print(f"recorded migrations 0001-{migrate.BASELINE_VERSION:04d} as the baseline "
+                          f"{migrate.available()[0].label}, which builds the same schema", highlight=False)
+        console.print(f"applied {len(applied)} migration(s): {', '.join(m.label for m in applied)}; "
+                      f"schema version {version}" if applied else f"schema is up to date (version {version})",
+                      highlight=False)
+
+    emit(data, render)
 
 
 COMMANDS = [db_group, migrate_command]
