@@ -316,32 +316,3 @@ def test_turning_internal_urls_off_drops_a_running_broker_connection(dsn, conn, 
     received = asyncio.run(scenario())
     assert [r.payload for r in received] == [{"n": 1}]
     assert seen["error"].startswith("[PERMANENT] internal address 127.0.0.1 blocked (127.1 resolves to it)")
-
-
-def test_an_upgrade_keeps_existing_internal_broker_endpoints_delivering(empty_dsn):
-    """Made before brokers were checked, a broker endpoint on loopback is opted in by migration
-    0026 (and the event log says so); one on a public host, and HTTP endpoints, are left alone."""
-    from sqlkit import migrate
-
-    migrate.migrate(empty_dsn, target=25)
-    with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        # The release before had its function files applied at version 25, the address check
-        # among them (internals.sql); a partial migrate applies none.
-        internals = next(f for f in migrate.function_files() if f.area == "internals")
-        conn.execute(internals.sql.encode())
-        for name, protocol, config in [
-                ("local-redis", "redis", {"url": "redis://127.0.0.1:6379/0", "stream": "s"}),
-                ("local-nats", "nats", {"url": "nats://[::ffff:127.0.0.1]", "subject": "s"}),
-                ("remote-amqp", "amqp", {"url": "amqp://rabbit.example.com/", "routing_key": "k"}),
-                ("hook", "http", {"url": "http://10.0.0.1/", "allow_internal": True})]:
-            conn.execute("INSERT INTO courier.endpoints (name, protocol, config) VALUES (%s, %s, %s::jsonb)",
-                         (name, protocol, json.dumps(config)))
-    migrate.migrate(empty_dsn)
-    with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        configs = dict(conn.execute("SELECT name, config FROM courier.endpoints").fetchall())
-        details = scalar(conn, "SELECT details FROM courier.event_log WHERE event_type = 'config.changed' "
-                               "AND details ? 'endpoints'")
-    assert configs["local-redis"]["allow_internal"] is True and configs["local-nats"]["allow_internal"] is True
-    assert "allow_internal" not in configs["remote-amqp"]
-    assert configs["hook"] == {"url": "http://10.0.0.1/", "allow_internal": True}
-    assert details["endpoints"] == ["local-redis", "local-nats"]
