@@ -237,7 +237,7 @@ BEGIN
             WHERE q.endpoint_id = v_topic.id AND q.key = p_key AND q.status = 'pending'
             RETURNING q.id INTO v_id;
             IF v_id IS NOT NULL THEN
-                RETURN v_id;
+                EXIT;
             END IF;
         END IF;
 
@@ -250,7 +250,7 @@ BEGIN
         DO NOTHING
         RETURNING id INTO v_id;
         IF v_id IS NOT NULL THEN
-            RETURN v_id;
+            EXIT;
         END IF;
 
         SELECT q.id, q.status, q.visible_at <= now(),
@@ -287,6 +287,11 @@ BEGIN
         END IF;
         -- It went to pending (nacked) or away (acked) meanwhile: go round again.
     END LOOP;
+    -- Consumers waiting on the topic (a long poll, a Consumer) look now, as after a send to it.
+    IF v_due <= now() AND (SELECT l.notify_on_send FROM courier.send_limits l) THEN
+        PERFORM pg_notify('courier_new_msg', v_topic.id::text);
+    END IF;
+    RETURN v_id;
 END
 $$;
 
