@@ -544,3 +544,49 @@ VACUUM courier.queue_depth;
 
 -- name: vacuum_delivery_totals
 VACUUM courier.delivery_totals;
+
+-- name: create_api_token
+SELECT courier.create_api_token(%(name)s, %(secret_hash)s, %(topics)s::text[], %(endpoints)s::text[],
+                                %(actions)s::text[]);
+
+-- name: revoke_api_token
+SELECT courier.revoke_api_token(%(name)s);
+
+-- name: list_api_tokens
+SELECT * FROM courier.api_tokens();
+
+-- name: authenticate_api_token
+SELECT * FROM courier.authenticate_api_token(%(secret_hash)s);
+
+-- name: as_application
+-- `courier serve` runs each request as the role of what it does (its login role is a member).
+SET LOCAL ROLE courier_application;
+
+-- name: as_admin
+SET LOCAL ROLE courier_admin;
+
+-- name: pull_enqueue
+SELECT courier.enqueue(%(topic)s, NULL, %(key)s, %(metadata)s, %(payload)s, NULL, %(scheduled_at)s);
+
+-- name: pull_dequeue
+SELECT id, lease, payload, payload_binary, metadata, key, retry_count, max_retries, created_at, visible_until
+FROM courier.dequeue(%(topic)s, %(count)s, %(visibility_timeout)s);
+
+-- name: pull_ack
+SELECT id, result FROM courier.ack(%(ids)s::bigint[], %(leases)s::integer[]);
+
+-- name: pull_nack
+SELECT id, result FROM courier.nack(%(ids)s::bigint[], %(leases)s::integer[], %(error)s);
+
+-- name: pull_extend
+SELECT id, result, visible_until FROM courier.extend_lease(%(ids)s::bigint[], %(leases)s::integer[],
+                                                           %(visibility_timeout)s);
+
+-- name: topic_of_messages
+-- The topics of queued messages, by id, for the server's scope check before an ack or nack.
+SELECT q.id, e.name AS topic
+FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
+WHERE q.id = ANY (%(ids)s::bigint[]) AND e.protocol = 'pull';
+
+-- name: topic_id
+SELECT id FROM courier.endpoints WHERE name = %(topic)s AND protocol = 'pull';

@@ -70,12 +70,13 @@ def _register() -> None:
         pubsub,
         pull,
         send,
+        serve,
         status,
         worker,
     )
 
     for module in (db, endpoint, send, pubsub, pull, config, worker, status, dlq, archive, metrics, events, bench,
-                   demo, console, pipeline):
+                   demo, console, pipeline, serve):
         for command in module.COMMANDS:
             main.add_command(command)
 

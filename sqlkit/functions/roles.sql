@@ -114,6 +114,8 @@ GRANT SELECT (id, endpoint_id, status, priority, retry_count, max_retries, sched
 GRANT SELECT (id, event_type, endpoint_id, actor, created_at) ON courier.event_log TO courier_monitor;
 GRANT SELECT (id, name, description, created_at) ON courier.event_types TO courier_monitor;
 GRANT SELECT (id, event_type_id, endpoint_id, created_at) ON courier.subscriptions TO courier_monitor;
+GRANT SELECT (id, name, topics, endpoints, actions, created_at, last_used_at, revoked_at)
+    ON courier.api_tokens TO courier_monitor;
 -- The Spark pipeline's results are aggregates: counts, latencies and error classes per hour.
 DO $$
 DECLARE

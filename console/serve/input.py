@@ -1,0 +1,133 @@
+"""Request bodies checked where they enter: a JSON object of known fields, each of its type and
+range, no deeper than the SQL API accepts; an error names the field."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+
+from .problems import ApiError, bad_request
+
+MAX_DEPTH = 32
+"""Nesting a body may have, as metadata may in the SQL API."""
+
+
+async def json_object(request: web.Request, fields: dict[str, Callable[[str, Any], Any]],
+                      required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The body as {field: checked value} for the fields given (absent or null: None)."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, "payload_too_large",
+                       f"the request body is larger than the server takes ({request.client_max_size} bytes; "
+                       "`courier serve --max-body`)") from None
+    try:
+        body = json.loads(raw or b"{}")
+    except (ValueError, RecursionError):
+        raise ApiError(400, "invalid", "the body is not valid JSON") from None
+    _check_depth(body)
+    return checked_object("", body, fields, required)
+
+
+def checked_object(where: str, item: Any, fields: dict[str, Callable[[str, Any], Any]],
+                   required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """{field: checked value} of a JSON object (absent or null: None); `where` prefixes the
+    field names errors give, as messages[3].topic."""
+    if not isinstance(item, dict):
+        raise bad_request(where or "body", "must be a JSON object")
+    unknown = sorted(set(item) - set(fields))
+    if unknown:
+        raise bad_request(where + unknown[0], f"unknown field (known: {', '.join(sorted(fields))})")
+    checked = {}
+    for name, check in fields.items():
+        value = item.get(name)
+        if value is None:
+            if name in required:
+                raise bad_request(where + name, "required")
+            checked[name] = None
+        else:
+            checked[name] = check(where + name, value)
+    return checked
+
+
+def _check_depth(value: Any) -> None:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ApiError(400, "invalid", f"the body is nested more than {MAX_DEPTH} levels deep")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+
+
+def text(limit: int = 255) -> Callable[[str, Any], str]:
+    def check(name: str, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise bad_request(name, "must be a non-empty string")
+        if len(value) > limit:
+            raise bad_request(name, f"must be at most {limit} characters")
+        return value
+    return check
+
+
+def integer(low: int, high: int) -> Callable[[str, Any], int]:
+    def check(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad_request(name, "must be a whole number")
+        if not low <= value <= high:
+            raise bad_request(name, f"must be between {low} and {high}, got {value}")
+        return value
+    return check
+
+
+def seconds(low: float, high: float) -> Callable[[str, Any], float]:
+    def check(name: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise bad_request(name, "must be a number of seconds")
+        if not low <= value <= high:
+            raise bad_request(name, f"must be between {low:g} and {high:g}, got {value:g}")
+        return float(value)
+    return check
+
+
+def base64_bytes(name: str, value: Any) -> bytes:
+    if not isinstance(value, str):
+        raise bad_request(name, "must be base64-encoded bytes, as a string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request(name, "is not valid base64") from None
+
+
+def json_map(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise bad_request(name, "must be a JSON object")
+    return value
+
+
+def timestamp(name: str, value: Any) -> datetime:
+    if not isinstance(value, str):
+        raise bad_request(name, "must be an ISO 8601 time with a UTC offset, e.g. 2026-11-26T10:00:00Z")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise bad_request(name, "must be an ISO 8601 time with a UTC offset, e.g. 2026-11-26T10:00:00Z") from None
+    if parsed.tzinfo is None:
+        raise bad_request(name, "needs a UTC offset (Z or +hh:mm)")
+    return parsed
+
+
+def message_id(request: web.Request) -> int:
+    raw = request.match_info["id"]
+    if not raw.isdigit() or len(raw) > 18:
+        raise bad_request("id", "must be a message id (digits)")
+    return int(raw)

@@ -1,0 +1,207 @@
+"""The pull API's routes (queue-ti's shapes): enqueue, dequeue with a receipt and long poll,
+and ack, nack and extend by receipt, one message or a batch. Ids are strings; the receipt is
+the lease a dequeue took, so an ack with an older receipt is refused as lease_lost."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+from typing import Any
+
+from aiohttp import web
+from psycopg.types.json import Jsonb
+
+from sqlkit import queries
+
+from .auth import require
+from .input import (
+    base64_bytes,
+    checked_object,
+    integer,
+    json_map,
+    json_object,
+    message_id,
+    seconds,
+    text,
+    timestamp,
+)
+from .problems import ApiError, bad_request
+from .server import Server
+
+routes = web.RouteTableDef()
+
+MAX_BATCH = 1000
+MAX_WAIT_SECONDS = 20.0
+"""The longest long poll, as SQS allows."""
+
+
+def _no_ttl(name: str, value: Any) -> None:
+    raise bad_request(name, "a per-message TTL is not supported; set the topic's message_ttl_seconds")
+
+
+ENQUEUE = {"topic": text(), "payload": base64_bytes, "key": text(255), "metadata": json_map,
+           "scheduled_at": timestamp, "ttl_seconds": _no_ttl}
+
+
+def _enqueue_params(body: dict[str, Any]) -> dict[str, Any]:
+    return {"topic": body["topic"], "payload": body["payload"], "key": body["key"],
+            "metadata": Jsonb(body["metadata"]) if body["metadata"] is not None else None,
+            "scheduled_at": body["scheduled_at"]}
+
+
+@routes.post("/api/messages")
+async def enqueue(request: web.Request) -> web.Response:
+    server = Server.of(request)
+    token = await server.auth.token(request)
+    body = await json_object(request, ENQUEUE, required=("topic", "payload"))
+    require(token, "enqueue", topic=body["topic"])
+    async with server.session("application") as conn:
+        new_id = await queries.fetch_value_async(conn, "pull_enqueue", _enqueue_params(body))
+    return web.json_response({"id": str(new_id)}, status=201)
+
+
+@routes.post("/api/messages/batch")
+async def enqueue_batch(request: web.Request) -> web.Response:
+    """Every message in one transaction: all are enqueued, or none."""
+    server = Server.of(request)
+    token = await server.auth.token(request)
+    body = await json_object(request, {"messages": _list_of_objects}, required=("messages",))
+    checked = [checked_object(f"messages[{n}].", item, ENQUEUE, ("topic", "payload"))
+               for n, item in enumerate(body["messages"])]
+    for item in checked:
+        require(token, "enqueue", topic=item["topic"])
+    async with server.session("application") as conn:
+        ids = [await queries.fetch_value_async(conn, "pull_enqueue", _enqueue_params(item)) for item in checked]
+    return web.json_response({"ids": [str(i) for i in ids]}, status=201)
+
+
+DEQUEUE = {"topic": text(), "count": integer(1, MAX_BATCH), "visibility_timeout_seconds": integer(1, 43_200),
+           "wait_seconds": seconds(0, MAX_WAIT_SECONDS)}
+
+
+@routes.post("/api/messages/dequeue")
+async def dequeue(request: web.Request) -> web.Response:
+    """Lease up to `count` messages; with wait_seconds, wait for one to arrive (LISTEN/NOTIFY)."""
+    server = Server.of(request)
+    token = await server.auth.token(request)
+    body = await json_object(request, DEQUEUE, required=("topic",))
+    require(token, "consume", topic=body["topic"])
+    params = {"topic": body["topic"], "count": body["count"] or 1,
+              "visibility_timeout": body["visibility_timeout_seconds"]}
+    wait = body["wait_seconds"] or 0.0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    topic_id = await server.topic_id(body["topic"]) if wait else None
+    while True:
+        woken = server.wakeups.armed(topic_id) if topic_id is not None else None
+        async with server.session("application") as conn:
+            rows = await queries.fetch_all_async(conn, "pull_dequeue", params)
+        left = deadline - loop.time()
+        if rows or woken is None or left <= 0 or server.closing:
+            break
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(woken.wait(), left)
+    return web.json_response({"messages": [_leased(row) for row in rows]})
+
+
+def _leased(row: dict[str, Any]) -> dict[str, Any]:
+    raw = row["payload_binary"] if row["payload_binary"] is not None else json.dumps(row["payload"]).encode()
+    return {"id": str(row["id"]), "receipt": str(row["lease"]), "payload": base64.b64encode(raw).decode(),
+            "metadata": row["metadata"], "key": row["key"], "retry_count": row["retry_count"],
+            "max_retries": row["max_retries"], "created_at": row["created_at"].isoformat(),
+            "visible_until": row["visible_until"].isoformat()}
+
+
+def _receipt(name: str, value: Any) -> int:
+    if not isinstance(value, str) or not value.isdigit() or len(value) > 10:
+        raise bad_request(name, "must be the receipt a dequeue returned with the message")
+    return int(value)
+
+
+SETTLE = {"receipt": _receipt, "error": text(10_000), "visibility_timeout_seconds": integer(1, 43_200)}
+
+
+@routes.post("/api/messages/{id}/ack")
+async def ack(request: web.Request) -> web.Response:
+    return await _settle_one(request, "ack")
+
+
+@routes.post("/api/messages/{id}/nack")
+async def nack(request: web.Request) -> web.Response:
+    return await _settle_one(request, "nack")
+
+
+@routes.post("/api/messages/{id}/extend")
+async def extend(request: web.Request) -> web.Response:
+    return await _settle_one(request, "extend")
+
+
+@routes.post("/api/messages/ack")
+async def ack_batch(request: web.Request) -> web.Response:
+    return await _settle_batch(request, "ack")
+
+
+@routes.post("/api/messages/nack")
+async def nack_batch(request: web.Request) -> web.Response:
+    return await _settle_batch(request, "nack")
+
+
+async def _settle_one(request: web.Request, verb: str) -> web.Response:
+    server = Server.of(request)
+    token = await server.auth.token(request)
+    fields = {"receipt": _receipt, **({"error": SETTLE["error"]} if verb == "nack" else {}),
+              **({"visibility_timeout_seconds": SETTLE["visibility_timeout_seconds"]} if verb == "extend" else {})}
+    body = await json_object(request, fields, required=("receipt", "visibility_timeout_seconds"))
+    (result,) = await _settle(server, token, verb, [message_id(request)], [body["receipt"]], body)
+    if result["result"] == "lease_lost":
+        raise ApiError(409, "lease_lost", f"message {result['id']}: the receipt's lease is no longer the "
+                                          "message's (its visibility timeout passed and it was dequeued again)")
+    if result["result"] == "not_found":
+        raise ApiError(404, "not_found", f"message {result['id']} is not leased (acked, nacked or gone)")
+    return web.json_response(result)
+
+
+async def _settle_batch(request: web.Request, verb: str) -> web.Response:
+    server = Server.of(request)
+    token = await server.auth.token(request)
+    body = await json_object(request, {"messages": _list_of_objects, "error": SETTLE["error"]},
+                             required=("messages",))
+    items = [checked_object(f"messages[{n}].", item, {"id": text(18), "receipt": _receipt}, ("id", "receipt"))
+             for n, item in enumerate(body["messages"])]
+    for n, item in enumerate(items):
+        if not item["id"].isdigit():
+            raise bad_request(f"messages[{n}].id", "must be a message id (digits)")
+    results = await _settle(server, token, verb, [int(item["id"]) for item in items],
+                            [item["receipt"] for item in items], body)
+    return web.json_response({"results": results})
+
+
+async def _settle(server: Server, token: Any, verb: str, ids: list[int], leases: list[int],
+                  body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Ack, nack or extend, after checking the token may consume each message's topic."""
+    async with server.session(None) as conn:
+        topics = {row["id"]: row["topic"] for row in await queries.fetch_all_async(
+            conn, "topic_of_messages", {"ids": ids})}
+    for topic in set(topics.values()):
+        require(token, "consume", topic=topic)
+    params: dict[str, Any] = {"ids": ids, "leases": leases}
+    query = {"ack": "pull_ack", "nack": "pull_nack", "extend": "pull_extend"}[verb]
+    if verb == "nack":
+        params["error"] = body.get("error")
+    if verb == "extend":
+        params["visibility_timeout"] = body["visibility_timeout_seconds"]
+    async with server.session("application") as conn:
+        rows = await queries.fetch_all_async(conn, query, params)
+    return [{"id": str(row["id"]), "result": row["result"],
+             **({"visible_until": row["visible_until"].isoformat()} if row.get("visible_until") else {})}
+            for row in rows]
+
+
+def _list_of_objects(name: str, value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise bad_request(name, "must be a non-empty list")
+    if len(value) > MAX_BATCH:
+        raise bad_request(name, f"must hold at most {MAX_BATCH} items, got {len(value)}")
+    return value

@@ -1,0 +1,58 @@
+"""What every route shares: the database pool, the authenticator, the long polls' wake-ups,
+and a session that runs as the role of what the request does."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import psycopg
+from aiohttp import web
+
+from sqlkit import queries
+from sqlkit.connection import AsyncDatabase
+
+from .auth import Authenticator
+from .problems import ApiError
+from .wakeups import TopicWakeups
+
+TOPIC_IDS_SECONDS = 10.0
+"""How long a topic's id is remembered for its long polls (a topic dropped and made again
+gets a new id; until then its polls wake at their timeout)."""
+
+
+@dataclass
+class Server:
+    db: AsyncDatabase
+    auth: Authenticator
+    wakeups: TopicWakeups
+    _topic_ids: dict[str, tuple[int, float]] = field(default_factory=dict)
+    closing: bool = False
+    """Set at shutdown: long polls answer with what they have instead of waiting on."""
+
+    KEY = web.AppKey("courier", object)
+
+    @classmethod
+    def of(cls, request: web.Request) -> Server:
+        return request.app[cls.KEY]  # type: ignore[return-value]
+
+    @contextlib.asynccontextmanager
+    async def session(self, role: str | None) -> AsyncIterator[psycopg.AsyncConnection]:
+        """A transaction run as courier_<role> (None: the server's own login, for lookups)."""
+        async with self.db.connection() as conn, conn.transaction():
+            if role is not None:
+                await conn.execute(queries.query(f"as_{role}"))
+            yield conn
+
+    async def topic_id(self, topic: str) -> int:
+        known, until = self._topic_ids.get(topic, (0, 0.0))
+        if until > time.monotonic():
+            return known
+        async with self.session(None) as conn:
+            found = await queries.fetch_value_async(conn, "topic_id", {"topic": topic})
+        if found is None:
+            raise ApiError(404, "not_found", f"topic {topic!r} does not exist")
+        self._topic_ids[topic] = (found, time.monotonic() + TOPIC_IDS_SECONDS)
+        return found
