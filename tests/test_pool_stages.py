@@ -49,8 +49,8 @@ def test_a_failure_holds_back_its_endpoint_until_the_reporter_has_reported_it(ds
             stopping = asyncio.Event()
             reporter = Reporter(db, PoolSettings(maintenance=None), stats, Capacity(), Leases(db), stopping,
                                 wake=woken.append, busy=lambda: False)
-            reporter.record(target, delivered, Outcome.success())
-            reporter.record(target, failed, Outcome.retryable("503 from the endpoint"))
+            reporter.record(target, [(delivered, Outcome.success()),
+                                     (failed, Outcome.retryable("503 from the endpoint"))])
             held_back = reporter.has_unreported_failure(target.id) and reporter.unreported() == 2
             stopping.set()  # the loop reports what it holds, then ends: nothing more can come
             await asyncio.wait_for(reporter.run(drained=lambda: True), 10)
@@ -84,10 +84,9 @@ def test_only_leases_held_past_renew_after_are_renewed(dsn, conn):
             messages = await claim(db, target, 3)
             old, recent, forgotten = messages
             leases = Leases(db)
-            leases.taken(old.id, time.monotonic() - 100)
-            leases.taken(recent.id, time.monotonic())
-            leases.taken(forgotten.id, time.monotonic() - 100)
-            leases.forget(forgotten.id)
+            leases.taken([old.id, forgotten.id], time.monotonic() - 100)
+            leases.taken([recent.id], time.monotonic())
+            leases.forget([forgotten.id])
             await asyncio.to_thread(an_hour_old)
             await leases.renew(messages, renew_after=10)
             first = await asyncio.to_thread(renewed)

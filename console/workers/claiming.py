@@ -258,12 +258,11 @@ class Claims:
                 rows = await queries.fetch_all_async(conn, "claim_for_endpoint", params)
         else:
             await self._reporter.reported(batch, rows)
-        now = time.monotonic()
+        # report-and-claim's row of counts, when nothing was claimed, has no id
+        rows = [row for row in rows if row["id"] is not None]
+        self._leases.taken((row["id"] for row in rows), time.monotonic())
         claimed = []
         for row in rows:
-            if row["id"] is None:  # report-and-claim's row of counts, when nothing was claimed
-                continue
-            self._leases.taken(row["id"], now)
             try:
                 claimed.append(claimed_from_row(row))
             except Exception as error:  # RecursionError, bad JSON: this message fails alone

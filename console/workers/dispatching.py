@@ -155,7 +155,7 @@ class Deliveries:
         except Exception as error:
             log.exception("dispatcher raised", extra={"endpoint": target.name, "message_id": message.id})
             outcome = _local_error(error)
-        self._record(target, message, outcome)
+        self._record(target, [message], [outcome])
         self._pump_freed(target)
         await self._capacity.notify()
 
@@ -173,15 +173,16 @@ class Deliveries:
         except Exception as error:
             log.exception("dispatcher raised", extra={"endpoint": target.name, "messages": len(messages)})
             outcomes = [_local_error(error)] * len(messages)
-        for message, outcome in zip(messages, outcomes, strict=True):
-            self._record(target, message, outcome)
+        self._record(target, messages, outcomes)
         self._pump_freed(target)
         await self._capacity.notify()
 
-    def _record(self, target: Target, message: ClaimedMessage, outcome: Outcome) -> None:
-        self._reporter.record(target, message, outcome)
-        self._in_flight.pop(message.id, None)
-        self._in_flight_by_endpoint[target.id] -= 1
+    def _record(self, target: Target, messages: list[ClaimedMessage], outcomes: list[Outcome]) -> None:
+        self._reporter.record(target, list(zip(messages, outcomes, strict=True)))
+        in_flight = self._in_flight
+        for message in messages:
+            in_flight.pop(message.id, None)
+        self._in_flight_by_endpoint[target.id] -= len(messages)
 
     def _pump_freed(self, target: Target) -> None:
         """After a delivery freed slots: start prefetched messages of its endpoint, then of any

@@ -20,14 +20,16 @@ class Leases:
         # When each held lease was taken or last renewed (monotonic), by message id.
         self._leased_at: dict[int, float] = {}
 
-    def taken(self, message_id: int, at: float) -> None:
-        """A claim took the message's lease at `at` (monotonic)."""
-        self._leased_at[message_id] = at
+    def taken(self, message_ids: Iterable[int], at: float) -> None:
+        """A claim took the messages' leases at `at` (monotonic)."""
+        self._leased_at.update(dict.fromkeys(message_ids, at))
 
-    def forget(self, message_id: int) -> None:
-        """The lease is no longer this pool's to renew: its outcome was reported, or its
-        message given back."""
-        self._leased_at.pop(message_id, None)
+    def forget(self, message_ids: Iterable[int]) -> None:
+        """The leases are no longer this pool's to renew: their outcomes were reported, or their
+        messages given back."""
+        leased_at = self._leased_at
+        for message_id in message_ids:
+            leased_at.pop(message_id, None)
 
     async def renew(self, held: Iterable[ClaimedMessage], renew_after: float) -> None:
         """Renew the leases of the messages in `held` taken or last renewed more than

@@ -61,8 +61,7 @@ class Prefetch:
         messages = list(self._buffered.pop(endpoint_id, ()))
         if not messages:
             return
-        for message in messages:
-            self._leases.forget(message.id)
+        self._leases.forget(message.id for message in messages)
         self._wake(endpoint_id)
         self._capacity.notify_soon()
         task = asyncio.ensure_future(self._release_quietly(messages))
@@ -73,8 +72,7 @@ class Prefetch:
         """Give every prefetched message back (a stop), and wait for it."""
         messages = self.messages()
         self._buffered.clear()
-        for message in messages:
-            self._leases.forget(message.id)
+        self._leases.forget(message.id for message in messages)
         if messages:
             await self._release_quietly(messages)
 

@@ -71,13 +71,15 @@ class Reporter:
         """The messages whose outcomes wait to be reported (not those in a report on its way)."""
         return [message for message, _ in list(self._reports)]
 
-    def record(self, target: Target, message: ClaimedMessage, outcome: Outcome) -> None:
-        """A delivery's outcome, to report; a failure holds back its endpoint's claims until
+    def record(self, target: Target, reports: list[Report]) -> None:
+        """Deliveries' outcomes, to report; a failure holds back its endpoint's claims until
         SQL has seen it."""
-        if outcome.kind != OutcomeKind.SUCCESS:
-            self._unreported_failures[target.id] += 1
-            self._failed_endpoint[message.id] = target.id
-        self.add(message, outcome)
+        for message, outcome in reports:
+            if outcome.kind != OutcomeKind.SUCCESS:
+                self._unreported_failures[target.id] += 1
+                self._failed_endpoint[message.id] = target.id
+        self._reports.extend(reports)
+        self._report_wake.set()
 
     def add(self, message: ClaimedMessage, outcome: Outcome) -> None:
         """An outcome to report that holds back no claim (one of a message the worker cannot
@@ -225,9 +227,9 @@ class Reporter:
                         extra={"count": stale})
 
     async def _forget(self, batch: list[Report]) -> None:
+        self._leases.forget(message.id for message, _ in batch)
         reported: set[int] = set()
         for message, _ in batch:
-            self._leases.forget(message.id)
             self._unanswered.discard(message.id)
             endpoint_id = self._failed_endpoint.pop(message.id, None)
             if endpoint_id is not None:
