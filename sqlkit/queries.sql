@@ -590,3 +590,12 @@ WHERE q.id = ANY (%(ids)s::bigint[]) AND e.protocol = 'pull';
 
 -- name: topic_id
 SELECT id FROM courier.endpoints WHERE name = %(topic)s AND protocol = 'pull';
+
+-- name: as_monitor
+SET LOCAL ROLE courier_monitor;
+
+-- name: http_topics
+SELECT * FROM courier.topics();
+
+-- name: requeue_dead_letter
+SELECT courier.requeue(%(id)s);

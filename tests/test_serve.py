@@ -300,3 +300,39 @@ def test_sigterm_answers_long_polls_and_lets_requests_finish(dsn, conn, orders):
     assert took < 3, f"the long poll took {took:.1f} s to answer after SIGTERM"
     assert "Traceback" not in stop_server(process, signalled=True)
     assert process.returncode == 0
+
+
+def test_topics_show_depth_and_limits_to_tokens_scoped_to_them(server, conn, orders):
+    conn.execute("SELECT courier.create_endpoint('invoices', 'pull', '{\"max_depth\": 100}')")
+    conn.execute("SELECT courier.enqueue('invoices', '{}')")
+    scoped = token(conn, "scoped", ["consume"], ["invoices"])
+    status, body, _ = call(server, "GET", "/api/topics", scoped)
+    assert status == 200 and [t["topic"] for t in body["topics"]] == ["invoices"]
+    (invoices,) = body["topics"]
+    assert (invoices["pending"], invoices["leased"], invoices["max_depth"]) == (1, 0, 100)
+    assert call(server, "GET", "/api/topics/invoices", scoped)[1] == invoices
+    assert call(server, "GET", "/api/topics/orders", scoped)[0] == 403
+    admin = token(conn, "admin", ["admin"])
+    assert call(server, "GET", "/api/topics/nowhere", admin)[0] == 404
+
+
+def test_an_admin_requeues_a_dead_letter_with_basic_auth_as_in_the_seed(server, conn):
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{\"max_retries\": 0}')")
+    app = token(conn, "app", ["enqueue", "consume"])
+    call(server, "POST", "/api/messages", app, {"topic": "orders", "payload": b64({"n": 1})})
+    (leased,) = call(server, "POST", "/api/messages/dequeue", app, {"topic": "orders"})[1]["messages"]
+    status, body, _ = call(server, "POST", f"/api/messages/{leased['id']}/nack", app,
+                           {"receipt": leased["receipt"], "error": "boom"})
+    assert (status, body["result"]) == (200, "dead_lettered")
+    dlq_id = scalar(conn, "SELECT id FROM courier.dlq WHERE original_topic = 'orders'")
+    assert call(server, "POST", f"/api/messages/{dlq_id}/requeue", app)[0] == 403
+    secret = token(conn, "admin", ["admin"])
+    path = f"/api/messages/{dlq_id}/requeue"
+
+    def basic(user: str) -> dict[str, str]:
+        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode()}
+
+    status, body, _ = call(server, "POST", path, headers=basic("admin"))
+    assert status == 200
+    assert scalar(conn, "SELECT status FROM courier.queue WHERE id = %s", (int(body["id"]),)) == "pending"
+    assert call(server, "POST", path, headers=basic("someone"))[0] == 401

@@ -11,7 +11,7 @@ from sqlkit import migrate
 from sqlkit.connection import AsyncDatabase, connect
 from sqlkit.errors import CourierError
 
-from . import messages
+from . import messages, topics
 from .auth import Authenticator
 from .problems import ApiError, from_courier_error
 from .server import Server
@@ -81,6 +81,7 @@ def make_app(dsn: str, *, max_body: int = DEFAULT_MAX_BODY) -> web.Application:
     app[Server.KEY] = server
     app.add_routes(routes)
     app.add_routes(messages.routes)
+    app.add_routes(topics.routes)
 
     async def start(app: web.Application) -> None:
         await db.open(timeout=30)

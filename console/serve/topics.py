@@ -1,0 +1,68 @@
+"""Topics and the dead-letter queue over HTTP: each topic's depth by status, oldest deadline,
+DLQ and limits (read as courier_monitor, and only the topics the token is scoped to), and
+requeue of a `<topic>.dlq` message (admin, as courier_admin, as the SQL API allows)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from aiohttp import web
+
+from sqlkit import queries
+
+from .auth import require
+from .input import message_id
+from .problems import ApiError
+from .server import Server
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/api/topics")
+async def list_topics(request: web.Request) -> web.Response:
+    server = Server.of(request)
+    token = await server.auth.token(request)
+    async with server.session("monitor") as conn:
+        rows = await queries.fetch_all_async(conn, "http_topics")
+    visible = [row for row in rows if any(token.may(action, topic=row["topic"]) for action in ("enqueue", "consume"))]
+    return web.json_response({"topics": [_topic(row) for row in visible]})
+
+
+@routes.get("/api/topics/{topic}")
+async def one_topic(request: web.Request) -> web.Response:
+    server = Server.of(request)
+    token = await server.auth.token(request)
+    name = request.match_info["topic"]
+    if not any(token.may(action, topic=name) for action in ("enqueue", "consume")):
+        require(token, "consume", topic=name)
+    async with server.session("monitor") as conn:
+        rows = await queries.fetch_all_async(conn, "http_topics")
+    found = [row for row in rows if row["topic"] == name]
+    if not found:
+        raise ApiError(404, "not_found", f"topic {name!r} does not exist")
+    return web.json_response(_topic(found[0]))
+
+
+@routes.post("/api/messages/{id}/requeue")
+async def requeue(request: web.Request) -> web.Response:
+    """A `<topic>.dlq` message (its DLQ id) back on its topic, retries restored: admin only."""
+    server = Server.of(request)
+    token = await server.auth.token(request)
+    require(token, "admin")
+    async with server.session("admin") as conn:
+        new_id = await queries.fetch_value_async(conn, "requeue_dead_letter", {"id": message_id(request)})
+    return web.json_response({"id": str(new_id)})
+
+
+def _topic(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: _plain(value) for key, value in row.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
