@@ -265,7 +265,8 @@ def _take_migration_lock(conn: psycopg.Connection, wait: float) -> None:
 def migrate(dsn: str, target: int | None = None, lock_wait: float = DEFAULT_LOCK_WAIT) -> list[Migration]:
     """Apply pending migrations up to target (default: all), then the function files that
     changed if the schema is complete; returns the versioned migrations applied now."""
-    migrations = [m for m in available() if target is None or m.version <= target]
+    every = available()
+    migrations = [m for m in every if target is None or m.version <= target]
     with connect(dsn) as conn, translated():
         if target is None and status(conn).up_to_date:  # a starting console or demo waits for no lock
             return []
@@ -273,9 +274,9 @@ def migrate(dsn: str, target: int | None = None, lock_wait: float = DEFAULT_LOCK
         try:
             with conn.transaction():
                 _bootstrap(conn)
-                applied, adopts_history = _as_baseline(_applied(conn), available()[0])
+                applied, adopts_history = _as_baseline(_applied(conn), every[0])
                 if adopts_history:
-                    _record_as_baseline(conn, available()[0])
+                    _record_as_baseline(conn, every[0])
                 pending = _pending(applied, migrations)
                 for migration in pending:
                     conn.execute(migration.sql.encode())
@@ -285,7 +286,7 @@ def migrate(dsn: str, target: int | None = None, lock_wait: float = DEFAULT_LOCK
                         (migration.version, migration.name, migration.checksum),
                     )
                 # Functions are written for the latest tables, so only a complete schema gets them.
-                if max(_applied(conn), default=0) == available()[-1].version:
+                if max(_applied(conn), default=0) == every[-1].version:
                     _apply_functions(conn, _functions_pending(_applied_functions(conn), bool(pending)))
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))

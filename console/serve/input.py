@@ -126,8 +126,12 @@ def timestamp(name: str, value: Any) -> datetime:
     return parsed
 
 
+def digits(name: str, value: Any) -> int:
+    """A message id, as the API writes ids: a string of digits."""
+    if not isinstance(value, str) or not value.isdigit() or len(value) > 18:
+        raise bad_request(name, "must be a message id (digits, as a string)")
+    return int(value)
+
+
 def message_id(request: web.Request) -> int:
-    raw = request.match_info["id"]
-    if not raw.isdigit() or len(raw) > 18:
-        raise bad_request("id", "must be a message id (digits)")
-    return int(raw)
+    return digits("id", request.match_info["id"])

@@ -19,6 +19,7 @@ from .auth import require
 from .input import (
     base64_bytes,
     checked_object,
+    digits,
     integer,
     json_map,
     json_object,
@@ -120,7 +121,11 @@ def _receipt(name: str, value: Any) -> int:
     return int(value)
 
 
-SETTLE = {"receipt": _receipt, "error": text(10_000), "visibility_timeout_seconds": integer(1, 43_200)}
+ERROR = text(10_000)
+SETTLE_ONE = {"ack": {"receipt": _receipt},
+              "nack": {"receipt": _receipt, "error": ERROR},
+              "extend": {"receipt": _receipt, "visibility_timeout_seconds": integer(1, 43_200)}}
+"""The body each verb takes for one message (all of it required but the error)."""
 
 
 @routes.post("/api/messages/{id}/ack")
@@ -151,9 +156,8 @@ async def nack_batch(request: web.Request) -> web.Response:
 async def _settle_one(request: web.Request, verb: str) -> web.Response:
     server = Server.of(request)
     token = await server.auth.token(request)
-    fields = {"receipt": _receipt, **({"error": SETTLE["error"]} if verb == "nack" else {}),
-              **({"visibility_timeout_seconds": SETTLE["visibility_timeout_seconds"]} if verb == "extend" else {})}
-    body = await json_object(request, fields, required=("receipt", "visibility_timeout_seconds"))
+    fields = SETTLE_ONE[verb]
+    body = await json_object(request, fields, required=tuple(name for name in fields if name != "error"))
     (result,) = await _settle(server, token, verb, [message_id(request)], [body["receipt"]], body)
     if result["result"] == "lease_lost":
         raise ApiError(409, "lease_lost", f"message {result['id']}: the receipt's lease is no longer the "
@@ -166,33 +170,30 @@ async def _settle_one(request: web.Request, verb: str) -> web.Response:
 async def _settle_batch(request: web.Request, verb: str) -> web.Response:
     server = Server.of(request)
     token = await server.auth.token(request)
-    body = await json_object(request, {"messages": _list_of_objects, "error": SETTLE["error"]},
-                             required=("messages",))
-    items = [checked_object(f"messages[{n}].", item, {"id": text(18), "receipt": _receipt}, ("id", "receipt"))
+    body = await json_object(request, {"messages": _list_of_objects, "error": ERROR}, required=("messages",))
+    items = [checked_object(f"messages[{n}].", item, {"id": digits, "receipt": _receipt}, ("id", "receipt"))
              for n, item in enumerate(body["messages"])]
-    for n, item in enumerate(items):
-        if not item["id"].isdigit():
-            raise bad_request(f"messages[{n}].id", "must be a message id (digits)")
-    results = await _settle(server, token, verb, [int(item["id"]) for item in items],
+    results = await _settle(server, token, verb, [item["id"] for item in items],
                             [item["receipt"] for item in items], body)
     return web.json_response({"results": results})
 
 
 async def _settle(server: Server, token: Any, verb: str, ids: list[int], leases: list[int],
                   body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Ack, nack or extend, after checking the token may consume each message's topic."""
-    async with server.session(None) as conn:
-        topics = {row["id"]: row["topic"] for row in await queries.fetch_all_async(
-            conn, "topic_of_messages", {"ids": ids})}
-    for topic in set(topics.values()):
-        require(token, "consume", topic=topic)
+    """Ack, nack or extend, after checking the token may consume each message's topic: the
+    topics are read as the server's own login, the rest of the transaction runs as the
+    application role."""
     params: dict[str, Any] = {"ids": ids, "leases": leases}
     query = {"ack": "pull_ack", "nack": "pull_nack", "extend": "pull_extend"}[verb]
     if verb == "nack":
         params["error"] = body.get("error")
     if verb == "extend":
         params["visibility_timeout"] = body["visibility_timeout_seconds"]
-    async with server.session("application") as conn:
+    async with server.session(None) as conn:
+        topics = await queries.fetch_all_async(conn, "topic_of_messages", {"ids": ids})
+        for topic in {row["topic"] for row in topics}:
+            require(token, "consume", topic=topic)
+        await server.act_as(conn, "application")
         rows = await queries.fetch_all_async(conn, query, params)
     return [{"id": str(row["id"]), "result": row["result"],
              **({"visible_until": row["visible_until"].isoformat()} if row.get("visible_until") else {})}

@@ -43,8 +43,13 @@ class Server:
         """A transaction run as courier_<role> (None: the server's own login, for lookups)."""
         async with self.db.connection() as conn, conn.transaction():
             if role is not None:
-                await conn.execute(queries.query(f"as_{role}"))
+                await self.act_as(conn, role)
             yield conn
+
+    @staticmethod
+    async def act_as(conn: psycopg.AsyncConnection, role: str) -> None:
+        """The rest of the session's transaction runs as courier_<role>."""
+        await conn.execute(queries.query(f"as_{role}"))
 
     async def topic_id(self, topic: str) -> int:
         known, until = self._topic_ids.get(topic, (0, 0.0))

@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from sqlkit import queries
+from sqlkit.tokens import Token
 
 from .auth import require
 from .input import message_id
@@ -26,8 +27,7 @@ async def list_topics(request: web.Request) -> web.Response:
     token = await server.auth.token(request)
     async with server.session("monitor") as conn:
         rows = await queries.fetch_all_async(conn, "http_topics")
-    visible = [row for row in rows if any(token.may(action, topic=row["topic"]) for action in ("enqueue", "consume"))]
-    return web.json_response({"topics": [_topic(row) for row in visible]})
+    return web.json_response({"topics": [_topic(row) for row in rows if _sees(token, row["topic"])]})
 
 
 @routes.get("/api/topics/{topic}")
@@ -35,8 +35,8 @@ async def one_topic(request: web.Request) -> web.Response:
     server = Server.of(request)
     token = await server.auth.token(request)
     name = request.match_info["topic"]
-    if not any(token.may(action, topic=name) for action in ("enqueue", "consume")):
-        require(token, "consume", topic=name)
+    if not _sees(token, name):
+        raise ApiError(403, "forbidden", f"token {token.name!r} is not scoped to topic {name!r}")
     async with server.session("monitor") as conn:
         rows = await queries.fetch_all_async(conn, "http_topics")
     found = [row for row in rows if row["topic"] == name]
@@ -54,6 +54,11 @@ async def requeue(request: web.Request) -> web.Response:
     async with server.session("admin") as conn:
         new_id = await queries.fetch_value_async(conn, "requeue_dead_letter", {"id": message_id(request)})
     return web.json_response({"id": str(new_id)})
+
+
+def _sees(token: Token, topic: str) -> bool:
+    """A token sees the topics it may enqueue to or consume from."""
+    return token.may("enqueue", topic=topic) or token.may("consume", topic=topic)
 
 
 def _topic(row: dict[str, Any]) -> dict[str, Any]:
