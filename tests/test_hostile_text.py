@@ -229,3 +229,16 @@ def test_every_console_pane_shows_stored_text_literally(dsn, hostile):
             assert app.is_running, "the console is still up"
 
     asyncio.run(scenario())
+
+
+def test_token_list_shows_hostile_scopes_literally(dsn, conn):
+    """A token's topics and endpoints are the admin's own text; `courier token list` shows them
+    and never obeys them."""
+    from sqlkit import tokens
+
+    values = list(CORPUS.values())
+    for n, value in enumerate(values):
+        tokens.create_token(conn, f"t{n}", topics=[value], endpoints=[value], actions=["consume"])
+    done = _courier(dsn, "token", "list")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    _assert_shown_literally(done.stdout, values)
