@@ -1,28 +1,22 @@
 """Dialogs that change endpoints: create one, or edit its retry policy.
 
 Both validate JSON locally and then let PostgreSQL's own validation (the one
-create_endpoint and alter_endpoint apply) speak: its error is shown inline, and the dialog
-stays open with nothing stored.
+create_endpoint and alter_endpoint apply) speak through DatabaseForm.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
-import psycopg
-from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, VerticalScroll
-from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Select, Static, TextArea
+from textual.containers import VerticalScroll
+from textual.widgets import Input, Label, Select, TextArea
 
 from sqlkit import endpoints
-from sqlkit.errors import CourierError
 
 from ...literal import literal
+from .forms import DatabaseForm
 
 PROTOCOLS = ("http", "redis", "amqp", "mqtt", "nats", "noop")  # what a worker can deliver to
 CONFIG_EXAMPLE = '{"url": "https://example.com/hook"}'
@@ -41,61 +35,7 @@ def parse_object(text: str, field: str) -> dict[str, Any] | None:
     return value
 
 
-class _DatabaseForm(ModalScreen[str | None]):
-    """A form whose submit runs one database change in a thread and shows its error inline."""
-
-    DEFAULT_CSS = """
-    _DatabaseForm { align: center middle; }
-    _DatabaseForm > VerticalScroll {
-        width: 76; max-width: 100%; height: auto; max-height: 100%;
-        border: thick $accent; background: $surface; padding: 0 1;
-    }
-    _DatabaseForm Label.field { margin-top: 1; color: $text-muted; }
-    _DatabaseForm TextArea { height: 5; }
-    _DatabaseForm .form-error { color: $error; text-style: bold; height: auto; margin-top: 1; }
-    _DatabaseForm Horizontal { height: auto; align-horizontal: right; margin-top: 1; }
-    _DatabaseForm Button { margin-left: 2; }
-    """
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "cancel", "Cancel", id="form.cancel"),
-        Binding("ctrl+s", "submit", "Save", id="form.save"),
-    ]
-
-    def error_line(self) -> Static:
-        return Static("", classes="form-error", id="form-error")
-
-    def buttons(self, submit_label: str) -> ComposeResult:
-        with Horizontal():
-            yield Button("Cancel (esc)", id="cancel")
-            yield Button(f"{submit_label} (ctrl+s)", id="submit", variant="primary")
-
-    def show_error(self, text: str) -> None:
-        self.query_one("#form-error", Static).update(literal(text, lines=True))
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        event.stop()
-        if event.button.id == "submit":
-            self.action_submit()
-        else:
-            self.action_cancel()
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    def action_submit(self) -> None:
-        raise NotImplementedError
-
-    @work(thread=True, exclusive=True, group="form", exit_on_error=False)
-    def save(self, change: Callable[[psycopg.Connection], Any], result: str) -> None:
-        try:
-            self.app.database.run(change)  # type: ignore[attr-defined]
-        except CourierError as error:
-            self.app.call_from_thread(self.show_error, error.one_line())
-            return
-        self.app.call_from_thread(self.dismiss, result)
-
-
-class CreateEndpointForm(_DatabaseForm):
+class CreateEndpointForm(DatabaseForm):
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             yield Label("Create an endpoint", classes="title")
@@ -132,7 +72,7 @@ class CreateEndpointForm(_DatabaseForm):
         self.save(lambda conn: endpoints.create(conn, name, protocol, config, policy, description), name)
 
 
-class RetryPolicyForm(_DatabaseForm):
+class RetryPolicyForm(DatabaseForm):
     def __init__(self, endpoint: str, policy: dict[str, Any]) -> None:
         super().__init__()
         self.endpoint = endpoint
