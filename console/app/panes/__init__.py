@@ -27,8 +27,8 @@ class PaneSpec:
 PANES: dict[str, PaneSpec] = {
     "overview": PaneSpec(OverviewPane, "Overview", "1", "depth, throughput, DLQ and workers at a glance",
                          ("o", "home", "status")),
-    "endpoints": PaneSpec(EndpointsPane, "Endpoints", "2", "circuits, enable, disable, retry policy, create",
-                          ("ep", "endpoint", "e")),
+    "endpoints": PaneSpec(EndpointsPane, "Endpoints", "2",
+                          "circuits, enable, disable, retry policy, topic limits, create", ("ep", "endpoint", "e")),
     "messages": PaneSpec(MessagesPane, "Messages", "3", "search the queue and open a message",
                          ("msg", "m", "queue", "q")),
     "dlq": PaneSpec(DlqPane, "DLQ", "4", "dead letters: browse and redrive", ("dead", "d")),

@@ -1,5 +1,5 @@
 """Endpoints: circuit state in colour, failures, depth and rate; enable, disable, reset a
-circuit, edit the retry policy, create."""
+circuit, edit the retry policy or a pull topic's limits, create."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import psycopg
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 
 from sqlkit import endpoints, observability
 from sqlkit.endpoints import Endpoint
+from sqlkit.errors import CourierError
 from sqlkit.observability import DeliveryTotals, EndpointHealth
 
 from ..formatting import clock_time, count, one_line, rate, since, state_text
@@ -19,6 +21,7 @@ from ..live import LivePane
 from ..rates import DeliveryRates
 from ..widgets.endpoint_forms import CreateEndpointForm, RetryPolicyForm
 from ..widgets.live_table import LiveTable
+from ..widgets.topic_limits import TopicLimitsForm, read_topic_limits
 
 
 @dataclass(frozen=True)
@@ -30,11 +33,15 @@ class EndpointsData:
 
 class EndpointsPane(LivePane):
     TITLE_TEXT = "Endpoints"
+    # Short words, full sentences in the tooltips (help shows those): six keys and the global
+    # ones must fit an 80-column key bar.
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("e", "enable", "Enable", id="endpoints.enable"),
         Binding("d", "disable", "Disable", id="endpoints.disable"),
-        Binding("c", "reset_circuit", "Reset circuit", id="endpoints.reset_circuit"),
-        Binding("p", "edit_policy", "Retry policy", id="endpoints.retry_policy"),
+        Binding("c", "reset_circuit", "Reset", tooltip="Reset the circuit to closed", id="endpoints.reset_circuit"),
+        Binding("p", "edit_policy", "Policy", tooltip="Edit the retry policy", id="endpoints.retry_policy"),
+        Binding("l", "edit_limits", "Limits", tooltip="Edit a pull topic's limits (its topic config)",
+                id="endpoints.topic_limits"),
         Binding("n", "create", "New", id="endpoints.create"),
     ]
 
@@ -96,6 +103,25 @@ class EndpointsPane(LivePane):
     def action_edit_policy(self) -> None:
         if e := self._selected():
             self.app.push_screen(RetryPolicyForm(e.name, e.retry_policy), self._saved("retry policy of {} saved"))
+
+    def action_edit_limits(self) -> None:
+        e = self._selected()
+        if e is None:
+            return
+        if e.protocol != "pull":
+            self.notify(f"{e.name} is a push endpoint: limits are a pull topic's (p edits its retry policy)",
+                        severity="warning", timeout=4)
+            return
+        self._open_limits(e.name)
+
+    @work(thread=True, exit_on_error=False, group="limits")
+    def _open_limits(self, topic: str) -> None:
+        try:
+            limits = self.courier.database.run(lambda conn: read_topic_limits(conn, topic))
+        except CourierError as error:
+            self.app.call_from_thread(self.notify, error.one_line(), severity="error", timeout=5)
+            return
+        self.app.call_from_thread(self.app.push_screen, TopicLimitsForm(limits), self._saved("limits of {} saved"))
 
     def action_create(self) -> None:
         self.app.push_screen(CreateEndpointForm(), self._saved("endpoint {} created"))
