@@ -318,8 +318,8 @@ def test_the_wizard_replays_a_message_once_unless_fresh_copies_are_asked_for(dsn
 
 def test_every_pane_is_reachable_by_number_colon_and_palette(dsn, noop_endpoints):
     async def scenario(pilot, app):
-        for key, pane in zip("12345678", ("overview", "endpoints", "messages", "dlq", "archive", "events",
-                                          "workers", "analytics"), strict=True):
+        for key, pane in zip("123456789", ("overview", "endpoints", "messages", "dlq", "archive", "events",
+                                           "workers", "analytics", "tokens"), strict=True):
             await pilot.press(key)
             await pilot.pause()
             assert app.current_pane == pane

@@ -23,6 +23,7 @@ from textual.widgets import DataTable, Static
 from console.app import make_app
 from console.cli.context import emit
 from console.literal import printable
+from sqlkit import tokens
 from tests.console_driver import open_pane
 from tests.helpers import report
 
@@ -101,6 +102,9 @@ def hostile(conn: psycopg.Connection) -> psycopg.Connection:
     _dead_letter_pull(conn, "inbox", dict(CORPUS), None, " | ".join(values))
     _dead_letter_pull(conn, "inbox", {"big": MEGABYTE}, None, MEGABYTE)
     conn.execute("SELECT courier.enqueue('inbox', NULL, p_payload_binary := %s)", (b"\xff\xfe\x00not utf-8\xc3",))
+    # A token's name is checked, but its scope is whatever topic and endpoint names were typed.
+    for n, value in enumerate(values):
+        tokens.create_token(conn, f"hostile-{n}", topics=[value], endpoints=[value], actions=["consume"])
     return conn
 
 
@@ -194,9 +198,10 @@ def test_every_console_pane_shows_stored_text_literally(dsn, hostile):
 
     async def scenario() -> None:
         async with app.run_test(size=(160, 50)) as pilot:
-            for pane in ("overview", "endpoints", "messages", "dlq", "events", "workers", "archive", "analytics"):
+            for pane in ("overview", "endpoints", "messages", "dlq", "events", "workers", "archive", "analytics",
+                         "tokens"):
                 await open_pane(pilot, pane)
-                if pane in ("messages", "dlq", "workers"):
+                if pane in ("messages", "dlq", "workers", "tokens"):
                     shown = _table_text(app)
                     for char in ACTIVE:
                         assert char not in shown
@@ -234,8 +239,6 @@ def test_every_console_pane_shows_stored_text_literally(dsn, hostile):
 def test_token_list_shows_hostile_scopes_literally(dsn, conn):
     """A token's topics and endpoints are the admin's own text; `courier token list` shows them
     and never obeys them."""
-    from sqlkit import tokens
-
     values = list(CORPUS.values())
     for n, value in enumerate(values):
         tokens.create_token(conn, f"t{n}", topics=[value], endpoints=[value], actions=["consume"])

@@ -3,7 +3,8 @@
 -- restarts at 1. Applied to a scratch database only: it truncates Courier's tables.
 
 TRUNCATE courier.queue, courier.dlq, courier.event_log, courier.workers, courier.delivery_totals,
-         courier.endpoints, courier.replays, courier.subscriptions, courier.event_types RESTART IDENTITY;
+         courier.endpoints, courier.replays, courier.subscriptions, courier.event_types, courier.api_tokens
+         RESTART IDENTITY;
 
 SELECT courier.create_endpoint('billing', 'http', '{"url": "https://billing.example.com/hooks/courier",
     "headers": {"Authorization": "Bearer sk_live_123"}}', '{"max_retries": 5, "backoff": "exponential"}',
@@ -26,6 +27,17 @@ UPDATE courier.endpoints SET circuit_state = 'half_open', circuit_failure_count 
 WHERE name = 'search-index';
 UPDATE courier.endpoints SET enabled = false WHERE name = 'crm-legacy';
 UPDATE courier.endpoints SET last_success_at = '2026-11-02 11:59:58+00' WHERE name IN ('billing', 'audit-noop');
+
+-- Bearer tokens of the HTTP API. Their secrets were never known: each hash is of a fixed phrase.
+INSERT INTO courier.api_tokens (name, secret_hash, topics, endpoints, actions, created_at, last_used_at, revoked_at)
+VALUES ('ci-deploy', sha256('showcase ci-deploy'), '{}', '{billing,inventory}', '{enqueue,publish}',
+        '2026-10-01 09:05+00', '2026-11-02 11:58:12+00', NULL),
+       ('ops-admin', sha256('showcase ops-admin'), '{}', '{}', '{admin}',
+        '2026-09-15 08:00+00', '2026-11-01 17:20:00+00', NULL),
+       ('pickers', sha256('showcase pickers'), '{warehouse}', '{}', '{consume}',
+        '2026-10-12 14:30+00', '2026-11-02 11:59:55+00', NULL),
+       ('scanner-2025', sha256('showcase scanner-2025'), '{warehouse}', '{}', '{consume,enqueue}',
+        '2025-12-01 10:00+00', '2026-10-20 16:45:00+00', '2026-10-21 09:00+00');
 
 -- Forget what creating the endpoints logged (today's date): the log gets fixed events below.
 TRUNCATE courier.event_log RESTART IDENTITY;

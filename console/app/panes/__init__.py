@@ -12,6 +12,7 @@ from .endpoints import EndpointsPane
 from .events import EventsPane
 from .messages import MessagesPane
 from .overview import OverviewPane
+from .tokens import TokensPane
 from .workers import WorkersPane
 
 
@@ -36,4 +37,6 @@ PANES: dict[str, PaneSpec] = {
     "events": PaneSpec(EventsPane, "Events", "6", "live tail of the event log", ("ev", "log")),
     "workers": PaneSpec(WorkersPane, "Workers", "7", "embedded pool and remote heartbeats", ("w", "pool")),
     "analytics": PaneSpec(AnalyticsPane, "Analytics", "8", "charts from the Spark pipeline", ("an", "spark")),
+    "tokens": PaneSpec(TokensPane, "Tokens", "9", "bearer tokens of the HTTP API: create, revoke",
+                       ("tok", "token", "api")),
 }

@@ -14,7 +14,7 @@ from textual.widgets import Static
 from .keybar import KEY_NAMES
 
 GLOBAL_KEYS = [
-    ("1 … 8", "go to Overview, Endpoints, Messages, DLQ, Archive, Events, Workers, Analytics"),
+    ("1 … 9", "go to Overview, Endpoints, Messages, DLQ, Archive, Events, Workers, Analytics, Tokens"),
     (":", "jump to a pane by name (k9s style): :dlq, :endpoints, :workers …"),
     ("/", "filter or search the current table"),
     ("ctrl+p", "command palette: every pane and action by name"),
