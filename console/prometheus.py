@@ -21,6 +21,7 @@ HELP = {
     "messages_delivered_total": "Messages delivered.",
     "delivery_failures_total": "Failed delivery attempts.",
     "messages_dead_lettered_total": "Messages moved to the dead-letter queue.",
+    "messages_failed_total": "Pull messages past their retries on a topic without a DLQ (dlq_threshold 0).",
     "messages_expired_total": "Messages that expired before delivery.",
     "messages_replayed_total": "Messages enqueued again from the archive.",
     "stale_reports_total": "Reports and releases refused because their claim's lease had been recovered.",

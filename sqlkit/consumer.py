@@ -584,6 +584,9 @@ class ReceiveLoop:
             recorded.set()
         if outcome == "dead_lettered":
             log.error("%s: message %s failed past max_retries and went to %s.dlq", self.topic, message_id, self.topic)
+        elif outcome == "failed":
+            log.error("%s: message %s failed past max_retries; the topic has no DLQ (dlq_threshold 0), so it ended "
+                      "failed, in the archive", self.topic, message_id)
 
     @staticmethod
     async def _last_value(conn: psycopg.AsyncConnection, statements: str, params: dict[str, Any]) -> Any:

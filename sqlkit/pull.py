@@ -67,6 +67,12 @@ class Topic:
     max_depth: Decimal
     throughput_limit: Decimal
     visibility_timeout: int
+    dlq_threshold: Decimal
+
+
+TOPIC_LIMITS = ("max_retries", "message_ttl_seconds", "max_depth", "throughput_limit", "dlq_threshold",
+                "visibility_timeout")
+"""A topic's own limits (queue-ti's topic config); one left unset takes the global default."""
 
 
 def create_topic(conn: psycopg.Connection, name: str, limits: dict[str, Any],
@@ -77,6 +83,14 @@ def create_topic(conn: psycopg.Connection, name: str, limits: dict[str, Any],
     return int(row[0]) if row else 0
 
 
+def alter_topic(conn: psycopg.Connection, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+    """Set the topic's limits in `changes`; a None value reverts that one to the global
+    default. Returns the topic's own limits as they are now."""
+    with translated():
+        row = conn.execute("SELECT courier.alter_topic(%s, %s)", (name, Jsonb(changes))).fetchone()
+    return row[0] if row else {}
+
+
 def topics(conn: psycopg.Connection) -> list[Topic]:
     with translated(), conn.cursor(row_factory=class_row(Topic)) as cur:
         return cur.execute("SELECT * FROM courier.topics()").fetchall()
@@ -84,12 +98,13 @@ def topics(conn: psycopg.Connection) -> list[Topic]:
 
 def enqueue(conn: psycopg.Connection, topic: str, payload: Any, *, key: str | None = None,
             metadata: dict[str, Any] | None = None, payload_binary: bytes | None = None,
-            body: str | None = None, scheduled_at: datetime | None = None) -> int:
+            body: str | None = None, scheduled_at: datetime | None = None,
+            ttl_seconds: int | None = None) -> int:
     with translated():
         row = conn.execute(
-            "SELECT courier.enqueue(%s, %s, %s, %s, %s, %s, %s)",
+            "SELECT courier.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)",
             (topic, None if payload is None else Jsonb(payload), key,
-             None if metadata is None else Jsonb(metadata), payload_binary, body, scheduled_at),
+             None if metadata is None else Jsonb(metadata), payload_binary, body, scheduled_at, ttl_seconds),
         ).fetchone()
     return int(row[0]) if row else 0
 

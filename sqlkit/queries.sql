@@ -566,7 +566,8 @@ SET LOCAL ROLE courier_application;
 SET LOCAL ROLE courier_admin;
 
 -- name: pull_enqueue
-SELECT courier.enqueue(%(topic)s, NULL, %(key)s, %(metadata)s, %(payload)s, NULL, %(scheduled_at)s);
+SELECT courier.enqueue(%(topic)s, NULL, %(key)s, %(metadata)s, %(payload)s, NULL, %(scheduled_at)s,
+                       %(ttl_seconds)s);
 
 -- name: pull_dequeue
 SELECT id, lease, payload, payload_binary, metadata, key, retry_count, max_retries, created_at, visible_until
@@ -599,3 +600,22 @@ SELECT * FROM courier.topics();
 
 -- name: requeue_dead_letter
 SELECT courier.requeue(%(id)s);
+
+-- name: topic_config
+-- A pull topic's own limits (its config: a key it does not set takes the global default).
+SELECT name AS topic, config FROM courier.endpoints
+WHERE protocol = 'pull' AND (%(topic)s::text IS NULL OR name = %(topic)s)
+ORDER BY name;
+
+-- name: alter_topic
+SELECT courier.alter_topic(%(topic)s, %(changes)s);
+
+-- name: run_delete_reaper
+SELECT courier.run_delete_reaper(%(batch_size)s);
+
+-- name: send_to_endpoint
+SELECT courier.send_with_options(%(endpoint)s, %(payload)s, %(priority)s, %(scheduled_at)s, %(idempotency_key)s,
+                                 %(correlation_id)s, %(expires_at)s, %(ordering_key)s, %(headers)s, %(metadata)s);
+
+-- name: publish_event
+SELECT courier.publish(%(event_type)s, %(payload)s, %(idempotency_key)s, %(correlation_id)s);

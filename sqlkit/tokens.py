@@ -12,7 +12,7 @@ import psycopg
 
 from . import queries
 
-ACTIONS = ("enqueue", "consume", "publish", "admin")
+ACTIONS = ("enqueue", "consume", "publish", "monitor", "admin")
 PREFIX = "courier_"
 
 

@@ -637,3 +637,68 @@ def test_an_enqueue_wakes_consumers_waiting_on_the_topic(dsn, conn, orders):
         conn.execute("SELECT courier.enqueue('orders', '{\"n\": 2}', p_key => 'k')")  # replaced in place
         conn.execute("SELECT courier.enqueue('orders', '{\"n\": 3}', p_scheduled_at => now() + interval '1 hour')")
         assert [n.payload for n in listener.notifies(timeout=1)] == [str(topic_id), str(topic_id)]
+
+
+def nack(conn, held: dict, error: str = "boom") -> str:
+    return scalar(conn, "SELECT courier.nack(%s, %s, %s)", (held["id"], held["lease"], error))
+
+
+def test_the_dlq_threshold_moves_a_message_early_and_zero_turns_the_dlq_off(conn):
+    """queue-ti's DLQ threshold: a topic's dlq_threshold (else default_dlq_threshold) moves a
+    message to <topic>.dlq after that many failed attempts; 0 is no DLQ, and a message past its
+    retries ends `failed` in the archive, counted by messages_failed_total."""
+    conn.execute("""SELECT courier.create_endpoint('early', 'pull', '{"max_retries": 5, "dlq_threshold": 2}')""")
+    conn.execute("""SELECT courier.create_endpoint('nodlq', 'pull', '{"max_retries": 1, "dlq_threshold": 0}')""")
+    early = enqueue(conn, {"n": 1}, topic="early")
+    assert nack(conn, dequeue(conn, topic="early")[0]) == "nacked"
+    assert nack(conn, dequeue(conn, topic="early")[0]) == "dead_lettered"  # 2 attempts, though 5 retries remain
+    assert scalar(conn, "SELECT original_message_id FROM courier.dlq WHERE original_topic = 'early'") == early
+
+    failing = enqueue(conn, {"n": 2}, topic="nodlq")
+    assert nack(conn, dequeue(conn, topic="nodlq")[0]) == "nacked"
+    assert nack(conn, dequeue(conn, topic="nodlq")[0]) == "failed"  # past max_retries, and no DLQ
+    assert scalar(conn, "SELECT count(*) FROM courier.dlq WHERE original_topic = 'nodlq'") == 0
+    assert scalar(conn, "SELECT status FROM courier.archive WHERE id = %s", (failing,)) == "failed"
+    assert status(conn, failing) is None
+    failed = scalar(conn, "SELECT metric_value FROM courier.metrics() "
+                          "WHERE metric_name = 'messages_failed_total' AND labels ->> 'endpoint' = 'nodlq'")
+    assert failed == 1
+
+    # The global threshold, for topics without their own; a lapsed lease counts as an attempt too.
+    conn.execute("SELECT courier.set_setting('default_dlq_threshold', '1')")
+    conn.execute("SELECT courier.create_endpoint('global', 'pull', '{}')")
+    lapsing = enqueue(conn, {"n": 3}, topic="global")
+    dequeue(conn, topic="global")
+    lapse(conn, lapsing)
+    assert dequeue(conn, topic="global") == []
+    assert scalar(conn, "SELECT count(*) FROM courier.dlq WHERE original_topic = 'global'") == 1
+
+
+def test_alter_topic_sets_limits_and_null_reverts_one_to_the_default(conn, orders):
+    config = scalar(conn, """SELECT courier.alter_topic('orders', '{"max_depth": 2, "max_retries": 3}')""")
+    assert config == {"max_depth": 2, "max_retries": 3}
+    config = scalar(conn, """SELECT courier.alter_topic('orders', '{"max_depth": null, "dlq_threshold": 0}')""")
+    assert config == {"max_retries": 3, "dlq_threshold": 0}
+    (topic,) = conn.execute("SELECT max_depth, max_retries, dlq_threshold FROM courier.topics()").fetchall()
+    assert topic == (0, 3, 0)  # max_depth: the global default again
+    with pytest.raises(psycopg.Error, match="max_depth") as refused:
+        conn.execute("""SELECT courier.alter_topic('orders', '{"max_depth": -1}')""")
+    assert refused.value.sqlstate == "22023"
+    with pytest.raises(psycopg.Error, match="colour"):
+        conn.execute("""SELECT courier.alter_topic('orders', '{"colour": 1}')""")
+    with pytest.raises(psycopg.Error, match="does not exist"):
+        conn.execute("""SELECT courier.alter_topic('nowhere', '{}')""")
+
+
+def test_a_message_ttl_of_its_own_overrides_the_topics(conn):
+    conn.execute("""SELECT courier.create_endpoint('orders', 'pull', '{"message_ttl_seconds": 3600}')""")
+    own = enqueue(conn, {"n": 1}, ttl_seconds=5)
+    topics = enqueue(conn, {"n": 2})
+    ttl = "SELECT extract(epoch FROM expires_at - visible_at) FROM courier.queue WHERE id = %s"
+    assert (scalar(conn, ttl, (own,)), scalar(conn, ttl, (topics,))) == (5, 3600)
+    keyed = enqueue(conn, {"n": 3}, key="k")
+    assert enqueue(conn, {"n": 4}, key="k", ttl_seconds=9) == keyed  # an upsert takes the new TTL
+    assert scalar(conn, ttl, (keyed,)) == 9
+    with pytest.raises(psycopg.Error, match="ttl_seconds") as refused:
+        enqueue(conn, {"n": 5}, ttl_seconds=0)
+    assert refused.value.sqlstate == "22023"

@@ -79,8 +79,7 @@ BEGIN
                           ELSE now() + make_interval(secs => least(q.retry_count + 1, 60)) END
     WHERE q.id = p_id;
     IF v_exhausted THEN
-        PERFORM courier._pull_dead_letter(ARRAY[p_id]);
-        RETURN 'dead_lettered';
+        RETURN CASE WHEN p_id = ANY (courier._pull_dead_letter(ARRAY[p_id])) THEN 'failed' ELSE 'dead_lettered' END;
     END IF;
     RETURN 'retry';
 END

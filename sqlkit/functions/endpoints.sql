@@ -338,8 +338,10 @@ BEGIN
     WHEN 'pull' THEN
         -- A JSON null means "the global default", as a missing key does (queue-ti).
         PERFORM courier._require_keys_within(v_what, p_config, ARRAY[
-            'max_retries', 'message_ttl_seconds', 'max_depth', 'throughput_limit', 'visibility_timeout']);
+            'max_retries', 'message_ttl_seconds', 'max_depth', 'throughput_limit', 'visibility_timeout',
+            'dlq_threshold']);
         PERFORM courier._require_integer(v_what, jsonb_strip_nulls(p_config), 'max_retries', 0, 1000);
+        PERFORM courier._require_integer(v_what, jsonb_strip_nulls(p_config), 'dlq_threshold', 0, 1000);
         PERFORM courier._require_positive_number(v_what, jsonb_strip_nulls(p_config), 'throughput_limit', 0, 1000000);
         PERFORM courier._require_integer(v_what, jsonb_strip_nulls(p_config), 'visibility_timeout', 1, 43200);
     ELSE
@@ -439,6 +441,32 @@ BEGIN
         jsonb_strip_nulls(jsonb_build_object('name', p_name, 'config', p_config,
                                              'retry_policy', p_retry_policy, 'description', p_description)));
     RETURN true;
+END
+$$;
+
+-- Changes some of a pull topic's limits (queue-ti's topic configs: max_retries,
+-- message_ttl_seconds, max_depth, throughput_limit, dlq_threshold, visibility_timeout): each key
+-- of p_changes is set, and a key whose value is JSON null reverts to the global default. The
+-- rest of the config stays. Returns the topic's config as it is now (its overrides only).
+CREATE OR REPLACE FUNCTION courier.alter_topic(p_topic text, p_changes jsonb) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_topic courier.endpoints := courier._pull_topic(p_topic);
+    v_config jsonb;
+BEGIN
+    IF jsonb_typeof(p_changes) IS DISTINCT FROM 'object' THEN
+        PERFORM courier._raise_invalid('the changes must be a JSON object of limits, e.g. {"max_depth": 1000}',
+                                       'A null value reverts a limit to the global default');
+    END IF;
+    SELECT * INTO v_topic FROM courier.endpoints WHERE id = v_topic.id FOR UPDATE;
+    v_config := jsonb_strip_nulls(v_topic.config || p_changes);
+    PERFORM courier.validate_endpoint_config('pull', v_config);
+    UPDATE courier.endpoints SET config = v_config, updated_at = now() WHERE id = v_topic.id;
+    PERFORM courier._log_event('endpoint.altered', v_topic.id,
+                               jsonb_build_object('name', p_topic, 'config', v_config, 'changes', p_changes));
+    RETURN v_config;
 END
 $$;
 

@@ -160,6 +160,7 @@ AS $$
     CROSS JOIN (VALUES ('delivered', 'messages_delivered_total'),
                        ('failed_attempt', 'delivery_failures_total'),
                        ('dead_lettered', 'messages_dead_lettered_total'),
+                       ('failed', 'messages_failed_total'),
                        ('expired', 'messages_expired_total'),
                        ('replayed', 'messages_replayed_total')) AS o(outcome, metric)
     LEFT JOIN courier.delivery_totals t ON t.endpoint_id = e.id AND t.outcome = o.outcome

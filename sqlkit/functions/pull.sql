@@ -64,6 +64,14 @@ AS $$
                     (SELECT value::integer FROM courier.settings WHERE name = 'default_max_retries'))
 $$;
 
+-- The retries a pull message of the topic has before it leaves the queue, cut short by the
+-- topic's DLQ threshold (dlq_threshold, else default_dlq_threshold): NULL when the threshold
+-- does not cut them (least() skips a NULL). A threshold of N moves a message to the DLQ after
+-- its Nth failed attempt; 0 is no DLQ, which never cuts retries.
+CREATE OR REPLACE FUNCTION courier._dlq_retry_cap(p_endpoint courier.endpoints) RETURNS integer
+LANGUAGE sql STABLE
+AS $$ SELECT nullif(courier._endpoint_limit(p_endpoint.config, 'dlq_threshold', 'default_dlq_threshold'), 0)::integer - 1 $$;
+
 -- Raises SQLSTATE 53401 when p_adding more messages would take the endpoint past its max_depth
 -- (its config's, else default_max_depth; 0 is unlimited). A check, not a lock: producers
 -- racing at the limit can overshoot it by one batch each, as with max_queue_size.
@@ -184,7 +192,8 @@ CREATE OR REPLACE FUNCTION courier.enqueue(
     p_metadata       jsonb       DEFAULT NULL,
     p_payload_binary bytea       DEFAULT NULL,
     p_body           text        DEFAULT NULL,
-    p_scheduled_at   timestamptz DEFAULT NULL
+    p_scheduled_at   timestamptz DEFAULT NULL,
+    p_ttl_seconds    integer     DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
@@ -219,6 +228,10 @@ BEGIN
     IF p_scheduled_at = 'infinity' OR p_scheduled_at = '-infinity' THEN
         RAISE EXCEPTION '[courier] scheduled_at must be a finite time' USING ERRCODE = '22023';
     END IF;
+    IF p_ttl_seconds NOT BETWEEN 1 AND 31536000 THEN
+        RAISE EXCEPTION '[courier] ttl_seconds must be between 1 and 31536000, got %', p_ttl_seconds
+            USING ERRCODE = '22023', HINT = 'Leave it out for the topic''s message_ttl_seconds';
+    END IF;
     v_size := octet_length(v_payload::text) + coalesce(octet_length(p_payload_binary), 0) + coalesce(octet_length(p_body), 0);
     -- The endpoint's state, the size and max_queue_size, with send()'s errors.
     IF NOT v_topic.enabled OR v_size > courier._max_payload_size() OR NOT courier._has_room(1) THEN
@@ -231,7 +244,9 @@ BEGIN
             SET payload = v_payload, payload_binary = p_payload_binary, body = p_body, metadata = v_metadata,
                 scheduled_at = coalesce(p_scheduled_at, q.scheduled_at),
                 visible_at = coalesce(p_scheduled_at, q.visible_at),
-                expires_at = CASE WHEN p_scheduled_at IS NULL THEN q.expires_at
+                expires_at = CASE WHEN p_ttl_seconds IS NOT NULL
+                                  THEN coalesce(p_scheduled_at, q.visible_at) + make_interval(secs => p_ttl_seconds)
+                                  WHEN p_scheduled_at IS NULL THEN q.expires_at
                                   ELSE courier._ttl_expires_at(v_topic.config, p_scheduled_at) END,
                 updated_at = now()
             WHERE q.endpoint_id = v_topic.id AND q.key = p_key AND q.status = 'pending'
@@ -245,7 +260,7 @@ BEGIN
         INSERT INTO courier.queue (endpoint_id, payload, payload_binary, body, metadata, key, scheduled_at,
                                    visible_at, expires_at)
         VALUES (v_topic.id, v_payload, p_payload_binary, p_body, v_metadata, p_key, p_scheduled_at,
-                v_due, courier._ttl_expires_at(v_topic.config, v_due))
+                v_due, coalesce(v_due + make_interval(secs => p_ttl_seconds), courier._ttl_expires_at(v_topic.config, v_due)))
         ON CONFLICT (endpoint_id, key) WHERE key IS NOT NULL AND status IN ('pending', 'processing')
         DO NOTHING
         RETURNING id INTO v_id;
@@ -254,7 +269,8 @@ BEGIN
         END IF;
 
         SELECT q.id, q.status, q.visible_at <= now(),
-               q.retry_count + 1 > coalesce(q.max_retries, courier._endpoint_max_retries(v_topic))
+               q.retry_count + 1 > least(coalesce(q.max_retries, courier._endpoint_max_retries(v_topic)),
+                                     courier._dlq_retry_cap(v_topic))
         INTO v_id, v_status, v_lapsed, v_exhausted
         FROM courier.queue q
         WHERE q.endpoint_id = v_topic.id AND q.key = p_key AND q.status IN ('pending', 'processing')
@@ -297,31 +313,46 @@ $$;
 
 -- Dequeue, ack, nack, leases -------------------------------------------------------------------
 
--- Moves the given pull messages (locked by the caller) into <topic>.dlq: courier.dlq with
--- original_topic and dlq_moved_at, retry_count reset and max_retries 0 (queue-ti), and the
--- error history kept; the queue row goes to the archive as failed. Returns how many.
-CREATE OR REPLACE FUNCTION courier._pull_dead_letter(p_ids bigint[]) RETURNS integer
+-- Moves the given pull messages (locked by the caller), which have used up their retries, out
+-- of the queue. Into <topic>.dlq (courier.dlq with original_topic and dlq_moved_at, retry_count
+-- reset and max_retries 0, as queue-ti, and the error history kept), unless the topic's DLQ
+-- threshold is 0: then they end failed, in the archive only (queue-ti's status). Either way the
+-- queue row goes to the archive as failed. Returns the ids that ended failed without a DLQ.
+CREATE OR REPLACE FUNCTION courier._pull_dead_letter(p_ids bigint[]) RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_endpoint_ids integer[];
+    v_failed_ids integer[];
+    v_failed bigint[];
 BEGIN
-    WITH dead AS (
+    WITH leaving AS (
+        SELECT m.*, e.name AS topic,
+               courier._endpoint_limit(e.config, 'dlq_threshold', 'default_dlq_threshold') > 0 AS to_dlq
+        FROM courier.queue m JOIN courier.endpoints e ON e.id = m.endpoint_id
+        WHERE m.id = ANY (p_ids)
+    ),
+    dead AS (
         INSERT INTO courier.dlq (original_message_id, endpoint_id, endpoint_name, payload, headers, metadata,
                                  priority, correlation_id, scheduled_at, expires_at, retry_count, last_error,
                                  error_history, original_created_at, original_topic, dlq_moved_at, key,
                                  payload_binary, body, max_retries)
-        SELECT m.id, m.endpoint_id, e.name, m.payload, m.headers, m.metadata, m.priority, m.correlation_id,
-               m.scheduled_at, m.expires_at, 0, m.last_error, m.error_history, m.created_at, e.name, now(), m.key,
+        SELECT m.id, m.endpoint_id, m.topic, m.payload, m.headers, m.metadata, m.priority, m.correlation_id,
+               m.scheduled_at, m.expires_at, 0, m.last_error, m.error_history, m.created_at, m.topic, now(), m.key,
                m.payload_binary, m.body, 0
-        FROM courier.queue m JOIN courier.endpoints e ON e.id = m.endpoint_id
-        WHERE m.id = ANY (p_ids)
+        FROM leaving m
+        WHERE m.to_dlq
         ORDER BY m.id
         RETURNING endpoint_id
     )
-    SELECT array_agg(endpoint_id) INTO v_endpoint_ids FROM dead;
+    SELECT (SELECT array_agg(endpoint_id) FROM dead),
+           (SELECT array_agg(endpoint_id) FROM leaving WHERE NOT to_dlq),
+           (SELECT array_agg(id) FROM leaving WHERE NOT to_dlq)
+    INTO v_endpoint_ids, v_failed_ids, v_failed;
     PERFORM courier._count_outcomes(v_endpoint_ids, 'dead_lettered');
-    RETURN courier._archive_messages(p_ids, NULL, 'failed');
+    PERFORM courier._count_outcomes(v_failed_ids, 'failed');
+    PERFORM courier._archive_messages(p_ids, NULL, 'failed');
+    RETURN coalesce(v_failed, '{}');
 END
 $$;
 
@@ -368,6 +399,7 @@ DECLARE
     v_topic courier.endpoints := courier._pull_topic(p_topic);
     v_timeout integer;
     v_max_retries integer;
+    v_dlq_cap integer;
     v_rate numeric;
     v_limit integer := p_count;
     v_dead bigint[];
@@ -382,9 +414,12 @@ BEGIN
            coalesce((v_topic.config ->> 'max_retries')::integer, (v_topic.retry_policy ->> 'max_retries')::integer,
                     max(value::integer) FILTER (WHERE name = 'default_max_retries')),
            coalesce((v_topic.config ->> 'throughput_limit')::numeric,
-                    max(value::numeric) FILTER (WHERE name = 'default_throughput_limit'))
-    INTO v_timeout, v_max_retries, v_rate
-    FROM courier.settings WHERE name IN ('visibility_timeout', 'default_max_retries', 'default_throughput_limit');
+                    max(value::numeric) FILTER (WHERE name = 'default_throughput_limit')),
+           nullif(coalesce((v_topic.config ->> 'dlq_threshold')::integer,
+                           max(value::integer) FILTER (WHERE name = 'default_dlq_threshold')), 0) - 1
+    INTO v_timeout, v_max_retries, v_rate, v_dlq_cap
+    FROM courier.settings
+    WHERE name IN ('visibility_timeout', 'default_max_retries', 'default_throughput_limit', 'default_dlq_threshold');
     IF v_timeout NOT BETWEEN 1 AND 43200 THEN
         RAISE EXCEPTION '[courier] visibility_timeout_seconds must be between 1 and 43200, got %', v_timeout
             USING ERRCODE = '22023';
@@ -404,7 +439,7 @@ BEGIN
         SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)  -- every priority (CHECK 0-10), highest first
         CROSS JOIN LATERAL (
             SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
-                   q.status = 'processing' AND q.retry_count + 1 > coalesce(q.max_retries, v_max_retries) AS exhausted
+                   q.status = 'processing' AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap) AS exhausted
             FROM courier.queue q
             WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
               AND q.visible_at <= now() AND q.visible_at IS NOT NULL
@@ -435,14 +470,14 @@ BEGIN
         UPDATE courier.queue q
         SET status = 'processing', lease = q.lease + 1,
             visible_at = CASE WHEN q.status = 'processing'
-                                   AND q.retry_count + 1 > coalesce(q.max_retries, v_max_retries)
+                                   AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap)
                               THEN '-infinity' ELSE now() + make_interval(secs => v_timeout) END,
             retry_count = q.retry_count + (q.status = 'processing')::integer,
             last_error = CASE WHEN q.status <> 'processing' THEN q.last_error
-                              WHEN q.retry_count + 1 > coalesce(q.max_retries, v_max_retries)
+                              WHEN q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap)
                               THEN format('[PERMANENT] visibility timeout passed without an ack %s times; '
                                           'max_retries (%s) exceeded',
-                                          q.retry_count + 1, coalesce(q.max_retries, v_max_retries))
+                                          q.retry_count + 1, least(coalesce(q.max_retries, v_max_retries), v_dlq_cap))
                               ELSE 'Visibility timeout passed without an ack' END,
             error_history = CASE WHEN q.status = 'processing'
                                  THEN q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
@@ -626,7 +661,8 @@ AS $$ SELECT result FROM courier.ack(ARRAY[p_id], ARRAY[p_lease]) $$;
 -- Nacks messages held under their leases, with an error: each goes back to pending at once
 -- ('nacked', its retry_count one higher), or once that passes max_retries (the message's,
 -- else the topic's max_retries, else its retry_policy's, else default_max_retries) to
--- <topic>.dlq ('dead_lettered'). 'lease_lost' and 'not_found' as for ack().
+-- <topic>.dlq ('dead_lettered'), or with the topic's DLQ off to the archive ('failed').
+-- 'lease_lost' and 'not_found' as for ack().
 CREATE OR REPLACE FUNCTION courier.nack(p_ids bigint[], p_leases integer[], p_error text DEFAULT NULL)
 RETURNS TABLE (id bigint, result text)
 LANGUAGE plpgsql SECURITY DEFINER
@@ -639,10 +675,12 @@ DECLARE
     v_error text := courier._redact_text(left(p_error, 10000));
     v_nacked bigint[];
     v_dead bigint[];
+    v_failed bigint[] := '{}';
 BEGIN
     PERFORM courier._require_pull_leases(p_ids, p_leases);
     WITH held AS (
-        SELECT q.id, q.retry_count + 1 > coalesce(q.max_retries, courier._endpoint_max_retries(e)) AS exhausted
+        SELECT q.id, q.retry_count + 1 > least(coalesce(q.max_retries, courier._endpoint_max_retries(e)),
+                                            courier._dlq_retry_cap(e)) AS exhausted
         FROM courier.queue q
         JOIN unnest(p_ids, p_leases) AS u(id, lease) ON u.id = q.id AND u.lease = q.lease
         JOIN courier.endpoints e ON e.id = q.endpoint_id
@@ -663,10 +701,11 @@ BEGIN
     SELECT array_agg(n.id) FILTER (WHERE NOT n.exhausted), array_agg(n.id) FILTER (WHERE n.exhausted)
     INTO v_nacked, v_dead FROM nacked n;
     IF v_dead IS NOT NULL THEN
-        PERFORM courier._pull_dead_letter(v_dead);
+        v_failed := courier._pull_dead_letter(v_dead);
     END IF;
     RETURN QUERY
-    SELECT r.id, CASE WHEN r.id = ANY (coalesce(v_dead, '{}')) THEN 'dead_lettered' ELSE r.result END
+    SELECT r.id, CASE WHEN r.id = ANY (v_failed) THEN 'failed'
+                      WHEN r.id = ANY (coalesce(v_dead, '{}')) THEN 'dead_lettered' ELSE r.result END
     FROM courier._lease_results(p_ids, p_leases, v_nacked || v_dead, 'nacked', 'nack') r;
 END
 $$;
@@ -1036,7 +1075,7 @@ $$;
 CREATE OR REPLACE FUNCTION courier.topics()
 RETURNS TABLE (topic text, enabled boolean, pending bigint, leased bigint, dead_lettered bigint,
                next_visibility_deadline timestamptz, max_retries integer, message_ttl_seconds numeric,
-               max_depth numeric, throughput_limit numeric, visibility_timeout integer)
+               max_depth numeric, throughput_limit numeric, visibility_timeout integer, dlq_threshold numeric)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
@@ -1052,7 +1091,8 @@ AS $$
            courier._endpoint_limit(e.config, 'message_ttl_seconds', 'default_message_ttl'),
            courier._endpoint_limit(e.config, 'max_depth', 'default_max_depth'),
            courier._endpoint_limit(e.config, 'throughput_limit', 'default_throughput_limit'),
-           coalesce((e.config ->> 'visibility_timeout')::integer, courier._setting_int('visibility_timeout'))
+           coalesce((e.config ->> 'visibility_timeout')::integer, courier._setting_int('visibility_timeout')),
+           courier._endpoint_limit(e.config, 'dlq_threshold', 'default_dlq_threshold')
     FROM courier.endpoints e
     WHERE e.protocol = 'pull'
     ORDER BY e.name

@@ -80,7 +80,7 @@ GRANT EXECUTE ON FUNCTION
     courier.enable_fast_mode(),
     courier.publish(text, jsonb, text, uuid),
     courier.publish_batch(text, jsonb[]),
-    courier.enqueue(text, jsonb, text, jsonb, bytea, text, timestamptz),
+    courier.enqueue(text, jsonb, text, jsonb, bytea, text, timestamptz, integer),
     courier.dequeue(text, integer, integer),
     courier.ack(bigint[], integer[]),
     courier.ack(bigint, integer),

@@ -15,8 +15,8 @@ BEGIN
                                               'starting with a letter or digit', coalesce(quote_literal(p_name), 'NULL')));
     END IF;
     IF p_actions IS NULL OR cardinality(p_actions) = 0
-       OR NOT p_actions <@ ARRAY['enqueue', 'consume', 'publish', 'admin'] THEN
-        PERFORM courier._raise_invalid(format('actions must be some of enqueue, consume, publish, admin; got %s',
+       OR NOT p_actions <@ ARRAY['enqueue', 'consume', 'publish', 'monitor', 'admin'] THEN
+        PERFORM courier._raise_invalid(format('actions must be some of enqueue, consume, publish, monitor, admin; got %s',
                                               coalesce(array_to_string(p_actions, ', '), 'NULL')));
     END IF;
     INSERT INTO courier.api_tokens (name, secret_hash, topics, endpoints, actions)
