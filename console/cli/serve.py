@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import logging
+import signal
+import ssl
+import subprocess
+import sys
+from pathlib import Path
 
 import click
 from rich.table import Table
 from rich.text import Text
 
 from console.logs import log_json_lines
+from console.workers.settings import default_concurrency
 from sqlkit import tokens
 
 from ..literal import literal
 from .context import (
+    FiniteFloatRange,
     common_options,
     console,
     database_url,
@@ -37,20 +44,70 @@ def _listen_address(ctx: click.Context, param: click.Parameter, value: str) -> t
               help="HOST:PORT to accept requests on (0.0.0.0:8080 for every interface).")
 @click.option("--max-body", type=click.IntRange(1024, 256 * 1024 * 1024), default=2 * 1024 * 1024,
               show_default=True, help="Largest request body, in bytes.")
+@click.option("--client-timeout", type=FiniteFloatRange(0.1, 3600), default=15.0, show_default=True,
+              help="Seconds a client may take to send a request body, and an idle keep-alive connection stays.")
+@click.option("--workers", type=click.IntRange(0, 64), default=0, show_default=True,
+              help="Worker pool processes to run beside the server, delivering push messages "
+                   "(as `courier worker --processes N`); 0: run `courier worker` yourself.")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="PEM certificate (chain) to serve HTTPS with; needs --tls-key.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="PEM private key of --tls-cert.")
 @dsn_option
-def serve(listen: tuple[str, int], max_body: int) -> None:
+def serve(listen: tuple[str, int], max_body: int, client_timeout: float, workers: int, tls_cert: Path | None,
+          tls_key: Path | None) -> None:
     """Serve queue-ti's HTTP API until SIGTERM or SIGINT; in-flight requests finish first."""
     from aiohttp import web
 
     from console.serve.app import make_app
 
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("HTTPS needs both --tls-cert and --tls-key")
+    tls = _tls_context(tls_cert, tls_key) if tls_cert and tls_key else None
     url = database_url()
     require_current_schema(url, "courier serve")
     log_json_lines()
     host, port = listen
-    logging.getLogger("courier.serve").info("serving", extra={"listen": f"{host}:{port}"})
-    web.run_app(make_app(url, max_body=max_body), host=host, port=port, print=None, shutdown_timeout=30,
-                access_log=None)
+    log = logging.getLogger("courier.serve")
+    pool = _start_workers(url, workers) if workers else None
+    log.info("serving", extra={"listen": f"{'https' if tls else 'http'}://{host}:{port}", "workers": workers})
+    try:
+        web.run_app(make_app(url, max_body=max_body, client_timeout=client_timeout), host=host, port=port,
+                    ssl_context=tls, print=None, shutdown_timeout=30, access_log=None,
+                    keepalive_timeout=client_timeout)
+    finally:
+        if pool is not None:
+            _stop_workers(pool)
+
+
+def _tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as error:
+        raise click.BadParameter(f"cannot load {cert} with {key}: {error}", param_hint="'--tls-cert'") from None
+    return context
+
+
+WORKERS_STOP_SECONDS = 60
+"""How long a stop waits for the worker pool to drain (its own drain timeout is 30 s)."""
+
+
+def _start_workers(url: str, processes: int) -> subprocess.Popen[bytes]:
+    """`courier worker` as a child process, so delivery never competes with the server's loop."""
+    concurrency = max(processes, default_concurrency())
+    return subprocess.Popen([sys.executable, "-m", "console", "worker", "--dsn", url, "--processes", str(processes),
+                             "--concurrency", str(concurrency)])
+
+
+def _stop_workers(pool: subprocess.Popen[bytes]) -> None:
+    if pool.poll() is None:
+        pool.send_signal(signal.SIGTERM)
+    try:
+        pool.wait(timeout=WORKERS_STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        pool.kill()
+        pool.wait()
 
 
 @click.group("token")
@@ -66,7 +123,7 @@ def _names(ctx: click.Context, param: click.Parameter, value: str | None) -> lis
 @click.argument("name")
 @click.option("--topics", callback=_names, help="Comma-separated topics it may use ('*': every topic).")
 @click.option("--endpoints", callback=_names, help="Comma-separated push endpoints it may send to ('*': every one).")
-@click.option("--can", "actions", multiple=True, type=click.Choice(tokens.ACTIONS[:3]),
+@click.option("--can", "actions", multiple=True, type=click.Choice(tokens.ACTIONS[:-1]),
               help="What it may do; repeat for several.")
 @click.option("--admin", is_flag=True, help="Everything, on every topic and endpoint, and topic configuration.")
 @common_options
@@ -74,7 +131,8 @@ def token_create(name: str, topics: list[str], endpoints: list[str], actions: tu
     """Make a token and print its secret, which is shown this once and stored only hashed."""
     chosen = [*actions, *(["admin"] if admin else [])]
     if not chosen:
-        raise click.UsageError("say what the token may do: --can enqueue|consume|publish (repeatable), or --admin")
+        raise click.UsageError("say what the token may do: --can enqueue|consume|publish|monitor (repeatable), "
+                               "or --admin")
     with open_connection() as conn:
         secret = tokens.create_token(conn, name, topics=topics, endpoints=endpoints, actions=chosen)
     emit({"name": name, "token": secret, "actions": chosen, "topics": topics, "endpoints": endpoints},

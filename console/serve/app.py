@@ -11,8 +11,9 @@ from sqlkit import migrate
 from sqlkit.connection import AsyncDatabase, connect
 from sqlkit.errors import CourierError
 
-from . import messages, topics
+from . import configs, messages, metrics, openapi, push, topics
 from .auth import Authenticator
+from .input import BODY_SECONDS, BODY_TIMEOUT
 from .problems import ApiError, from_courier_error
 from .server import Server
 from .wakeups import TopicWakeups
@@ -74,14 +75,16 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
-def make_app(dsn: str, *, max_body: int = DEFAULT_MAX_BODY) -> web.Application:
+def make_app(dsn: str, *, max_body: int = DEFAULT_MAX_BODY,
+             client_timeout: float = BODY_SECONDS) -> web.Application:
     db = AsyncDatabase(dsn, min_size=1, max_size=16, application_name="courier-serve")
     server = Server(db, Authenticator(db), TopicWakeups(db))
     app = web.Application(client_max_size=max_body, middlewares=[answer_errors])
     app[Server.KEY] = server
+    app[BODY_TIMEOUT] = client_timeout
     app.add_routes(routes)
-    app.add_routes(messages.routes)
-    app.add_routes(topics.routes)
+    for module in (messages, topics, configs, push, metrics, openapi):
+        app.add_routes(module.routes)
 
     async def start(app: web.Application) -> None:
         await db.open(timeout=30)

@@ -3,6 +3,7 @@ range, no deeper than the SQL API accepts; an error names the field."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -18,12 +19,33 @@ from .problems import ApiError, bad_request
 MAX_DEPTH = 32
 """Nesting a body may have, as metadata may in the SQL API."""
 
+BODY_SECONDS = 15.0
+"""How long a client may take to send a body, by default (`courier serve --client-timeout`): a
+slow client is answered 408 and holds nothing longer."""
+BODY_TIMEOUT = web.AppKey("body_timeout", float)
+
+Check = Callable[[str, Any], Any]
+"""A field's checker: (field name, JSON value) to the checked value, or a 400 naming the field.
+Each carries `schema`, the field's JSON Schema, from which /api/openapi.json is made."""
+
+
+def described(schema: dict[str, Any]) -> Callable[[Check], Check]:
+    """Attach the JSON Schema of the values a checker accepts."""
+    def attach(check: Check) -> Check:
+        check.schema = schema  # type: ignore[attr-defined]
+        return check
+    return attach
+
 
 async def json_object(request: web.Request, fields: dict[str, Callable[[str, Any], Any]],
                       required: tuple[str, ...] = ()) -> dict[str, Any]:
     """The body as {field: checked value} for the fields given (absent or null: None)."""
+    limit = request.app[BODY_TIMEOUT]
     try:
-        raw = await request.read()
+        async with asyncio.timeout(limit):
+            raw = await request.read()
+    except TimeoutError:
+        raise ApiError(408, "timeout", f"the body did not arrive within {limit:g} s") from None
     except web.HTTPRequestEntityTooLarge:
         raise ApiError(413, "payload_too_large",
                        f"the request body is larger than the server takes ({request.client_max_size} bytes; "
@@ -70,6 +92,7 @@ def _check_depth(value: Any) -> None:
 
 
 def text(limit: int = 255) -> Callable[[str, Any], str]:
+    @described({"type": "string", "minLength": 1, "maxLength": limit})
     def check(name: str, value: Any) -> str:
         if not isinstance(value, str) or not value:
             raise bad_request(name, "must be a non-empty string")
@@ -80,6 +103,7 @@ def text(limit: int = 255) -> Callable[[str, Any], str]:
 
 
 def integer(low: int, high: int) -> Callable[[str, Any], int]:
+    @described({"type": "integer", "minimum": low, "maximum": high})
     def check(name: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad_request(name, "must be a whole number")
@@ -90,6 +114,7 @@ def integer(low: int, high: int) -> Callable[[str, Any], int]:
 
 
 def seconds(low: float, high: float) -> Callable[[str, Any], float]:
+    @described({"type": "number", "minimum": low, "maximum": high})
     def check(name: str, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise bad_request(name, "must be a number of seconds")
@@ -99,6 +124,19 @@ def seconds(low: float, high: float) -> Callable[[str, Any], float]:
     return check
 
 
+def number(low: float, high: float) -> Callable[[str, Any], float]:
+    """A JSON number in range, kept as given (an integer stays one)."""
+    @described({"type": "number", "minimum": low, "maximum": high})
+    def check(name: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise bad_request(name, "must be a number")
+        if not low <= value <= high:
+            raise bad_request(name, f"must be between {low:g} and {high:g}, got {value:g}")
+        return value
+    return check
+
+
+@described({"type": "string", "contentEncoding": "base64"})
 def base64_bytes(name: str, value: Any) -> bytes:
     if not isinstance(value, str):
         raise bad_request(name, "must be base64-encoded bytes, as a string")
@@ -108,12 +146,14 @@ def base64_bytes(name: str, value: Any) -> bytes:
         raise bad_request(name, "is not valid base64") from None
 
 
+@described({"type": "object"})
 def json_map(name: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise bad_request(name, "must be a JSON object")
     return value
 
 
+@described({"type": "string", "format": "date-time"})
 def timestamp(name: str, value: Any) -> datetime:
     if not isinstance(value, str):
         raise bad_request(name, "must be an ISO 8601 time with a UTC offset, e.g. 2026-11-26T10:00:00Z")
@@ -126,6 +166,7 @@ def timestamp(name: str, value: Any) -> datetime:
     return parsed
 
 
+@described({"type": "string", "pattern": "^[0-9]{1,18}$"})
 def digits(name: str, value: Any) -> int:
     """A message id, as the API writes ids: a string of digits."""
     if not isinstance(value, str) or not value.isdigit() or len(value) > 18:

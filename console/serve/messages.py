@@ -14,21 +14,23 @@ from aiohttp import web
 from psycopg.types.json import Jsonb
 
 from sqlkit import queries
+from sqlkit.tokens import Token
 
 from .auth import require
 from .input import (
     base64_bytes,
     checked_object,
+    described,
     digits,
     integer,
     json_map,
-    json_object,
     message_id,
     seconds,
     text,
     timestamp,
 )
 from .problems import ApiError, bad_request
+from .routing import api
 from .server import Server
 
 routes = web.RouteTableDef()
@@ -38,25 +40,30 @@ MAX_WAIT_SECONDS = 20.0
 """The longest long poll, as SQS allows."""
 
 
-def _no_ttl(name: str, value: Any) -> None:
-    raise bad_request(name, "a per-message TTL is not supported; set the topic's message_ttl_seconds")
+@described({"type": "array", "minItems": 1, "maxItems": MAX_BATCH, "items": {"type": "object"}})
+def _list_of_objects(name: str, value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise bad_request(name, "must be a non-empty list")
+    if len(value) > MAX_BATCH:
+        raise bad_request(name, f"must hold at most {MAX_BATCH} items, got {len(value)}")
+    return value
 
 
 ENQUEUE = {"topic": text(), "payload": base64_bytes, "key": text(255), "metadata": json_map,
-           "scheduled_at": timestamp, "ttl_seconds": _no_ttl}
+           "scheduled_at": timestamp, "ttl_seconds": integer(1, 31_536_000)}
 
 
 def _enqueue_params(body: dict[str, Any]) -> dict[str, Any]:
     return {"topic": body["topic"], "payload": body["payload"], "key": body["key"],
             "metadata": Jsonb(body["metadata"]) if body["metadata"] is not None else None,
-            "scheduled_at": body["scheduled_at"]}
+            "scheduled_at": body["scheduled_at"], "ttl_seconds": body["ttl_seconds"]}
 
 
 @routes.post("/api/messages")
-async def enqueue(request: web.Request) -> web.Response:
+@api(ENQUEUE, required=("topic", "payload"), ok=201)
+async def enqueue(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
+    """Enqueue a message (a keyed one replaces the topic's pending message of that key, same id)."""
     server = Server.of(request)
-    token = await server.auth.token(request)
-    body = await json_object(request, ENQUEUE, required=("topic", "payload"))
     require(token, "enqueue", topic=body["topic"])
     async with server.session("application") as conn:
         new_id = await queries.fetch_value_async(conn, "pull_enqueue", _enqueue_params(body))
@@ -64,11 +71,10 @@ async def enqueue(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/messages/batch")
-async def enqueue_batch(request: web.Request) -> web.Response:
-    """Every message in one transaction: all are enqueued, or none."""
+@api({"messages": _list_of_objects}, required=("messages",), ok=201)
+async def enqueue_batch(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
+    """Enqueue messages in one transaction: all are enqueued, or none."""
     server = Server.of(request)
-    token = await server.auth.token(request)
-    body = await json_object(request, {"messages": _list_of_objects}, required=("messages",))
     checked = [checked_object(f"messages[{n}].", item, ENQUEUE, ("topic", "payload"))
                for n, item in enumerate(body["messages"])]
     for item in checked:
@@ -83,11 +89,10 @@ DEQUEUE = {"topic": text(), "count": integer(1, MAX_BATCH), "visibility_timeout_
 
 
 @routes.post("/api/messages/dequeue")
-async def dequeue(request: web.Request) -> web.Response:
+@api(DEQUEUE, required=("topic",))
+async def dequeue(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
     """Lease up to `count` messages; with wait_seconds, wait for one to arrive (LISTEN/NOTIFY)."""
     server = Server.of(request)
-    token = await server.auth.token(request)
-    body = await json_object(request, DEQUEUE, required=("topic",))
     require(token, "consume", topic=body["topic"])
     params = {"topic": body["topic"], "count": body["count"] or 1,
               "visibility_timeout": body["visibility_timeout_seconds"]}
@@ -115,6 +120,8 @@ def _leased(row: dict[str, Any]) -> dict[str, Any]:
             "visible_until": row["visible_until"].isoformat()}
 
 
+@described({"type": "string", "pattern": "^[0-9]{1,10}$",
+            "description": "the receipt a dequeue returned with the message"})
 def _receipt(name: str, value: Any) -> int:
     if not isinstance(value, str) or not value.isdigit() or len(value) > 10:
         raise bad_request(name, "must be the receipt a dequeue returned with the message")
@@ -128,54 +135,43 @@ SETTLE_ONE = {"ack": {"receipt": _receipt},
 """The body each verb takes for one message (all of it required but the error)."""
 
 
-@routes.post("/api/messages/{id}/ack")
-async def ack(request: web.Request) -> web.Response:
-    return await _settle_one(request, "ack")
-
-
-@routes.post("/api/messages/{id}/nack")
-async def nack(request: web.Request) -> web.Response:
-    return await _settle_one(request, "nack")
-
-
-@routes.post("/api/messages/{id}/extend")
-async def extend(request: web.Request) -> web.Response:
-    return await _settle_one(request, "extend")
-
-
-@routes.post("/api/messages/ack")
-async def ack_batch(request: web.Request) -> web.Response:
-    return await _settle_batch(request, "ack")
-
-
-@routes.post("/api/messages/nack")
-async def nack_batch(request: web.Request) -> web.Response:
-    return await _settle_batch(request, "nack")
-
-
-async def _settle_one(request: web.Request, verb: str) -> web.Response:
-    server = Server.of(request)
-    token = await server.auth.token(request)
+def _settle_one_route(verb: str) -> Any:
     fields = SETTLE_ONE[verb]
-    body = await json_object(request, fields, required=tuple(name for name in fields if name != "error"))
-    (result,) = await _settle(server, token, verb, [message_id(request)], [body["receipt"]], body)
-    if result["result"] == "lease_lost":
-        raise ApiError(409, "lease_lost", f"message {result['id']}: the receipt's lease is no longer the "
-                                          "message's (its visibility timeout passed and it was dequeued again)")
-    if result["result"] == "not_found":
-        raise ApiError(404, "not_found", f"message {result['id']} is not leased (acked, nacked or gone)")
-    return web.json_response(result)
+
+    @api(fields, required=tuple(name for name in fields if name != "error"))
+    async def settle(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
+        (result,) = await _settle(Server.of(request), token, verb, [message_id(request)], [body["receipt"]], body)
+        if result["result"] == "lease_lost":
+            raise ApiError(409, "lease_lost", f"message {result['id']}: the receipt's lease is no longer the "
+                                              "message's (its visibility timeout passed and it was dequeued again)")
+        if result["result"] == "not_found":
+            raise ApiError(404, "not_found", f"message {result['id']} is not leased (acked, nacked or gone)")
+        return web.json_response(result)
+
+    settle.__doc__ = SETTLE_DOC[verb] + " (the receipt must be the message's current lease)."
+    return settle
 
 
-async def _settle_batch(request: web.Request, verb: str) -> web.Response:
-    server = Server.of(request)
-    token = await server.auth.token(request)
-    body = await json_object(request, {"messages": _list_of_objects, "error": ERROR}, required=("messages",))
-    items = [checked_object(f"messages[{n}].", item, {"id": digits, "receipt": _receipt}, ("id", "receipt"))
-             for n, item in enumerate(body["messages"])]
-    results = await _settle(server, token, verb, [item["id"] for item in items],
-                            [item["receipt"] for item in items], body)
-    return web.json_response({"results": results})
+def _settle_batch_route(verb: str) -> Any:
+    shared = {name: check for name, check in SETTLE_ONE[verb].items() if name != "receipt"}
+
+    @api({"messages": _list_of_objects, **shared}, required=("messages", *(n for n in shared if n != "error")))
+    async def settle(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
+        items = [checked_object(f"messages[{n}].", item, {"id": digits, "receipt": _receipt}, ("id", "receipt"))
+                 for n, item in enumerate(body["messages"])]
+        results = await _settle(Server.of(request), token, verb, [item["id"] for item in items],
+                                [item["receipt"] for item in items], body)
+        return web.json_response({"results": results})
+
+    settle.__doc__ = SETTLE_DOC[verb] + ", each by its receipt; a result per message."
+    return settle
+
+
+SETTLE_DOC = {"ack": "Ack leased messages: done, deleted", "nack": "Nack leased messages: retried, or dead-lettered",
+              "extend": "Extend leased messages' visibility timeout"}
+for _verb in SETTLE_ONE:
+    routes.post(f"/api/messages/{{id}}/{_verb}")(_settle_one_route(_verb))
+    routes.post(f"/api/messages/{_verb}")(_settle_batch_route(_verb))
 
 
 async def _settle(server: Server, token: Any, verb: str, ids: list[int], leases: list[int],
@@ -198,11 +194,3 @@ async def _settle(server: Server, token: Any, verb: str, ids: list[int], leases:
     return [{"id": str(row["id"]), "result": row["result"],
              **({"visible_until": row["visible_until"].isoformat()} if row.get("visible_until") else {})}
             for row in rows]
-
-
-def _list_of_objects(name: str, value: Any) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not value:
-        raise bad_request(name, "must be a non-empty list")
-    if len(value) > MAX_BATCH:
-        raise bad_request(name, f"must hold at most {MAX_BATCH} items, got {len(value)}")
-    return value

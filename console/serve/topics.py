@@ -16,24 +16,27 @@ from sqlkit.tokens import Token
 from .auth import require
 from .input import message_id
 from .problems import ApiError
+from .routing import api
 from .server import Server
 
 routes = web.RouteTableDef()
 
 
 @routes.get("/api/topics")
-async def list_topics(request: web.Request) -> web.Response:
+@api()
+async def list_topics(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
+    """The topics the token may use, each with its depth by status, DLQ and limits."""
     server = Server.of(request)
-    token = await server.auth.token(request)
     async with server.session("monitor") as conn:
         rows = await queries.fetch_all_async(conn, "http_topics")
     return web.json_response({"topics": [_topic(row) for row in rows if _sees(token, row["topic"])]})
 
 
 @routes.get("/api/topics/{topic}")
-async def one_topic(request: web.Request) -> web.Response:
+@api()
+async def one_topic(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
+    """One topic's depth by status, oldest visibility deadline, DLQ and limits."""
     server = Server.of(request)
-    token = await server.auth.token(request)
     name = request.match_info["topic"]
     if not _sees(token, name):
         raise ApiError(403, "forbidden", f"token {token.name!r} is not scoped to topic {name!r}")
@@ -46,10 +49,10 @@ async def one_topic(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/messages/{id}/requeue")
-async def requeue(request: web.Request) -> web.Response:
+@api()
+async def requeue(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
     """A `<topic>.dlq` message (its DLQ id) back on its topic, retries restored: admin only."""
     server = Server.of(request)
-    token = await server.auth.token(request)
     require(token, "admin")
     async with server.session("admin") as conn:
         new_id = await queries.fetch_value_async(conn, "requeue_dead_letter", {"id": message_id(request)})
@@ -57,8 +60,8 @@ async def requeue(request: web.Request) -> web.Response:
 
 
 def _sees(token: Token, topic: str) -> bool:
-    """A token sees the topics it may enqueue to or consume from."""
-    return token.may("enqueue", topic=topic) or token.may("consume", topic=topic)
+    """A token sees the topics it may enqueue to, consume from or monitor."""
+    return any(token.may(action, topic=topic) for action in ("enqueue", "consume", "monitor"))
 
 
 def _topic(row: dict[str, Any]) -> dict[str, Any]:
