@@ -20,8 +20,11 @@ from sqlkit import embedded
 
 from . import showcase
 from .app import make_app
+from .widgets.token_forms import NewToken, TokenSecretModal
 
 SIZE = (110, 32)
+# Pictures show a made-up secret: a real one is random, and is shown only to whoever made it.
+EXAMPLE_SECRET = "courier_EXAMPLE-not-a-real-secret-0123456789abcdefghi"
 
 
 def _pane(name: str, *keys: str) -> Callable[[Pilot], Awaitable[None]]:
@@ -34,10 +37,18 @@ def _pane(name: str, *keys: str) -> Callable[[Pilot], Awaitable[None]]:
     return before
 
 
+async def _token_secret(pilot: Pilot) -> None:
+    await showcase.open_pane(pilot, "tokens")
+    pilot.app.push_screen(TokenSecretModal(NewToken("ci-deploy", EXAMPLE_SECRET)))
+    await pilot.pause(0.3)
+    await showcase.steady(pilot)
+
+
 SHOTS: dict[str, Callable[[Pilot], Awaitable[None]]] = {
     "overview": _pane("overview"),
     "endpoints": _pane("endpoints"),
     "endpoint-create": _pane("endpoints", "n"),
+    "topic-limits": _pane("endpoints", *["down"] * 5, "l"),
     "messages": _pane("messages"),
     "message-detail": _pane("messages", "enter"),
     "dlq": _pane("dlq"),
@@ -47,6 +58,9 @@ SHOTS: dict[str, Callable[[Pilot], Awaitable[None]]] = {
     "events": _pane("events"),
     "workers": _pane("workers"),
     "analytics": _pane("analytics"),
+    "tokens": _pane("tokens"),
+    "token-create": _pane("tokens", "n"),
+    "token-secret": _token_secret,
     "help": _pane("overview", "question_mark"),
 }
 

@@ -59,7 +59,7 @@ class CreateTokenForm(DatabaseForm):
                 yield Label("endpoints")
                 yield Input(placeholder="push endpoints it may send to (* for every one)", compact=True,
                             id="endpoints")
-            yield Static("admin: everything, on every topic and endpoint. The secret is shown once.",
+            yield Static("admin: everything, every topic and endpoint. The secret is shown once.",
                          classes="hint")
             yield self.error_line()
             yield from self.buttons("Create", compact=True)

@@ -97,7 +97,7 @@ class TopicLimitsForm(DatabaseForm):
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             yield Label(literal(f"Limits of topic {self.limits.topic}"), classes="title")
-            yield Static("Blank: the global default (greyed). Applies from the next send or take on.",
+            yield Static("Blank: the global default (greyed). Applies to the next send or take.",
                          id="limits-help")
             with Grid(id="limits"):
                 for limit in LIMITS:
