@@ -160,6 +160,25 @@ def test_cli_max_depth_refusal_is_one_line(courier, conn):  # noqa: F811
     assert line
 
 
+def test_topic_alter_changes_some_limits_and_resets_others(courier, conn, orders):  # noqa: F811
+    """queue-ti's topic config from the command line: a limit given is set, the rest stay, and
+    --reset reverts one (or all) to the global setting."""
+    assert_ok(courier("topic", "alter", "orders", "--max-depth", "1000", "--ttl", "3600", "--dlq-threshold", "2"))
+    config = assert_ok(courier("topic", "alter", "orders", "--reset", "ttl", "--throughput-limit", "50",
+                               "--json")).json()["config"]
+    assert config == {"max_retries": 1, "max_depth": 1000, "dlq_threshold": 2, "throughput_limit": 50}
+    (listed,) = assert_ok(courier("topic", "list", "--json")).json()
+    assert (listed["max_depth"], listed["message_ttl_seconds"], listed["dlq_threshold"]) == (1000, 0, 2)
+    assert "every limit follows its global setting" in assert_ok(courier("topic", "alter", "orders", "--reset",
+                                                                         "all")).out
+    assert scalar(conn, "SELECT config FROM courier.endpoints WHERE name = 'orders'") == {}
+    for args in (("topic", "alter", "orders"), ("topic", "alter", "orders", "--max-depth", "5", "--reset", "max-depth"),
+                 ("topic", "alter", "orders", "--dlq-threshold", "1001")):
+        refused = courier(*args)
+        assert refused.code == 2 and "Traceback" not in refused.err, (args, refused)
+    assert_one_line_error(courier("topic", "alter", "nowhere", "--max-depth", "5"), "does not exist")
+
+
 def test_cli_bad_arguments_are_usage_errors(courier, orders):  # noqa: F811
     for args in (("dequeue", "orders", "--count", "0"), ("enqueue", "orders", "{bad"), ("ack", "x", "1"),
                  ("reaper", "run", "sometimes"), ("topic", "create", "t", "--max-retries", "-1")):

@@ -1,4 +1,4 @@
-"""Pull topics from the command line: `courier topic create|list|requeue`, `enqueue`, `dequeue`,
+"""Pull topics from the command line: `courier topic create|alter|list|requeue`, `enqueue`, `dequeue`,
 `ack`, `nack`, `receive`, `peek` and `courier reaper run expiry|delete`."""
 
 from __future__ import annotations
@@ -24,28 +24,80 @@ def topic_group() -> None:
     """Pull topics: endpoints with protocol pull, whose consumers take messages themselves."""
 
 
+LIMIT_OPTIONS = {
+    "max_retries": click.option("--max-retries", type=click.IntRange(0, 1000),
+                                help="Failed attempts retried before a message leaves the topic."),
+    "message_ttl_seconds": click.option("--ttl", "message_ttl_seconds", type=click.IntRange(0, 31_536_000),
+                                        help="Seconds a message lives from when it is due; 0: forever."),
+    "max_depth": click.option("--max-depth", type=click.IntRange(0, 2_147_483_647),
+                              help="Pending + processing messages allowed; enqueue past it is refused. "
+                                   "0: unlimited."),
+    "throughput_limit": click.option("--throughput-limit", type=click.FloatRange(0, 1_000_000),
+                                     help="Messages per second dequeue hands out; beyond it, dequeue returns "
+                                          "fewer. 0: unlimited."),
+    "dlq_threshold": click.option("--dlq-threshold", type=click.IntRange(0, 1000),
+                                  help="Failed attempts after which a message moves to NAME.dlq (at the latest "
+                                       "when its retries run out); 0: no DLQ, it ends failed."),
+    "visibility_timeout": click.option("--visibility-timeout", type=click.IntRange(1, 43_200),
+                                       help="Default seconds a dequeued message stays invisible to other "
+                                            "consumers."),
+}
+"""A topic's limits as options, one per sqlkit.pull.TOPIC_LIMITS, for create and alter."""
+
+
+def limit_options(command: Any) -> Any:
+    for option in reversed(LIMIT_OPTIONS.values()):
+        command = option(command)
+    return command
+
+
+def _given(limits: dict[str, Any]) -> dict[str, Any]:
+    """The limits given, with whole numbers as integers (500 stays 500 in the config, not 500.0)."""
+    return {key: int(value) if isinstance(value, float) and value.is_integer() else value
+            for key, value in limits.items() if value is not None}
+
+
 @topic_group.command("create")
 @click.argument("name")
-@click.option("--max-retries", type=click.IntRange(0, 1000), help="Nacks before a message goes to NAME.dlq.")
-@click.option("--ttl", "message_ttl_seconds", type=click.IntRange(0, 31_536_000),
-              help="Seconds a message lives from when it is due; 0: forever.")
-@click.option("--max-depth", type=click.IntRange(0, 2_147_483_647),
-              help="Pending + processing messages allowed; enqueue past it is refused. 0: unlimited.")
-@click.option("--throughput-limit", type=click.FloatRange(0, 1_000_000),
-              help="Messages per second dequeue hands out; beyond it, dequeue returns fewer. 0: unlimited.")
-@click.option("--visibility-timeout", type=click.IntRange(1, 43_200),
-              help="Default seconds a dequeued message stays invisible to other consumers.")
+@limit_options
 @click.option("--description", help="Free text shown in the console.")
 @common_options
 def create(name: str, description: str | None, **limits: Any) -> None:
     """Create topic NAME. A limit left out follows its global setting (courier config)."""
-    # 500 stays 500 in the config, not 500.0
-    config = {key: int(value) if isinstance(value, float) and value.is_integer() else value
-              for key, value in limits.items() if value is not None}
+    config = _given(limits)
     with open_connection() as conn:
         topic_id = pull.create_topic(conn, name, config, description)
     emit({"id": topic_id, "topic": name, "config": config},
          lambda: console.print(f"created topic {name} (id {topic_id})", highlight=False))
+
+
+RESETTABLE = {"max-retries": "max_retries", "ttl": "message_ttl_seconds", "max-depth": "max_depth",
+              "throughput-limit": "throughput_limit", "dlq-threshold": "dlq_threshold",
+              "visibility-timeout": "visibility_timeout"}
+
+
+@topic_group.command("alter")
+@click.argument("name")
+@limit_options
+@click.option("--reset", "resets", multiple=True, type=click.Choice([*RESETTABLE, "all"]),
+              help="Revert a limit to its global setting (repeatable; all: every one).")
+@common_options
+def alter(name: str, resets: tuple[str, ...], **limits: Any) -> None:
+    """Change limits of topic NAME; the others stay as they are (queue-ti's topic config)."""
+    changes: dict[str, Any] = dict.fromkeys(RESETTABLE.values() if "all" in resets
+                                            else (RESETTABLE[r] for r in resets))
+    given = _given(limits)
+    both = [flag for flag, key in RESETTABLE.items() if key in changes and key in given]
+    if both:
+        raise click.UsageError(f"--{both[0]} is both set and reset; choose one")
+    if not changes and not given:
+        raise click.UsageError("nothing to change: give a limit (e.g. --max-depth 1000) or --reset")
+    changes.update(given)
+    with open_connection() as conn:
+        config = pull.alter_topic(conn, name, changes)
+    emit({"topic": name, "config": config},
+         lambda: console.print(f"topic {name}: " + (", ".join(f"{k}={v}" for k, v in config.items())
+                                                   or "every limit follows its global setting"), highlight=False))
 
 
 @topic_group.command("list")
@@ -58,16 +110,21 @@ def list_command() -> None:
     def render() -> None:
         table = Table(title=f"{len(rows)} topic(s)")
         for column in ("topic", "pending", "leased", "dlq", "next lease ends", "max retries", "ttl s",
-                       "max depth", "msg/s", "visibility s"):
+                       "max depth", "msg/s", "visibility s", "dlq after"):
             table.add_column(column, justify="left" if column in ("topic", "next lease ends") else "right")
         for row in rows:
             table.add_row(row.topic + ("" if row.enabled else " (disabled)"), str(row.pending), str(row.leased),
                           str(row.dead_lettered), when(row.next_visibility_deadline), str(row.max_retries),
                           _limit(row.message_ttl_seconds), _limit(row.max_depth), _limit(row.throughput_limit),
-                          str(row.visibility_timeout))
+                          str(row.visibility_timeout), _dlq_after(row))
         console.print(table)
 
     emit(rows, render)
+
+
+def _dlq_after(row: pull.Topic) -> str:
+    """Failed attempts after which a message moves to the DLQ: the threshold, or its retries."""
+    return f"{min(row.dlq_threshold, row.max_retries + 1):g}" if row.dlq_threshold else "no dlq"
 
 
 def _limit(value: Any) -> str:
@@ -103,9 +160,11 @@ def requeue(dlq_topic: str, dlq_id: int) -> None:
 @click.option("--metadata", help="A JSON object stored with the message.")
 @click.option("--body", help="A human-readable body string stored with the message.")
 @click.option("--scheduled-at", type=Timestamp(), help="Do not hand out before this time.")
+@click.option("--ttl", "ttl_seconds", type=click.IntRange(1, 31_536_000),
+              help="Seconds this message lives from when it is due (default: the topic's TTL).")
 @common_options
 def enqueue(topic: str, payload: str | None, file: Any, binary: bool, key: str | None, metadata: str | None,
-            body: str | None, scheduled_at: datetime | None) -> None:
+            body: str | None, scheduled_at: datetime | None, ttl_seconds: int | None) -> None:
     """Add PAYLOAD (JSON, or bytes with --binary) to TOPIC."""
     if payload is not None and file is not None:
         raise click.UsageError("give the payload as an argument or with --file, not both")
@@ -123,7 +182,8 @@ def enqueue(topic: str, payload: str | None, file: Any, binary: bool, key: str |
     with open_connection() as conn:
         message_id = pull.enqueue(conn, topic, json_payload, key=key,
                                   metadata=parse_json_object(metadata, "--metadata") if metadata else None,
-                                  payload_binary=data if binary else None, body=body, scheduled_at=scheduled_at)
+                                  payload_binary=data if binary else None, body=body, scheduled_at=scheduled_at,
+                                  ttl_seconds=ttl_seconds)
     emit({"topic": topic, "id": message_id},
          lambda: console.print(f"enqueued message {message_id} on {topic}", highlight=False))
 
