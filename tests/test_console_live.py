@@ -107,7 +107,7 @@ def test_polls_pause_behind_a_modal_and_on_hidden_panes(dsn, monkeypatch):
     run_console(dsn, scenario, refresh_scale=0.05)
 
 
-@pytest.mark.parametrize("pane", ["overview", "endpoints", "messages", "dlq", "archive", "events", "workers"])
+@pytest.mark.parametrize("pane", ["overview", "endpoints", "messages", "dlq", "archive", "events", "workers", "tokens"])
 def test_each_pane_loads_against_an_empty_database(dsn, pane):
     async def scenario(pilot, app):
         await open_pane(pilot, pane)
