@@ -116,6 +116,13 @@ def test_push_messages_and_events_for_producers_without_sql(server, conn):
                    "0f8fad5b-d9cb-469f-a165-70867728950e", {"X-Tenant": "acme"}, {"source": "checkout"})
     assert call(server, "POST", "/api/endpoints/billing/messages", producer, options)[:2] == (201, body)
     assert call(server, "POST", "/api/endpoints/audit/messages", producer, {"payload": 1})[0] == 403
+    # Every endpoint is not every topic: a pull topic takes a send only from a token scoped to it.
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
+    every_endpoint = tokens.create_token(conn, "pusher", topics=[], endpoints=["*"], actions=["enqueue"])
+    assert call(server, "POST", "/api/endpoints/audit/messages", every_endpoint, {"payload": 1})[0] == 201
+    assert call(server, "POST", "/api/endpoints/orders/messages", every_endpoint, {"payload": 1})[0] == 403
+    topic_too = tokens.create_token(conn, "both", topics=["orders"], endpoints=["orders"], actions=["enqueue"])
+    assert call(server, "POST", "/api/endpoints/orders/messages", topic_too, {"payload": 1, "priority": 9})[0] == 201
     status, answer, _ = call(server, "POST", "/api/endpoints/billing/messages", producer,
                              {"payload": 1, "priority": 11})
     assert (status, answer["field"]) == (400, "priority")

@@ -59,6 +59,9 @@ async def send(request: web.Request, token: Token, body: dict[str, Any]) -> web.
     server = Server.of(request)
     endpoint = request.match_info["name"]
     require(token, "enqueue", endpoint=endpoint)
+    if await server.find_topic(endpoint) is not None:
+        # A pull topic takes sends too (for priorities and ordering keys): in the topic's scope only.
+        require(token, "enqueue", topic=endpoint)
     params = {**body, "endpoint": endpoint, "payload": Jsonb(body["payload"]), "priority": body["priority"] or 0,
               "headers": _jsonb(body["headers"]), "metadata": _jsonb(body["metadata"])}
     async with server.session("application") as conn:

@@ -28,7 +28,7 @@ class Server:
     db: AsyncDatabase
     auth: Authenticator
     wakeups: TopicWakeups
-    _topic_ids: dict[str, tuple[int, float]] = field(default_factory=dict)
+    _topic_ids: dict[str, tuple[int | None, float]] = field(default_factory=dict)
     closing: bool = False
     """Set at shutdown: long polls answer with what they have instead of waiting on."""
 
@@ -52,12 +52,17 @@ class Server:
         await conn.execute(queries.query(f"as_{role}"))
 
     async def topic_id(self, topic: str) -> int:
-        known, until = self._topic_ids.get(topic, (0, 0.0))
+        found = await self.find_topic(topic)
+        if found is None:
+            raise ApiError(404, "not_found", f"topic {topic!r} does not exist")
+        return found
+
+    async def find_topic(self, name: str) -> int | None:
+        """The id of pull topic `name`, or None if no pull topic has that name."""
+        known, until = self._topic_ids.get(name, (None, 0.0))
         if until > time.monotonic():
             return known
         async with self.session(None) as conn:
-            found = await queries.fetch_value_async(conn, "topic_id", {"topic": topic})
-        if found is None:
-            raise ApiError(404, "not_found", f"topic {topic!r} does not exist")
-        self._topic_ids[topic] = (found, time.monotonic() + TOPIC_IDS_SECONDS)
+            found = await queries.fetch_value_async(conn, "topic_id", {"topic": name})
+        self._topic_ids[name] = (found, time.monotonic() + TOPIC_IDS_SECONDS)
         return found
