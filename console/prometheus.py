@@ -28,6 +28,8 @@ HELP = {
     "workers_alive": "Worker processes with a recent heartbeat.",
     "maintenance_leader_present": "1 if a live worker leads maintenance.",
     "archive_partitions": "Partitions of the archive table, the default one included.",
+    "serve_long_polls_waiting": "Long polls this `courier serve` holds, waiting for a message.",
+    "serve_long_polls_woken_total": "Long polls this `courier serve` woke on a NOTIFY (one per message, not per poll).",
 }
 
 

@@ -152,7 +152,8 @@ def test_metrics_are_the_cli_families_for_a_monitoring_token(server, conn, order
     def families(exposed: str) -> set[str]:
         return {line.split()[2] for line in exposed.splitlines() if line.startswith("# TYPE")}
 
-    assert families(text) == families(exposition(observability.metrics(conn)))
+    this_server = {"courier_serve_long_polls_waiting", "courier_serve_long_polls_woken_total"}
+    assert families(text) == families(exposition(observability.metrics(conn))) | this_server
     assert "courier_messages_failed_total" in families(text)
     # A monitor token reads depths but cannot touch messages.
     assert call(server, "GET", "/api/topics/orders", monitor)[0] == 200
@@ -307,3 +308,54 @@ def test_the_token_cli_takes_monitor_and_refuses_unknown_actions(dsn, conn):
     refused = subprocess.run([courier, "token", "create", "x", "--can", "drop", "--dsn", dsn], capture_output=True,
                              text=True, timeout=60)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
+
+
+def test_a_message_wakes_one_waiting_poll_not_all_of_them(dsn, conn, orders):
+    """50 polls wait on a topic; one message wakes one (and the two it passes a full batch on
+    to), not 50: the server's own counter says how many it woke. A burst of 49 in one
+    transaction (one NOTIFY) then reaches every waiting poll, passed along the line."""
+    process, base = start_server(dsn)
+    secret = token(conn, "app", ["consume", "monitor"])
+
+    def woken_and_waiting() -> tuple[float, float]:
+        text = call_text(base, "/metrics", secret)
+        values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                  if line.startswith("courier_serve_long_polls")}
+        return values["courier_serve_long_polls_woken_total"], values["courier_serve_long_polls_waiting"]
+
+    try:
+        async def main() -> tuple[tuple[float, float], tuple[float, float], list[list[dict]], float]:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                             headers={"Authorization": f"Bearer {secret}"}) as session:
+                async def poll() -> list[dict]:
+                    async with session.post(base + "/api/messages/dequeue",
+                                            json={"topic": "orders", "wait_seconds": 15}) as response:
+                        return (await response.json())["messages"]
+                polls = [asyncio.create_task(poll()) for _ in range(50)]
+                await asyncio.sleep(1.5)
+                await asyncio.to_thread(conn.execute, "SELECT courier.enqueue('orders', '{}')")
+                await asyncio.sleep(1)
+                after_one = await asyncio.to_thread(woken_and_waiting)
+                began = time.monotonic()
+                await asyncio.to_thread(conn.execute, "SELECT courier.enqueue('orders', jsonb_build_object('n', g)) "
+                                                      "FROM generate_series(1, 49) g")
+                got = await asyncio.gather(*polls)
+                took = time.monotonic() - began
+                return after_one, await asyncio.to_thread(woken_and_waiting), got, took
+
+        (woken, waiting), (woken_after, waiting_after), got, took = asyncio.run(main())
+        assert woken <= 3 and waiting == 49, (woken, waiting)
+        ids = [message["id"] for messages in got for message in messages]
+        assert len(ids) == len(set(ids)) == 50
+        assert took < 5 and waiting_after == 0
+        assert woken_after <= 2 * 50  # at most about two wake-ups a message (a full batch wakes two), not 50
+    finally:
+        assert "Traceback" not in stop_server(process)
+
+
+def call_text(base: str, path: str, secret: str) -> str:
+    async def go() -> str:
+        async with aiohttp.ClientSession() as session, session.get(
+                base + path, headers={"Authorization": f"Bearer {secret}"}) as response:
+            return await response.text()
+    return asyncio.run(go())

@@ -32,6 +32,7 @@ from .input import (
 from .problems import ApiError, bad_request
 from .routing import api
 from .server import Server
+from .wakeups import FULL_BATCH_WAKES
 
 routes = web.RouteTableDef()
 
@@ -96,20 +97,41 @@ async def dequeue(request: web.Request, token: Token, body: dict[str, Any]) -> w
     require(token, "consume", topic=body["topic"])
     params = {"topic": body["topic"], "count": body["count"] or 1,
               "visibility_timeout": body["visibility_timeout_seconds"]}
-    wait = body["wait_seconds"] or 0.0
+    rows = await _poll(server, body["topic"], params, body["wait_seconds"] or 0.0)
+    return web.json_response({"messages": [_leased(row) for row in rows]})
+
+
+async def _poll(server: Server, topic: str, params: dict[str, Any], wait: float) -> list[dict[str, Any]]:
+    """Dequeue; with `wait`, wait in the topic's line until a NOTIFY wakes this poll, and pass
+    a wake-up it did not answer on to the next poll in line (see wakeups.py)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    topic_id = await server.topic_id(body["topic"]) if wait else None
-    while True:
-        woken = server.wakeups.armed(topic_id) if topic_id is not None else None
-        async with server.session("application") as conn:
-            rows = await queries.fetch_all_async(conn, "pull_dequeue", params)
-        left = deadline - loop.time()
-        if rows or woken is None or left <= 0 or server.closing:
-            break
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(woken.wait(), left)
-    return web.json_response({"messages": [_leased(row) for row in rows]})
+    topic_id = await server.topic_id(topic) if wait else None
+    rows: list[dict[str, Any]] = []
+    waiter: asyncio.Future[None] | None = None
+    unanswered = fresh = False  # a wake-up no dequeue has begun after; the last dequeue began after one
+    try:
+        while True:
+            waiter = server.wakeups.join(topic_id) if topic_id is not None else None
+            async with server.session("application") as conn:
+                rows = await queries.fetch_all_async(conn, "pull_dequeue", params)
+            fresh, unanswered = unanswered, False
+            left = deadline - loop.time()
+            if rows or waiter is None or left <= 0 or server.closing:
+                return rows
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(waiter), left)
+            if not waiter.done():
+                return rows
+            unanswered = True
+    finally:
+        if topic_id is not None and waiter is not None:
+            server.wakeups.leave(topic_id, waiter)
+            passes = 1 if unanswered or waiter.done() else 0
+            if len(rows) >= params["count"] and (fresh or passes):
+                passes = FULL_BATCH_WAKES  # a full batch after a wake-up: the topic may hold more
+            if passes:
+                server.wakeups.wake(topic_id, passes)
 
 
 def _leased(row: dict[str, Any]) -> dict[str, Any]:
