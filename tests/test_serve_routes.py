@@ -359,3 +359,14 @@ def call_text(base: str, path: str, secret: str) -> str:
                 base + path, headers={"Authorization": f"Bearer {secret}"}) as response:
             return await response.text()
     return asyncio.run(go())
+
+
+def test_every_surface_takes_the_same_topic_limits():
+    """The HTTP API, the CLI, the console's editor and the SQL API's list of a topic's limits
+    are one list."""
+    from console.app.widgets.topic_limits import LIMITS as EDITOR
+    from console.cli.pull import LIMIT_OPTIONS
+    from console.serve.configs import LIMITS
+    from sqlkit.pull import TOPIC_LIMITS
+
+    assert tuple(LIMITS) == tuple(LIMIT_OPTIONS) == tuple(limit.key for limit in EDITOR) == TOPIC_LIMITS
