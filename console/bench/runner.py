@@ -11,6 +11,7 @@ from .delivery import dispatch_http, latency, mixed
 from .depth import depth
 from .drain import drain_noop, multi_endpoint
 from .enqueue import enqueue_batch, enqueue_single
+from .http_api import http
 from .pull import pull
 from .result import ScenarioResult
 from .scratch import scratch_database
@@ -34,6 +35,7 @@ SCENARIOS: dict[str, Scenario] = {
     "console": console_panes,
     "churn": churn,
     "pull": pull,
+    "http": http,
     "spark": spark,
 }
 
