@@ -63,3 +63,17 @@ async def fetch_value_async(conn: psycopg.AsyncConnection, name: str, params: An
             await cur.execute(query(name), params)
             row = await cur.fetchone()
             return None if row is None else row[0]
+
+
+async def fetch_values_many_async(conn: psycopg.AsyncConnection, name: str, params: list[Any]) -> list[Any]:
+    """The one value query `name` returns for each of `params`, run as one pipelined batch
+    (one round trip, not one per item)."""
+    with translated():
+        async with conn.cursor() as cur:
+            await cur.executemany(query(name), params, returning=True)
+            values = []
+            while True:
+                row = await cur.fetchone()
+                values.append(None if row is None else row[0])
+                if not cur.nextset():
+                    return values

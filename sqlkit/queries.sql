@@ -573,21 +573,11 @@ SELECT courier.enqueue(%(topic)s, NULL, %(key)s, %(metadata)s, %(payload)s, NULL
 SELECT id, lease, payload, payload_binary, metadata, key, retry_count, max_retries, created_at, visible_until
 FROM courier.dequeue(%(topic)s, %(count)s, %(visibility_timeout)s);
 
--- name: pull_ack
-SELECT id, result FROM courier.ack(%(ids)s::bigint[], %(leases)s::integer[]);
-
--- name: pull_nack
-SELECT id, result FROM courier.nack(%(ids)s::bigint[], %(leases)s::integer[], %(error)s);
-
--- name: pull_extend
-SELECT id, result, visible_until FROM courier.extend_lease(%(ids)s::bigint[], %(leases)s::integer[],
-                                                           %(visibility_timeout)s);
-
--- name: topic_of_messages
--- The topics of queued messages, by id, for the server's scope check before an ack or nack.
-SELECT q.id, e.name AS topic
-FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
-WHERE q.id = ANY (%(ids)s::bigint[]) AND e.protocol = 'pull';
+-- name: pull_settle
+-- Ack, nack or extend, only in the topics a token may consume (NULL: every topic).
+SELECT id, result, visible_until
+FROM courier.settle_in_topics(%(verb)s, %(ids)s::bigint[], %(leases)s::integer[], %(topics)s::text[], %(error)s,
+                              %(visibility_timeout)s);
 
 -- name: topic_id
 SELECT id FROM courier.endpoints WHERE name = %(topic)s AND protocol = 'pull';

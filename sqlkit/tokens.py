@@ -38,6 +38,13 @@ class Token:
         return endpoint is None or bool({"*", endpoint} & set(self.endpoints))
 
 
+    def topics_for(self, action: str) -> list[str] | None:
+        """The topics the token may `action` on: None for every topic, [] for none."""
+        if "admin" in self.actions or (action in self.actions and "*" in self.topics):
+            return None
+        return list(self.topics) if action in self.actions else []
+
+
 def secret_hash(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
 

@@ -702,3 +702,25 @@ def test_a_message_ttl_of_its_own_overrides_the_topics(conn):
     with pytest.raises(psycopg.Error, match="ttl_seconds") as refused:
         enqueue(conn, {"n": 5}, ttl_seconds=0)
     assert refused.value.sqlstate == "22023"
+
+
+def test_settle_in_topics_leaves_messages_of_other_topics_alone(conn, orders):
+    """`courier serve`'s settle: the token's topics go with the call, and a message of another
+    topic is answered 'forbidden' and left as it was, whatever its lease."""
+    conn.execute("SELECT courier.create_endpoint('invoices', 'pull', '{}')")
+    mine, theirs = enqueue(conn, {"n": 1}), enqueue(conn, {"n": 2}, topic="invoices")
+    [held_mine], [held_theirs] = dequeue(conn), dequeue(conn, topic="invoices")
+
+    def settle(verb: str, topics: list[str] | None, **options) -> dict[int, str]:
+        rows = conn.execute("SELECT id, result FROM courier.settle_in_topics(%s, %s, %s, %s, %s, %s)",
+                            (verb, [mine, theirs], [held_mine["lease"], held_theirs["lease"]], topics,
+                             options.get("error"), options.get("timeout"))).fetchall()
+        return dict(rows)
+
+    assert settle("extend", ["orders"], timeout=60) == {mine: "extended", theirs: "forbidden"}
+    assert settle("nack", ["orders"], error="boom") == {mine: "nacked", theirs: "forbidden"}
+    assert (status(conn, mine), status(conn, theirs)) == ("pending", "processing")
+    assert settle("ack", []) == {mine: "forbidden", theirs: "forbidden"}
+    assert settle("ack", None) == {mine: "not_found", theirs: "acked"}  # every topic; mine was nacked (pending)
+    with pytest.raises(psycopg.Error, match="verb"):
+        settle("delete", None)

@@ -19,6 +19,7 @@ import psutil
 from openapi_spec_validator import validate
 
 from console.prometheus import exposition
+from console.serve.server import POOL_SIZES
 from sqlkit import observability, tokens
 from tests.helpers import scalar
 from tests.test_serve import COURIER, b64, call, orders, server, start_server, stop_server, token  # noqa: F401
@@ -249,7 +250,7 @@ def test_a_slow_client_is_answered_408_and_holds_nothing(dsn, conn, orders):
 
 
 def test_200_long_polls_are_held_at_once_and_all_served_without_leaks(dsn, conn, orders):
-    """200 clients wait at once on a pool of at most 16 database connections; 200 messages
+    """200 clients wait at once on the server's few database connections; 200 messages
     enqueued in one transaction reach 200 different clients, none twice; afterwards the server
     holds no more connections or file descriptors than before."""
     process, base = start_server(dsn)
@@ -281,7 +282,7 @@ def test_200_long_polls_are_held_at_once_and_all_served_without_leaks(dsn, conn,
 
         got, waiting, backends, took = asyncio.run(main())
         assert waiting == 200
-        assert backends <= 17  # the pool (16) and the LISTEN connection
+        assert backends <= sum(high for _, high in POOL_SIZES.values()) + 1  # the pools and the LISTEN connection
         ids = [message["id"] for messages in got for message in messages]
         assert len(ids) == len(set(ids)) == 200, "every message to one client, none twice"
         assert took < 10
@@ -290,8 +291,8 @@ def test_200_long_polls_are_held_at_once_and_all_served_without_leaks(dsn, conn,
         open_to_clients = [c for c in server_process.net_connections("tcp")
                            if c.laddr.port == port and c.status != psutil.CONN_LISTEN]
         assert open_to_clients == []
-        # Beyond the sockets it had, only the pool's own connections (at most 16) are still open.
-        assert server_process.num_fds() <= fds_before + 16
+        # Beyond the sockets it had, only the pools' own connections are still open.
+        assert server_process.num_fds() <= fds_before + sum(high for _, high in POOL_SIZES.values())
     finally:
         assert "Traceback" not in stop_server(process)
 

@@ -8,14 +8,14 @@ import logging
 from aiohttp import web
 
 from sqlkit import migrate
-from sqlkit.connection import AsyncDatabase, connect
+from sqlkit.connection import connect
 from sqlkit.errors import CourierError
 
 from . import configs, messages, metrics, openapi, push, topics
 from .auth import Authenticator
 from .input import BODY_SECONDS, BODY_TIMEOUT
 from .problems import ApiError, from_courier_error
-from .server import Server
+from .server import Server, role_pools
 from .wakeups import TopicWakeups
 
 log = logging.getLogger("courier.serve")
@@ -59,7 +59,7 @@ async def healthz(request: web.Request) -> web.Response:
 @routes.get("/readyz")
 async def readyz(request: web.Request) -> web.Response:
     """The database answers and its schema is this Courier's (no token: for load balancers)."""
-    dsn = Server.of(request).db.dsn
+    dsn = Server.of(request).dsn
 
     def check() -> bool:
         with connect(dsn, connect_timeout=5) as conn:
@@ -77,8 +77,8 @@ async def readyz(request: web.Request) -> web.Response:
 
 def make_app(dsn: str, *, max_body: int = DEFAULT_MAX_BODY,
              client_timeout: float = BODY_SECONDS) -> web.Application:
-    db = AsyncDatabase(dsn, min_size=1, max_size=16, application_name="courier-serve")
-    server = Server(db, Authenticator(db), TopicWakeups(db))
+    pools = role_pools(dsn)
+    server = Server(pools, Authenticator(pools[None]), TopicWakeups(pools[None]))
     app = web.Application(client_max_size=max_body, middlewares=[answer_errors])
     app[Server.KEY] = server
     app[BODY_TIMEOUT] = client_timeout
@@ -87,7 +87,7 @@ def make_app(dsn: str, *, max_body: int = DEFAULT_MAX_BODY,
         app.add_routes(module.routes)
 
     async def start(app: web.Application) -> None:
-        await db.open(timeout=30)
+        await server.open()
         server.wakeups.start()
 
     async def stop_polls(app: web.Application) -> None:
@@ -96,7 +96,7 @@ def make_app(dsn: str, *, max_body: int = DEFAULT_MAX_BODY,
         await server.wakeups.stop()
 
     async def stop(app: web.Application) -> None:
-        await db.close()
+        await server.close()
 
     app.on_startup.append(start)
     app.on_shutdown.append(stop_polls)

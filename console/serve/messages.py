@@ -80,8 +80,8 @@ async def enqueue_batch(request: web.Request, token: Token, body: dict[str, Any]
                for n, item in enumerate(body["messages"])]
     for item in checked:
         require(token, "enqueue", topic=item["topic"])
-    async with server.session("application") as conn:
-        ids = [await queries.fetch_value_async(conn, "pull_enqueue", _enqueue_params(item)) for item in checked]
+    async with server.session("application") as conn, conn.transaction():
+        ids = await queries.fetch_values_many_async(conn, "pull_enqueue", [_enqueue_params(item) for item in checked])
     return web.json_response({"ids": [str(i) for i in ids]}, status=201)
 
 
@@ -166,6 +166,9 @@ def _settle_one_route(verb: str) -> Any:
         if result["result"] == "lease_lost":
             raise ApiError(409, "lease_lost", f"message {result['id']}: the receipt's lease is no longer the "
                                               "message's (its visibility timeout passed and it was dequeued again)")
+        if result["result"] == "forbidden":
+            raise ApiError(403, "forbidden", f"token {token.name!r} may not consume the topic of message "
+                                             f"{result['id']}")
         if result["result"] == "not_found":
             raise ApiError(404, "not_found", f"message {result['id']} is not leased (acked, nacked or gone)")
         return web.json_response(result)
@@ -196,23 +199,14 @@ for _verb in SETTLE_ONE:
     routes.post(f"/api/messages/{_verb}")(_settle_batch_route(_verb))
 
 
-async def _settle(server: Server, token: Any, verb: str, ids: list[int], leases: list[int],
+async def _settle(server: Server, token: Token, verb: str, ids: list[int], leases: list[int],
                   body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Ack, nack or extend, after checking the token may consume each message's topic: the
-    topics are read as the server's own login, the rest of the transaction runs as the
-    application role."""
-    params: dict[str, Any] = {"ids": ids, "leases": leases}
-    query = {"ack": "pull_ack", "nack": "pull_nack", "extend": "pull_extend"}[verb]
-    if verb == "nack":
-        params["error"] = body.get("error")
-    if verb == "extend":
-        params["visibility_timeout"] = body["visibility_timeout_seconds"]
-    async with server.session(None) as conn:
-        topics = await queries.fetch_all_async(conn, "topic_of_messages", {"ids": ids})
-        for topic in {row["topic"] for row in topics}:
-            require(token, "consume", topic=topic)
-        await server.act_as(conn, "application")
-        rows = await queries.fetch_all_async(conn, query, params)
+    """Ack, nack or extend the messages of the topics the token may consume, in one call (one
+    of another topic is answered 'forbidden' and left alone)."""
+    params = {"verb": verb, "ids": ids, "leases": leases, "topics": token.topics_for("consume"),
+              "error": body.get("error"), "visibility_timeout": body.get("visibility_timeout_seconds")}
+    async with server.session("application") as conn:
+        rows = await queries.fetch_all_async(conn, "pull_settle", params)
     return [{"id": str(row["id"]), "result": row["result"],
-             **({"visible_until": row["visible_until"].isoformat()} if row.get("visible_until") else {})}
+             **({"visible_until": row["visible_until"].isoformat()} if row["visible_until"] else {})}
             for row in rows]

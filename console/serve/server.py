@@ -1,5 +1,10 @@
-"""What every route shares: the database pool, the authenticator, the long polls' wake-ups,
-and a session that runs as the role of what the request does."""
+"""What every route shares: a connection pool per database role, the authenticator, the long
+polls' wake-ups, and the topics' ids.
+
+Each role's pool runs `SET ROLE courier_<role>` once on each new connection, so a request is
+one round trip as the role of what it does (a function call in autocommit), not four (BEGIN,
+SET LOCAL ROLE, the call, COMMIT): an HTTP enqueue measured 2.5x slower than the SQL path
+that way. The server's own login (role None) only looks up tokens and topic ids."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 from aiohttp import web
+from psycopg import sql
 
 from sqlkit import queries
 from sqlkit.connection import AsyncDatabase
@@ -22,10 +28,25 @@ TOPIC_IDS_SECONDS = 10.0
 """How long a topic's id is remembered for its long polls (a topic dropped and made again
 gets a new id; until then its polls wake at their timeout)."""
 
+POOL_SIZES: dict[str | None, tuple[int, int]] = {"application": (2, 16), "monitor": (0, 2), "admin": (0, 2),
+                                                 None: (1, 2)}
+"""(fewest, most) connections of each role's pool; the LISTEN connection is one more."""
+
+
+def role_pools(dsn: str) -> dict[str | None, AsyncDatabase]:
+    def as_role(role: str) -> object:
+        async def configure(conn: psycopg.AsyncConnection) -> None:
+            await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(f"courier_{role}")))
+        return configure
+
+    return {role: AsyncDatabase(dsn, min_size=low, max_size=high, application_name="courier-serve",
+                                configure=as_role(role) if role else None)  # type: ignore[arg-type]
+            for role, (low, high) in POOL_SIZES.items()}
+
 
 @dataclass
 class Server:
-    db: AsyncDatabase
+    pools: dict[str | None, AsyncDatabase]
     auth: Authenticator
     wakeups: TopicWakeups
     _topic_ids: dict[str, tuple[int | None, float]] = field(default_factory=dict)
@@ -38,18 +59,24 @@ class Server:
     def of(cls, request: web.Request) -> Server:
         return request.app[cls.KEY]  # type: ignore[return-value]
 
+    @property
+    def dsn(self) -> str:
+        return self.pools[None].dsn
+
     @contextlib.asynccontextmanager
     async def session(self, role: str | None) -> AsyncIterator[psycopg.AsyncConnection]:
-        """A transaction run as courier_<role> (None: the server's own login, for lookups)."""
-        async with self.db.connection() as conn, conn.transaction():
-            if role is not None:
-                await self.act_as(conn, role)
+        """A connection as courier_<role> (None: the server's own login, for lookups), in
+        autocommit: one statement is one transaction; use conn.transaction() for more."""
+        async with self.pools[role].connection() as conn:
             yield conn
 
-    @staticmethod
-    async def act_as(conn: psycopg.AsyncConnection, role: str) -> None:
-        """The rest of the session's transaction runs as courier_<role>."""
-        await conn.execute(queries.query(f"as_{role}"))
+    async def open(self) -> None:
+        for pool in self.pools.values():
+            await pool.open(timeout=30)
+
+    async def close(self) -> None:
+        for pool in self.pools.values():
+            await pool.close()
 
     async def topic_id(self, topic: str) -> int:
         found = await self.find_topic(topic)

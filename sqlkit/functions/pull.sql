@@ -750,6 +750,49 @@ BEGIN
 END
 $$;
 
+-- Ack, nack or extend (p_verb) only the messages of topics p_topics (NULL: every topic), in one
+-- call: `courier serve` settles with the topics a token may consume, so a token's scope is
+-- checked in the same round trip as the settle. A message of another topic is left alone and
+-- answered 'forbidden'; the rest answer as ack(), nack() or extend_lease() do.
+CREATE OR REPLACE FUNCTION courier.settle_in_topics(p_verb text, p_ids bigint[], p_leases integer[],
+                                                    p_topics text[], p_error text DEFAULT NULL,
+                                                    p_visibility_timeout_seconds integer DEFAULT NULL)
+RETURNS TABLE (id bigint, result text, visible_until timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_outside bigint[];
+    v_ids bigint[];
+    v_leases integer[];
+BEGIN
+    IF p_verb IS NULL OR p_verb NOT IN ('ack', 'nack', 'extend') THEN
+        PERFORM courier._raise_invalid(format('verb must be ack, nack or extend, got %s', coalesce(p_verb, 'NULL')));
+    END IF;
+    PERFORM courier._require_pull_leases(p_ids, p_leases);
+    SELECT coalesce(array_agg(q.id), '{}') INTO v_outside
+    FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
+    WHERE q.id = ANY (p_ids) AND p_topics IS NOT NULL AND NOT (e.name = ANY (p_topics));
+    SELECT coalesce(array_agg(u.id ORDER BY u.n), '{}'), coalesce(array_agg(u.lease ORDER BY u.n), '{}')
+    INTO v_ids, v_leases
+    FROM unnest(p_ids, p_leases) WITH ORDINALITY AS u(id, lease, n)
+    WHERE NOT (u.id = ANY (v_outside));
+    RETURN QUERY SELECT o.id, 'forbidden'::text, NULL::timestamptz FROM unnest(v_outside) AS o(id);
+    IF cardinality(v_ids) = 0 AND cardinality(v_outside) > 0 THEN
+        RETURN;
+    END IF;
+    IF p_verb = 'ack' THEN
+        RETURN QUERY SELECT a.id, a.result, NULL::timestamptz FROM courier.ack(v_ids, v_leases) a;
+    ELSIF p_verb = 'nack' THEN
+        RETURN QUERY SELECT n.id, n.result, NULL::timestamptz FROM courier.nack(v_ids, v_leases, p_error) n;
+    ELSE
+        RETURN QUERY SELECT x.id, x.result, x.visible_until
+                     FROM courier.extend_lease(v_ids, v_leases, p_visibility_timeout_seconds) x;
+    END IF;
+END
+$$;
+
 -- Gives messages held under their leases back untouched: pending and due at once, no attempt
 -- counted and no error recorded, unlike a nack (the message was never worked on: a client
 -- that prefetched it is shutting down, say). Per id: 'released', 'lease_lost', 'not_found'.

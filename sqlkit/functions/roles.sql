@@ -87,6 +87,7 @@ GRANT EXECUTE ON FUNCTION
     courier.nack(bigint[], integer[], text),
     courier.nack(bigint, integer, text),
     courier.extend_lease(bigint[], integer[], integer),
+    courier.settle_in_topics(text, bigint[], integer[], text[], text, integer),
     courier.release(bigint[], integer[]),
     courier.receive(text, integer),
     courier.lock_received(text, bigint),
