@@ -570,7 +570,9 @@ SELECT courier.enqueue(%(topic)s, NULL, %(key)s, %(metadata)s, %(payload)s, NULL
                        %(ttl_seconds)s);
 
 -- name: pull_dequeue
-SELECT id, lease, payload, payload_binary, metadata, key, retry_count, max_retries, created_at, visible_until
+-- The payload as the bytes a client gets (a JSON payload as its text), not parsed and dumped again.
+SELECT id, lease, coalesce(payload_binary, convert_to(payload::text, 'UTF8')) AS payload, metadata, key,
+       retry_count, max_retries, created_at, visible_until
 FROM courier.dequeue(%(topic)s, %(count)s, %(visibility_timeout)s);
 
 -- name: pull_settle

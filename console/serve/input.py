@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 import math
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from .problems import ApiError, bad_request
@@ -51,7 +51,7 @@ async def json_object(request: web.Request, fields: dict[str, Callable[[str, Any
                        f"the request body is larger than the server takes ({request.client_max_size} bytes; "
                        "`courier serve --max-body`)") from None
     try:
-        body = json.loads(raw or b"{}")
+        body = orjson.loads(raw or b"{}")
     except (ValueError, RecursionError):
         raise ApiError(400, "invalid", "the body is not valid JSON") from None
     _check_depth(body)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 from typing import Any
 
 from aiohttp import web
@@ -30,7 +29,7 @@ from .input import (
     timestamp,
 )
 from .problems import ApiError, bad_request
-from .routing import api
+from .routing import api, reply
 from .server import Server
 from .wakeups import FULL_BATCH_WAKES
 
@@ -68,7 +67,7 @@ async def enqueue(request: web.Request, token: Token, body: dict[str, Any]) -> w
     require(token, "enqueue", topic=body["topic"])
     async with server.session("application") as conn:
         new_id = await queries.fetch_value_async(conn, "pull_enqueue", _enqueue_params(body))
-    return web.json_response({"id": str(new_id)}, status=201)
+    return reply({"id": str(new_id)}, status=201)
 
 
 @routes.post("/api/messages/batch")
@@ -82,7 +81,7 @@ async def enqueue_batch(request: web.Request, token: Token, body: dict[str, Any]
         require(token, "enqueue", topic=item["topic"])
     async with server.session("application") as conn, conn.transaction():
         ids = await queries.fetch_values_many_async(conn, "pull_enqueue", [_enqueue_params(item) for item in checked])
-    return web.json_response({"ids": [str(i) for i in ids]}, status=201)
+    return reply({"ids": [str(i) for i in ids]}, status=201)
 
 
 DEQUEUE = {"topic": text(), "count": integer(1, MAX_BATCH), "visibility_timeout_seconds": integer(1, 43_200),
@@ -98,7 +97,7 @@ async def dequeue(request: web.Request, token: Token, body: dict[str, Any]) -> w
     params = {"topic": body["topic"], "count": body["count"] or 1,
               "visibility_timeout": body["visibility_timeout_seconds"]}
     rows = await _poll(server, body["topic"], params, body["wait_seconds"] or 0.0)
-    return web.json_response({"messages": [_leased(row) for row in rows]})
+    return reply({"messages": [_leased(row) for row in rows]})
 
 
 async def _poll(server: Server, topic: str, params: dict[str, Any], wait: float) -> list[dict[str, Any]]:
@@ -135,11 +134,9 @@ async def _poll(server: Server, topic: str, params: dict[str, Any], wait: float)
 
 
 def _leased(row: dict[str, Any]) -> dict[str, Any]:
-    raw = row["payload_binary"] if row["payload_binary"] is not None else json.dumps(row["payload"]).encode()
-    return {"id": str(row["id"]), "receipt": str(row["lease"]), "payload": base64.b64encode(raw).decode(),
+    return {"id": str(row["id"]), "receipt": str(row["lease"]), "payload": base64.b64encode(row["payload"]).decode(),
             "metadata": row["metadata"], "key": row["key"], "retry_count": row["retry_count"],
-            "max_retries": row["max_retries"], "created_at": row["created_at"].isoformat(),
-            "visible_until": row["visible_until"].isoformat()}
+            "max_retries": row["max_retries"], "created_at": row["created_at"], "visible_until": row["visible_until"]}
 
 
 @described({"type": "string", "pattern": "^[0-9]{1,10}$",
@@ -171,7 +168,7 @@ def _settle_one_route(verb: str) -> Any:
                                              f"{result['id']}")
         if result["result"] == "not_found":
             raise ApiError(404, "not_found", f"message {result['id']} is not leased (acked, nacked or gone)")
-        return web.json_response(result)
+        return reply(result)
 
     settle.__doc__ = SETTLE_DOC[verb] + " (the receipt must be the message's current lease)."
     return settle
@@ -186,7 +183,7 @@ def _settle_batch_route(verb: str) -> Any:
                  for n, item in enumerate(body["messages"])]
         results = await _settle(Server.of(request), token, verb, [item["id"] for item in items],
                                 [item["receipt"] for item in items], body)
-        return web.json_response({"results": results})
+        return reply({"results": results})
 
     settle.__doc__ = SETTLE_DOC[verb] + ", each by its receipt; a result per message."
     return settle
@@ -208,5 +205,5 @@ async def _settle(server: Server, token: Token, verb: str, ids: list[int], lease
     async with server.session("application") as conn:
         rows = await queries.fetch_all_async(conn, "pull_settle", params)
     return [{"id": str(row["id"]), "result": row["result"],
-             **({"visible_until": row["visible_until"].isoformat()} if row["visible_until"] else {})}
+             **({"visible_until": row["visible_until"]} if row["visible_until"] else {})}
             for row in rows]

@@ -8,12 +8,19 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from sqlkit.tokens import Token
 
 from .input import Check, json_object
 from .server import Server
+
+
+def reply(data: Any, status: int = 200) -> web.Response:
+    """A JSON answer, made with orjson (datetimes as ISO 8601): the hot routes' bodies."""
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
 
 Handler = Callable[[web.Request, Token, dict[str, Any]], Awaitable[web.StreamResponse]]
 
