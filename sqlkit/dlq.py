@@ -137,6 +137,11 @@ def redrive_everything(conn: psycopg.Connection, endpoint: str | None, batch_siz
     return total
 
 
+def cleanup_due(conn: psycopg.Connection) -> int:
+    """How many entries cleanup() would delete now."""
+    return int(queries.fetch_value(conn, "dlq_cleanup_due") or 0)
+
+
 def cleanup(conn: psycopg.Connection) -> int:
     """Delete entries older than dlq_retention_days; returns how many."""
     return int(queries.fetch_value(conn, "cleanup_dlq") or 0)

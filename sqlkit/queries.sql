@@ -433,6 +433,9 @@ SELECT courier.redrive_all(%(batch_size)s);
 -- name: cleanup_dlq
 SELECT courier.cleanup_dlq();
 
+-- name: dlq_cleanup_due
+SELECT courier.dlq_cleanup_due();
+
 -- name: ping
 SELECT 1;
 

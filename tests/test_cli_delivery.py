@@ -61,9 +61,16 @@ def test_dlq_redrive_asks_first_and_needs_a_scope(courier, dead):
     assert courier("dlq", "redrive", "1", "--all").code == 2
 
 
-def test_dlq_cleanup(courier, dead):
+def test_dlq_cleanup_asks_first_as_redrive_does(courier, dead):
     dead.execute("UPDATE courier.dlq SET failed_at = now() - interval '40 days' WHERE endpoint_name = 'shipping'")
-    assert assert_ok(courier("dlq", "cleanup", "--json")).json() == {"deleted": 2}
+    before = scalar(dead, "SELECT count(*) FROM courier.dlq")
+    refused = courier("dlq", "cleanup", stdin="n\n")
+    assert refused.code == 1 and "Delete 2 DLQ entries" in refused.out and "Traceback" not in refused.err
+    assert scalar(dead, "SELECT count(*) FROM courier.dlq") == before  # nothing deleted
+    assert "deleted 2 DLQ entries" in assert_ok(courier("dlq", "cleanup", stdin="y\n")).out
+    dead.execute("UPDATE courier.dlq SET failed_at = now() - interval '40 days'")
+    assert assert_ok(courier("dlq", "cleanup", "--yes", "--json")).json() == {"deleted": before - 2}
+    assert "deleted 0 DLQ entries" in assert_ok(courier("dlq", "cleanup")).out  # nothing due: nothing to ask
 
 
 def test_reset_circuit_and_health(courier, conn):

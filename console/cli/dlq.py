@@ -123,11 +123,16 @@ def redrive(dlq_ids: tuple[int, ...], endpoint: str | None, everything: bool, ye
 
 
 @dlq_group.command("cleanup")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @common_options
-def cleanup() -> None:
-    """Delete entries older than dlq_retention_days."""
+def cleanup(yes: bool) -> None:
+    """Delete entries older than dlq_retention_days, after asking (as redrive does)."""
     with open_connection() as conn:
-        deleted = dlq.cleanup(conn)
+        due = dlq.cleanup_due(conn)
+        if due and not yes and not wants_json():
+            click.confirm(f"Delete {due} DLQ entr{'y' if due == 1 else 'ies'} older than dlq_retention_days "
+                          "for good?", abort=True)
+        deleted = dlq.cleanup(conn) if due else 0
     emit({"deleted": deleted}, lambda: console.print(f"deleted {deleted} DLQ entr{'y' if deleted == 1 else 'ies'}"))
 
 

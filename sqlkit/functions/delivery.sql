@@ -288,6 +288,17 @@ BEGIN
 END
 $$;
 
+-- When a DLQ entry becomes old enough for cleanup_dlq() to delete: failed before this.
+CREATE OR REPLACE FUNCTION courier._dlq_retention_cutoff() RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$ SELECT now() - make_interval(days => courier._setting_int('dlq_retention_days')::integer) $$;
+
+-- How many entries cleanup_dlq() would delete now (`courier dlq cleanup` asks with it first).
+CREATE OR REPLACE FUNCTION courier.dlq_cleanup_due() RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$ SELECT count(*) FROM courier.dlq WHERE failed_at < courier._dlq_retention_cutoff() $$;
+
 CREATE OR REPLACE FUNCTION courier.cleanup_dlq() RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
@@ -295,8 +306,7 @@ AS $$
 DECLARE
     v_deleted integer;
 BEGIN
-    DELETE FROM courier.dlq
-    WHERE failed_at < now() - make_interval(days => courier._setting_int('dlq_retention_days')::integer);
+    DELETE FROM courier.dlq WHERE failed_at < courier._dlq_retention_cutoff();
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
     IF v_deleted > 0 THEN
         PERFORM courier._log_event('dlq.cleanup', NULL, jsonb_build_object('deleted', v_deleted));
