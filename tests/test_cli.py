@@ -318,8 +318,9 @@ def test_config_set_refuses_a_reaper_schedule_for_a_day_that_never_comes(courier
     (["send", "billing", "{}", "--priority", "11"], "11 is not in the range 0<=x<=10"),
     (["send", "billing", '{"order": 1'], "not valid JSON"),
     (["endpoint", "create", "ftp-hook", "ftp", "{}"], "'ftp' is not one of"),
+    (["endpoint", "create", "events", "kafka", "{}"], "Kafka is not offered: no dispatcher delivers to it"),
     (["endpoint", "create", "bad-config", "http", "not json"], "not valid JSON"),
-], ids=["priority-11", "malformed-payload", "unknown-protocol", "malformed-config"])
+], ids=["priority-11", "malformed-payload", "unknown-protocol", "kafka", "malformed-config"])
 def test_usage_errors_exit_2_and_change_nothing(courier, conn, billing, args, fragment):
     assert_usage_error(courier(*args), fragment)
     assert queue_rows(conn) == 0
