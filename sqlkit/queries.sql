@@ -561,13 +561,6 @@ SELECT * FROM courier.api_tokens();
 -- name: authenticate_api_token
 SELECT * FROM courier.authenticate_api_token(%(secret_hash)s);
 
--- name: as_application
--- `courier serve` runs each request as the role of what it does (its login role is a member).
-SET LOCAL ROLE courier_application;
-
--- name: as_admin
-SET LOCAL ROLE courier_admin;
-
 -- name: pull_enqueue
 SELECT courier.enqueue(%(topic)s, NULL, %(key)s, %(metadata)s, %(payload)s, NULL, %(scheduled_at)s,
                        %(ttl_seconds)s);
@@ -586,9 +579,6 @@ FROM courier.settle_in_topics(%(verb)s, %(ids)s::bigint[], %(leases)s::integer[]
 
 -- name: topic_id
 SELECT id FROM courier.endpoints WHERE name = %(topic)s AND protocol = 'pull';
-
--- name: as_monitor
-SET LOCAL ROLE courier_monitor;
 
 -- name: http_topics
 SELECT * FROM courier.topics();

@@ -37,7 +37,6 @@ class Token:
             return False
         return endpoint is None or bool({"*", endpoint} & set(self.endpoints))
 
-
     def topics_for(self, action: str) -> list[str] | None:
         """The topics the token may `action` on: None for every topic, [] for none."""
         if "admin" in self.actions or (action in self.actions and "*" in self.topics):

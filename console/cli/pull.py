@@ -24,25 +24,26 @@ def topic_group() -> None:
     """Pull topics: endpoints with protocol pull, whose consumers take messages themselves."""
 
 
-LIMIT_OPTIONS = {
-    "max_retries": click.option("--max-retries", type=click.IntRange(0, 1000),
-                                help="Failed attempts retried before a message leaves the topic."),
-    "message_ttl_seconds": click.option("--ttl", "message_ttl_seconds", type=click.IntRange(0, 31_536_000),
-                                        help="Seconds a message lives from when it is due; 0: forever."),
-    "max_depth": click.option("--max-depth", type=click.IntRange(0, 2_147_483_647),
-                              help="Pending + processing messages allowed; enqueue past it is refused. "
-                                   "0: unlimited."),
-    "throughput_limit": click.option("--throughput-limit", type=click.FloatRange(0, 1_000_000),
-                                     help="Messages per second dequeue hands out; beyond it, dequeue returns "
-                                          "fewer. 0: unlimited."),
-    "dlq_threshold": click.option("--dlq-threshold", type=click.IntRange(0, 1000),
-                                  help="Failed attempts after which a message moves to NAME.dlq (at the latest "
-                                       "when its retries run out); 0: no DLQ, it ends failed."),
-    "visibility_timeout": click.option("--visibility-timeout", type=click.IntRange(1, 43_200),
-                                       help="Default seconds a dequeued message stays invisible to other "
-                                            "consumers."),
-}
-"""A topic's limits as options, one per sqlkit.pull.TOPIC_LIMITS, for create and alter."""
+LIMITS = (
+    ("max_retries", "max-retries", click.IntRange(0, 1000),
+     "Failed attempts retried before a message leaves the topic."),
+    ("message_ttl_seconds", "ttl", click.IntRange(0, 31_536_000),
+     "Seconds a message lives from when it is due; 0: forever."),
+    ("max_depth", "max-depth", click.IntRange(0, 2_147_483_647),
+     "Pending + processing messages allowed; enqueue past it is refused. 0: unlimited."),
+    ("throughput_limit", "throughput-limit", click.FloatRange(0, 1_000_000),
+     "Messages per second dequeue hands out; beyond it, dequeue returns fewer. 0: unlimited."),
+    ("dlq_threshold", "dlq-threshold", click.IntRange(0, 1000),
+     "Failed attempts after which a message moves to NAME.dlq (at the latest when its retries run out); "
+     "0: no DLQ, it ends failed."),
+    ("visibility_timeout", "visibility-timeout", click.IntRange(1, 43_200),
+     "Default seconds a dequeued message stays invisible to other consumers."),
+)
+"""A topic's limits, one per sqlkit.pull.TOPIC_LIMITS: (config key, option, type, help)."""
+LIMIT_OPTIONS = {key: click.option(f"--{flag}", key, type=kind, help=text) for key, flag, kind, text in LIMITS}
+"""The limits as options, for create and alter."""
+RESETTABLE = {flag: key for key, flag, _, _ in LIMITS}
+"""What `alter --reset` takes: an option's name, for its config key."""
 
 
 def limit_options(command: Any) -> Any:
@@ -69,11 +70,6 @@ def create(name: str, description: str | None, **limits: Any) -> None:
         topic_id = pull.create_topic(conn, name, config, description)
     emit({"id": topic_id, "topic": name, "config": config},
          lambda: console.print(f"created topic {name} (id {topic_id})", highlight=False))
-
-
-RESETTABLE = {"max-retries": "max_retries", "ttl": "message_ttl_seconds", "max-depth": "max_depth",
-              "throughput-limit": "throughput_limit", "dlq-threshold": "dlq_threshold",
-              "visibility-timeout": "visibility_timeout"}
 
 
 @topic_group.command("alter")

@@ -113,27 +113,26 @@ def integer(low: int, high: int) -> Callable[[str, Any], int]:
     return check
 
 
-def seconds(low: float, high: float) -> Callable[[str, Any], float]:
-    @described({"type": "number", "minimum": low, "maximum": high})
-    def check(name: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise bad_request(name, "must be a number of seconds")
-        if not low <= value <= high:
-            raise bad_request(name, f"must be between {low:g} and {high:g}, got {value:g}")
-        return float(value)
-    return check
-
-
-def number(low: float, high: float) -> Callable[[str, Any], float]:
+def number(low: float, high: float, what: str = "a number") -> Callable[[str, Any], float]:
     """A JSON number in range, kept as given (an integer stays one)."""
     @described({"type": "number", "minimum": low, "maximum": high})
     def check(name: str, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise bad_request(name, "must be a number")
+            raise bad_request(name, f"must be {what}")
         if not low <= value <= high:
             raise bad_request(name, f"must be between {low:g} and {high:g}, got {value:g}")
         return value
     return check
+
+
+def seconds(low: float, high: float) -> Callable[[str, Any], float]:
+    """A number of seconds in range, as a float."""
+    check = number(low, high, "a number of seconds")
+
+    @described(check.schema)  # type: ignore[attr-defined]
+    def as_float(name: str, value: Any) -> float:
+        return float(check(name, value))
+    return as_float
 
 
 @described({"type": "string", "contentEncoding": "base64"})
