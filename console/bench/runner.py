@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from console import extras
+
 from .brokers import dispatch_amqp, dispatch_mqtt, dispatch_nats, dispatch_redis
 from .churn import churn
 from .console import console_panes
@@ -40,10 +42,18 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
+# Scenarios that need an optional part of Courier: checked before the scratch database is made.
+NEEDS_EXTRA = {"dispatch-redis": "redis", "dispatch-amqp": "amqp", "dispatch-mqtt": "mqtt",
+               "dispatch-nats": "nats", "spark": "spark"}
+
+
 def run(names: list[str], dsn: str, *, clients: int, seconds: float, rounds: int,
         options: dict[str, dict[str, object]] | None = None,
         progress: Callable[[str], None] = lambda _: None) -> list[ScenarioResult]:
     """Run each scenario by name; options[name] holds keyword arguments of that scenario's own."""
+    for name in names:
+        if name in NEEDS_EXTRA:
+            extras.require(NEEDS_EXTRA[name], f"courier bench {name}")
     results: list[ScenarioResult] = []
     with scratch_database(dsn) as bench_dsn:
         for name in names:

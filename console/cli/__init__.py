@@ -63,6 +63,7 @@ def _register() -> None:
         db,
         demo,
         dlq,
+        doctor,
         endpoint,
         events,
         metrics,
@@ -76,7 +77,7 @@ def _register() -> None:
     )
 
     for module in (db, endpoint, send, pubsub, pull, config, worker, status, dlq, archive, metrics, events, bench,
-                   demo, console, pipeline, serve):
+                   demo, console, pipeline, serve, doctor):
         for command in module.COMMANDS:
             main.add_command(command)
 

@@ -12,7 +12,8 @@ from sqlkit import endpoints, observability
 from sqlkit.endpoints import Endpoint
 from sqlkit.errors import NotFound
 
-from .context import common_options, console, emit, open_connection, parse_json_object, when
+from ..extras import for_protocol
+from .context import common_options, console, emit, error_console, open_connection, parse_json_object, when
 
 PROTOCOLS = ["http", "redis", "amqp", "mqtt", "nats", "noop", "pull"]
 """What a worker delivers to (or, for pull, what consumers take from)."""
@@ -51,8 +52,21 @@ def create(name: str, protocol: str, config: str, retry_policy: str | None,
     policy = parse_json_object(retry_policy, "--retry-policy") if retry_policy else None
     with open_connection() as conn:
         endpoint_id = endpoints.create(conn, name, protocol, config_doc, policy, description)
-    emit({"id": endpoint_id, "name": name, "protocol": protocol},
-         lambda: console.print(f"created endpoint {name} (id {endpoint_id}, {protocol})", highlight=False))
+    created: dict[str, object] = {"id": endpoint_id, "name": name, "protocol": protocol}
+    warning = _undeliverable_warning(protocol)
+    if warning:
+        # Created all the same: a worker on another host may have the extra.
+        created["warning"] = warning
+        error_console.print(f"warning: {warning}", highlight=False, soft_wrap=True)
+    emit(created, lambda: console.print(f"created endpoint {name} (id {endpoint_id}, {protocol})", highlight=False))
+
+
+def _undeliverable_warning(protocol: str) -> str | None:
+    extra = for_protocol(protocol)
+    if extra is None or extra.installed():
+        return None
+    return (f"a worker of this install cannot deliver to {protocol} endpoints ({', '.join(extra.missing_modules())} "
+            f"missing): its messages wait until a worker with the extra runs; install it with {extra.install}")
 
 
 @endpoint_group.command("list")

@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection
 
 from sqlkit.messages import ClaimedMessage
 
+from ..extras import for_protocol
 from .capacity import Capacity
 from .dispatchers import Dispatcher, Target, dispatcher_for
 from .faults import call_with_retry, one_line
@@ -65,7 +66,13 @@ class Deliveries:
         if protocol not in self._dispatchers:
             self._dispatchers[protocol] = dispatcher_for(protocol, self._db_settings())
             if self._dispatchers[protocol] is None:
-                log.warning("no dispatcher for protocol; its messages stay queued", extra={"protocol": protocol})
+                extra = for_protocol(protocol)
+                if extra is not None and not extra.installed():
+                    log.warning("this install cannot deliver to %s endpoints: their messages stay queued until "
+                                "a worker with the %s extra serves them (%s)", protocol, extra.name, extra.install,
+                                extra={"protocol": protocol})
+                else:
+                    log.warning("no dispatcher for protocol; its messages stay queued", extra={"protocol": protocol})
         return self._dispatchers[protocol]
 
     async def refresh(self, serving: Collection[int]) -> None:

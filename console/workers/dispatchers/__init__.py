@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Protocol
 
 from sqlkit.messages import ClaimedMessage
 
+from ...extras import for_protocol
 from ..outcome import Outcome
 
 BROKER_PROTOCOLS = ("redis", "amqp", "mqtt", "nats")
@@ -58,7 +59,11 @@ class BaseDispatcher:
 
 
 def dispatcher_for(protocol: str, settings: dict[str, str]) -> Dispatcher | None:
-    """A new dispatcher for protocol, or None where this build cannot deliver it yet."""
+    """A new dispatcher for protocol, or None where this install cannot deliver it (an unknown
+    protocol, or a broker whose client's extra is not installed)."""
+    extra = for_protocol(protocol)
+    if extra is not None and not extra.installed():
+        return None
     if protocol == "noop":
         from .noop import NoopDispatcher
         return NoopDispatcher()
