@@ -1,6 +1,10 @@
 """The base of every dialog that changes the database: its submit runs one change in a thread,
 and PostgreSQL's own validation speaks through an error line inside the dialog, which stays
-open with nothing stored."""
+open with nothing stored.
+
+The fields scroll; the error line and the buttons are docked below them, so at 80x24 (the
+smallest terminal the console supports) the database's answer and Save are always in sight.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import psycopg
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
@@ -21,18 +25,23 @@ from ...literal import literal
 
 
 class DatabaseForm(ModalScreen[Any]):
-    """Subclasses compose their fields, error_line() and buttons(), and implement action_submit."""
+    """Subclasses yield their fields from fields(), set SUBMIT_LABEL, and implement action_submit."""
 
+    SUBMIT_LABEL: ClassVar[str] = "Save"
     DEFAULT_CSS = """
     DatabaseForm { align: center middle; }
-    DatabaseForm > VerticalScroll {
+    DatabaseForm > #dialog {
         width: 76; max-width: 100%; height: auto; max-height: 100%;
         border: thick $accent; background: $surface; padding: 0 1;
     }
+    DatabaseForm #form-body { height: auto; max-height: 100%; }
+    DatabaseForm #form-footer { dock: bottom; height: auto; }
     DatabaseForm Label.field { margin-top: 1; color: $text-muted; }
+    DatabaseForm .hint { color: $text-muted; }
     DatabaseForm TextArea { height: 5; }
-    DatabaseForm .form-error { color: $error; text-style: bold; height: auto; margin-top: 1; }
-    DatabaseForm Horizontal { height: auto; align-horizontal: right; margin-top: 1; }
+    DatabaseForm #form-error { color: $text-error; text-style: bold; height: auto; display: none; }
+    DatabaseForm #form-error.shown { display: block; }
+    DatabaseForm Horizontal.buttons { height: auto; align-horizontal: right; margin-top: 1; }
     DatabaseForm Button { margin-left: 2; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -40,16 +49,23 @@ class DatabaseForm(ModalScreen[Any]):
         Binding("ctrl+s", "submit", "Save", id="form.save"),
     ]
 
-    def error_line(self) -> Static:
-        return Static("", classes="form-error", id="form-error")
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            with Vertical(id="form-footer"):
+                yield Static("", id="form-error")
+                with Horizontal(classes="buttons"):
+                    yield Button("Cancel (esc)", id="cancel", compact=True)
+                    yield Button(f"{self.SUBMIT_LABEL} (ctrl+s)", id="submit", variant="primary", compact=True)
+            with VerticalScroll(id="form-body"):
+                yield from self.fields()
 
-    def buttons(self, submit_label: str, *, compact: bool = False) -> ComposeResult:
-        with Horizontal(classes="buttons"):
-            yield Button("Cancel (esc)", id="cancel", compact=compact)
-            yield Button(f"{submit_label} (ctrl+s)", id="submit", variant="primary", compact=compact)
+    def fields(self) -> ComposeResult:
+        raise NotImplementedError
 
     def show_error(self, text: str) -> None:
-        self.query_one("#form-error", Static).update(literal(text, lines=True))
+        error = self.query_one("#form-error", Static)
+        error.update(literal(text, lines=True))
+        error.set_class(bool(text), "shown")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

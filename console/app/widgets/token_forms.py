@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
@@ -33,6 +33,7 @@ def parse_names(text: str) -> list[str]:
 
 
 class CreateTokenForm(DatabaseForm):
+    SUBMIT_LABEL = "Create"
     DEFAULT_CSS = """
     CreateTokenForm #token-fields {
         grid-size: 2; grid-columns: 10 1fr; grid-gutter: 1 1; grid-rows: 1; height: auto; margin-top: 1;
@@ -41,28 +42,25 @@ class CreateTokenForm(DatabaseForm):
     CreateTokenForm #token-fields Input:focus { background: $primary 30%; }
     CreateTokenForm #actions { height: 1; margin-top: 0; align-horizontal: left; }
     CreateTokenForm #actions Checkbox { margin-right: 1; }
-    CreateTokenForm .hint { color: $text-muted; margin-top: 1; }
+    CreateTokenForm .hint { margin-top: 1; }
     """
 
-    def compose(self) -> ComposeResult:
-        with VerticalScroll():
-            yield Label("New API token", classes="title")
-            with Grid(id="token-fields"):
-                yield Label("name")
-                yield Input(placeholder="ci-deploy (letters, digits, _ . : -)", compact=True, id="name")
-                yield Label("can")
-                with Horizontal(id="actions"):
-                    for action in tokens.ACTIONS:
-                        yield Checkbox(action, compact=True, id=f"can-{action}")
-                yield Label("topics")
-                yield Input(placeholder="orders, billing (* for every topic)", compact=True, id="topics")
-                yield Label("endpoints")
-                yield Input(placeholder="push endpoints it may send to (* for every one)", compact=True,
-                            id="endpoints")
-            yield Static("admin: everything, every topic and endpoint. The secret is shown once.",
-                         classes="hint")
-            yield self.error_line()
-            yield from self.buttons("Create", compact=True)
+    def fields(self) -> ComposeResult:
+        yield Label("New API token", classes="title")
+        with Grid(id="token-fields"):
+            yield Label("name")
+            yield Input(placeholder="ci-deploy (letters, digits, _ . : -)", compact=True, id="name")
+            yield Label("can")
+            with Horizontal(id="actions"):
+                for action in tokens.ACTIONS:
+                    yield Checkbox(action, compact=True, id=f"can-{action}")
+            yield Label("topics")
+            yield Input(placeholder="orders, billing (* for every topic)", compact=True, id="topics")
+            yield Label("endpoints")
+            yield Input(placeholder="push endpoints it may send to (* for every one)", compact=True,
+                        id="endpoints")
+        yield Static("admin: everything, every topic and endpoint. The secret is shown once.",
+                     classes="hint")
 
     def on_mount(self) -> None:
         self.query_one("#name", Input).focus()

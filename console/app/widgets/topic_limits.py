@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 from textual.app import ComposeResult
-from textual.containers import Grid, VerticalScroll
+from textual.containers import Grid
 from textual.widgets import Input, Label, Static
 
 from sqlkit import endpoints, pull, settings
@@ -86,7 +86,6 @@ class TopicLimitsForm(DatabaseForm):
     }
     TopicLimitsForm #limits Input { background: $boost; }
     TopicLimitsForm #limits Input:focus { background: $primary 30%; }
-    TopicLimitsForm .hint { color: $text-muted; }
     TopicLimitsForm #limits-help { color: $text-muted; margin-top: 1; }
     """
 
@@ -94,21 +93,18 @@ class TopicLimitsForm(DatabaseForm):
         super().__init__()
         self.limits = limits
 
-    def compose(self) -> ComposeResult:
-        with VerticalScroll():
-            yield Label(literal(f"Limits of topic {self.limits.topic}"), classes="title")
-            yield Static("Blank: the global default (greyed). Applies to the next send or take.",
-                         id="limits-help")
-            with Grid(id="limits"):
-                for limit in LIMITS:
-                    default = self.limits.defaults.get(limit.setting)
-                    shown = _shown(self.limits.overrides.get(limit.key))
-                    yield Label(limit.key, classes="name")
-                    yield Input(shown, placeholder=default.value if default else "default", compact=True,
-                                id=limit.key)
-                    yield Label(literal(self._hint(limit, default)), classes="hint")
-            yield self.error_line()
-            yield from self.buttons("Save", compact=True)
+    def fields(self) -> ComposeResult:
+        yield Label(literal(f"Limits of topic {self.limits.topic}"), classes="title")
+        yield Static("Blank: the global default (greyed). Applies to the next send or take.",
+                     id="limits-help")
+        with Grid(id="limits"):
+            for limit in LIMITS:
+                default = self.limits.defaults.get(limit.setting)
+                shown = _shown(self.limits.overrides.get(limit.key))
+                yield Label(limit.key, classes="name")
+                yield Input(shown, placeholder=default.value if default else "default", compact=True,
+                            id=limit.key)
+                yield Label(literal(self._hint(limit, default)), classes="hint")
 
     @staticmethod
     def _hint(limit: Limit, default: Setting | None) -> str:
