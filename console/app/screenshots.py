@@ -27,9 +27,13 @@ SIZE = (110, 32)
 EXAMPLE_SECRET = "courier_EXAMPLE-not-a-real-secret-0123456789abcdefghi"
 
 
-def _pane(name: str, *keys: str) -> Callable[[Pilot], Awaitable[None]]:
-    async def before(pilot: Pilot) -> None:
+def _pane(name: str, *keys: str, history: int = 0) -> Callable[[Pilot, str], Awaitable[None]]:
+    """Open a pane, play `history` polls of the showcase's recent past in it (its charts and
+    rates come from those), then press keys."""
+    async def before(pilot: Pilot, dsn: str) -> None:
         await showcase.open_pane(pilot, name)
+        if history:
+            await showcase.play_history(pilot, dsn, history)
         for key in keys:
             await pilot.press(key)
             await pilot.pause(0.3)
@@ -37,18 +41,18 @@ def _pane(name: str, *keys: str) -> Callable[[Pilot], Awaitable[None]]:
     return before
 
 
-async def _token_secret(pilot: Pilot) -> None:
+async def _token_secret(pilot: Pilot, dsn: str) -> None:
     await showcase.open_pane(pilot, "tokens")
     pilot.app.push_screen(TokenSecretModal(NewToken("ci-deploy", EXAMPLE_SECRET)))
     await pilot.pause(0.3)
     await showcase.steady(pilot)
 
 
-SHOTS: dict[str, Callable[[Pilot], Awaitable[None]]] = {
-    "overview": _pane("overview"),
-    "endpoints": _pane("endpoints"),
-    "endpoint-create": _pane("endpoints", "n"),
-    "topic-limits": _pane("endpoints", *["down"] * 5, "l"),
+SHOTS: dict[str, Callable[[Pilot, str], Awaitable[None]]] = {
+    "overview": _pane("overview", history=showcase.HISTORY_STEPS),
+    "endpoints": _pane("endpoints", history=1),
+    "endpoint-create": _pane("endpoints", "n", history=1),
+    "topic-limits": _pane("endpoints", *["down"] * 5, "l", history=1),
     "messages": _pane("messages"),
     "message-detail": _pane("messages", "enter"),
     "dlq": _pane("dlq"),
@@ -70,7 +74,7 @@ def take(dsn: str, name: str, size: tuple[int, int] = SIZE) -> str:
     before = SHOTS[name]
 
     async def auto_pilot(pilot: Pilot) -> None:
-        await before(pilot)
+        await before(pilot, dsn)
         await pilot.pause(0.2)
         await pilot.wait_for_scheduled_animations()
         app.exit(app.export_screenshot(title=f"courier · {name}"))

@@ -1,9 +1,13 @@
 """The showcase: a deterministic queue for screenshots and snapshot tests, and the fixed
-clock and time zone the console is shown with, so every picture is the same each time."""
+clock and time zone the console is shown with, so every picture is the same each time.
+
+The queue has a recent past too (showcase_history.sql): play_history walks the console
+through its last five minutes, poll by poll, so the Overview's charts and every "delivered"
+rate are drawn from what the console read, as they are in use."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 
 import psycopg
@@ -13,6 +17,8 @@ from sqlkit.connection import connect
 
 NOW = datetime(2026, 11, 2, 12, 0, 0, tzinfo=UTC)
 ARCHIVE_MONTHS = ((2026, 9), (2026, 10), (2026, 11), (2026, 12))
+HISTORY_STEPS = 30  # polls of the recent past, HISTORY_STEP apart, the last at NOW
+HISTORY_STEP = timedelta(seconds=10)
 
 
 def fixed_clock() -> datetime:
@@ -53,6 +59,41 @@ def _archive(conn: psycopg.Connection) -> None:
                '2026-09-01 00:00+00'::timestamptz + g * interval '3 minutes' + interval '5 seconds',
                CASE WHEN g % 20 = 0 THEN '[RETRYABLE] HTTP 503 Service Unavailable (max retries exceeded)' END
         FROM generate_series(0, 29000) g""")
+
+
+def rewind(conn: psycopg.Connection, steps: int) -> None:
+    """Put the queue where it stood steps * HISTORY_STEP before NOW (0: the showcase itself)."""
+    with psycopg.ClientCursor(conn) as cursor:  # several statements, one set of parameters
+        cursor.execute(resources.files("console.app").joinpath("showcase_history.sql").read_text(encoding="utf-8"),
+                       {"n": steps, "now": NOW})
+    conn.commit()
+
+
+async def play_history(pilot, dsn: str, steps: int = HISTORY_STEPS, timeout: float = 15.0) -> None:
+    """Poll the pane on display once per step of the showcase's recent past, its clock at each
+    step's moment, ending at NOW with the showcase as seeded."""
+    import asyncio
+
+    app = pilot.app
+    pane = app.pane
+    clock = app.clock
+    loop = asyncio.get_running_loop()
+    try:
+        with connect(dsn) as conn:
+            for n in range(steps, -1, -1):
+                rewind(conn, n)
+                moment = NOW - n * HISTORY_STEP
+                app.clock = lambda moment=moment: moment
+                pane.poll_now()
+                deadline = loop.time() + timeout
+                while pane._polling:
+                    if loop.time() > deadline:
+                        raise TimeoutError(f"pane {pane.id} did not poll within {timeout} s")
+                    await pilot.pause(0.01)
+    finally:
+        app.clock = clock
+    await pilot.pause(0.05)
+    await pilot.wait_for_scheduled_animations()
 
 
 async def open_pane(pilot, name: str, timeout: float = 15.0) -> None:

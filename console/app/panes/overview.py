@@ -4,6 +4,7 @@ message, DLQ depth and workers."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,7 +24,9 @@ from ..rates import DeliveryRates
 from ..widgets.chart import Chart
 from ..widgets.live_table import LiveTable
 
-HISTORY = 120  # samples kept for the charts (4 minutes at the default 2 s poll)
+WINDOW_SECONDS = 300.0  # the charts show the last five minutes
+HISTORY = 300  # samples kept for them: five minutes at the default 2 s poll, with room to spare
+NICE_STEPS = (1, 1.5, 2, 3, 4, 5, 6, 8, 10)
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,8 @@ class OverviewPane(LivePane):
         width: 1fr; height: 3; border: round $primary-muted; padding: 0 1; content-align: center middle;
         border-title-color: $text-muted; border-title-align: left;
     }
-    OverviewPane #charts { height: 9; }
-    OverviewPane Chart { width: 1fr; height: 9; }
-    OverviewPane #overview-endpoints { height: 1fr; }
+    OverviewPane #charts { height: 1fr; min-height: 9; }
+    OverviewPane Chart { width: 1fr; height: 100%; }
     """
 
     def __init__(self, **kwargs) -> None:
@@ -79,9 +81,16 @@ class OverviewPane(LivePane):
 
     def show(self, data: OverviewData) -> None:
         now = self.courier.clock()
+        protocols = {h.endpoint_name: h.protocol for h in data.health}
         self.rates.update(data.totals, now)
         depth = data.status.queue_depth
         delivered = sum(t.delivered for t in data.totals.values())
+        if self.samples and now <= self.samples[-1].at:
+            # Two polls at one instant (a fixed clock) keep the later; a clock set back starts over.
+            if now < self.samples[-1].at:
+                self.samples.clear()
+            else:
+                self.samples.pop()
         self.samples.append(Sample(now, delivered, depth.get("pending", 0), depth.get("processing", 0)))
         oldest = min((h.oldest_pending_message for h in data.health if h.oldest_pending_message), default=None)
         colors = self.app.get_css_variables()
@@ -97,7 +106,8 @@ class OverviewPane(LivePane):
         self._draw_charts()
         table = self.query_one("#overview-endpoints", LiveTable)
         table.sync(
-            (e.endpoint, [e.endpoint, state_text(e.circuit if e.enabled else "disabled", colors), count(e.pending),
+            (e.endpoint, [e.endpoint, self._circuit(e.circuit, e.enabled, protocols.get(e.endpoint), colors),
+                          count(e.pending),
                           count(e.processing), count(e.dlq_failed), rate(self.rates.of(e.endpoint))])
             for e in data.status.endpoints)
 
@@ -108,20 +118,76 @@ class OverviewPane(LivePane):
         text.justify = "center"
         tile.update(text)
 
+    @staticmethod
+    def _circuit(circuit: str, enabled: bool, protocol: str | None, colors: dict[str, str]) -> Text:
+        if not enabled:
+            return state_text("disabled", colors)
+        if protocol == "pull":  # a topic: consumers take its messages, no circuit guards them
+            return Text("—", style="dim")
+        return state_text(circuit, colors)
+
     def _draw_charts(self) -> None:
-        samples = list(self.samples)
-        now = samples[-1].at
-        xs = [(s.at - now).total_seconds() for s in samples]
-        throughput = [0.0] + [max(0, b.delivered - a.delivered) / max((b.at - a.at).total_seconds(), 1e-9)
-                              for a, b in itertools.pairwise(samples)]
-        for widget_id, title, series in (
-            ("#throughput-chart", "delivered/s", [("delivered", throughput)]),
-            ("#depth-chart", "depth", [("pending", [s.pending for s in samples]),
-                                       ("in flight", [s.processing for s in samples])]),
-        ):
-            def draw(plt, title=title, series=series) -> None:
-                plt.title(title)
-                for label, ys in series:
-                    plt.plot(xs, ys, label=label if len(series) > 1 else None, marker="braille")
-                plt.xlabel("seconds ago")
-            self.query_one(widget_id, Chart).replot(draw)
+        """Both charts over the samples of the last WINDOW_SECONDS: the x axis in minutes
+        before now, the y axis from 0 to a round number above the highest value. Until there
+        are two points to join, each chart says it is collecting instead of drawing axes
+        around nothing."""
+        now = self.samples[-1].at
+        samples = [s for s in self.samples if (now - s.at).total_seconds() <= WINDOW_SECONDS]
+        # A rate needs two polls; the counters only grow, so a drop (a reset) counts as 0.
+        rates = [((b.at - now).total_seconds(),
+                  max(0, b.delivered - a.delivered) / (b.at - a.at).total_seconds())
+                 for a, b in itertools.pairwise(samples) if b.at > a.at]
+        depth_xs = [(s.at - now).total_seconds() for s in samples]
+        throughput = self.query_one("#throughput-chart", Chart)
+        if len(rates) < 2:
+            throughput.wait("delivered/s")
+        else:
+            xs, ys = zip(*rates, strict=True)
+            throughput.replot(lambda plt: _line_chart(plt, "delivered/s", list(xs), [("delivered", list(ys))],
+                                                      span=-depth_xs[0], per_second=True))
+        depth = self.query_one("#depth-chart", Chart)
+        if len(samples) < 2:
+            depth.wait("depth")
+        else:
+            depth.replot(lambda plt: _line_chart(plt, "depth", depth_xs, [
+                ("pending", [s.pending for s in samples]), ("in flight", [s.processing for s in samples])],
+                span=-depth_xs[0]))
+
+
+def _nice_top(value: float) -> float:
+    """The smallest round number (NICE_STEPS times a power of ten) at or above value; 1 for 0."""
+    if value <= 0:
+        return 1.0
+    scale = 10 ** math.floor(math.log10(value))
+    return next(step * scale for step in NICE_STEPS if step * scale >= value)
+
+
+def _tick(value: float) -> str:
+    return count(value) if value == int(value) else f"{value:g}"
+
+
+def _ago(seconds: float) -> str:
+    seconds = round(-seconds)
+    if seconds == 0:
+        return "now"
+    if seconds < 60:
+        return f"-{seconds}s"
+    return f"-{seconds // 60}m" + (f"{seconds % 60:02d}s" if seconds % 60 else "")
+
+
+def _line_chart(plt, title: str, xs: list[float], series: list[tuple[str, list[float]]], *, span: float,
+                per_second: bool = False) -> None:
+    """Lines over the last span seconds (xs are seconds before now, so 0 or less)."""
+    plt.title(title)
+    for label, ys in series:
+        plt.plot(xs, ys, label=label if len(series) > 1 else None, marker="braille")
+    top = _nice_top(max(max(ys) for _, ys in series))
+    if not per_second:
+        top = max(top, 2)  # whole messages: no tick at half of one
+    plt.ylim(0, top)
+    plt.yticks([0, top / 2, top], [_tick(v) for v in (0, top / 2, top)])
+    span = max(span, 1.0)
+    step = next((s for s in (10, 30, 60, 120, 300) if span / s <= 5), 600)
+    ticks = [-step * n for n in range(int(span // step), -1, -1)]
+    plt.xlim(-span, 0)
+    plt.xticks(ticks, [_ago(t) for t in ticks])
