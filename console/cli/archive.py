@@ -12,7 +12,7 @@ from rich.table import Table
 from sqlkit import archive
 from sqlkit.archive import ReplayRange
 
-from .context import common_options, console, emit, open_connection, wants_json
+from .context import common_options, console, emit, field_names, machine_output, open_connection, print_table
 
 REPLAY_BATCH = 1000
 STATUSES = ["completed", "failed", "expired"]
@@ -44,9 +44,9 @@ def partitions(exact: bool) -> None:
         for row in rows:
             table.add_row(row["partition_name"], _day(row["range_from"]), _day(row["range_to"]),
                           f"{row['rows']:,}", decimal(row["total_bytes"]))
-        console.print(table)
+        print_table(table)
 
-    emit(rows, render)
+    emit(rows, render, columns=[*field_names(archive.ArchivePartition), "rows"])
 
 
 @archive_group.command("replay")
@@ -84,11 +84,11 @@ def replay(endpoint: str, from_ts: datetime, to_ts: datetime, status: str | None
             emit({**summary, "would_replay": total}, lambda: console.print(
                 f"would replay {total:,} message(s) of {endpoint}{notes}", highlight=False))
             return
-        if total and not yes and not wants_json():
+        if total and not yes and not machine_output():
             click.confirm(f"Replay {total:,} message(s) of {endpoint}{_resume_note(resumed)}?", abort=True)
         done = 0
         with Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, disable=wants_json() or total == 0) as progress:
+                      console=console, disable=machine_output() or total == 0) as progress:
             task = progress.add_task("replay", total=total)
             finished = False
             while not finished:

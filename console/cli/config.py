@@ -9,7 +9,7 @@ from rich.text import Text
 from sqlkit import settings
 
 from ..literal import literal, printable
-from .context import common_options, console, emit, open_connection
+from .context import common_options, console, emit, open_connection, output_format, print_table
 
 
 @click.group("config")
@@ -24,7 +24,7 @@ def get(name: str | None) -> None:
     """Show one setting, or all of them."""
     with open_connection() as conn:
         found = [settings.get(conn, name)] if name else settings.list_all(conn)
-    if name and not click.get_current_context().meta.get("courier.json"):
+    if name and output_format() == "table":
         click.echo(found[0].value)
         return
 
@@ -33,7 +33,8 @@ def get(name: str | None) -> None:
         table.add_column("name", no_wrap=True)
         table.add_column("value", no_wrap=True)
         table.add_column("allowed", no_wrap=True)
-        wide = console.width >= 120  # descriptions only fit beside the rest on a wide terminal
+        # Descriptions only fit beside the rest on a wide terminal; piped, the table is as wide as it needs.
+        wide = console.width >= 120 or not console.is_terminal
         if wide:
             table.add_column("description", ratio=1)
         for s in found:
@@ -41,9 +42,9 @@ def get(name: str | None) -> None:
                      if s.value != s.default_value else s.value)
             cells = [s.name, value, f"{s.allowed} {s.unit or ''}".strip()]
             table.add_row(*cells, *([s.description] if wide else []))
-        console.print(table)
+        print_table(table)
 
-    emit(found[0] if name else found, render)
+    emit(found[0] if name else found, render, columns=settings.Setting)
 
 
 @config_group.command("set", context_settings={"ignore_unknown_options": True})

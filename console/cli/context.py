@@ -1,4 +1,4 @@
-"""What every subcommand shares: --dsn and --json, the database connection, and output."""
+"""What every subcommand shares: --dsn and --output (--json), the database connection, and output."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import dataclasses
 import json
 import math
 import sys
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -15,13 +16,17 @@ from uuid import UUID
 
 import click
 import psycopg
+from rich.console import Group
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
 
 from sqlkit import embedded
 from sqlkit.connection import connect
 from sqlkit.dsn import resolve_dsn
 from sqlkit.errors import DatabaseUnavailable, SchemaMissing
 
-from ..literal import LiteralConsole
+from ..literal import LiteralConsole, printable
 
 # Everything printed may hold stored text: both consoles show strings literally.
 console = LiteralConsole()
@@ -43,20 +48,56 @@ def dsn_option(func: Callable[..., Any]) -> Callable[..., Any]:
     )(func)
 
 
+OUTPUTS = ("table", "tsv", "json")
+"""What --output takes: table (for people), tsv (a header row, then one tab-separated row per
+record) and json."""
+
+
+def _remember_output(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    chosen = ("json" if value else None) if param.name == "as_json" else value
+    if chosen:
+        earlier = ctx.meta.get("courier.output")
+        if earlier and earlier != chosen:
+            other = earlier if chosen == "json" else chosen
+            raise click.UsageError(f"--json is --output json; it cannot be combined with --output {other}", ctx)
+        ctx.meta["courier.output"] = chosen
+    return value
+
+
 def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--json", "as_json", is_flag=True, expose_value=False, callback=_remember("json"),
-        is_eager=True, help="Print machine-readable JSON instead of tables.",
+    """--output/-o table|tsv|json, with --json kept as the alias of --output json."""
+    func = click.option(
+        "-o", "--output", "output", type=click.Choice(OUTPUTS, case_sensitive=False), expose_value=False,
+        callback=_remember_output, is_eager=True,
+        help="table (default), tsv (a header row, then one tab-separated row per record, with tabs, newlines "
+             "and backslashes escaped as \\t, \\n, \\\\) or json.",
     )(func)
+    return click.option(
+        "--json", "as_json", is_flag=True, expose_value=False, callback=_remember_output,
+        is_eager=True, help="Same as --output json.",
+    )(func)
+
+
+output_options = json_option
 
 
 def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return dsn_option(json_option(func))
 
 
-def wants_json(ctx: click.Context | None = None) -> bool:
+def output_format(ctx: click.Context | None = None) -> str:
+    """table, tsv or json: what --output (or --json) asked for."""
     ctx = ctx or click.get_current_context(silent=True)
-    return bool(ctx and ctx.meta.get("courier.json"))
+    return str(ctx.meta.get("courier.output", "table")) if ctx else "table"
+
+
+def wants_json(ctx: click.Context | None = None) -> bool:
+    return output_format(ctx) == "json"
+
+
+def machine_output(ctx: click.Context | None = None) -> bool:
+    """True under --output json or tsv: stdout holds the data alone (no prompts, progress or notes)."""
+    return output_format(ctx) != "table"
 
 
 def database_url(ctx: click.Context | None = None) -> str:
@@ -94,7 +135,14 @@ def open_connection(ctx: click.Context | None = None) -> psycopg.Connection:
     return connect(database_url(ctx))
 
 
+_EXACT_FLOAT = 2 ** 53
+"""Whole floats below this are exact integers, printed as such (a count of 5.0 is 5)."""
+
+
 def plain(value: Any) -> Any:
+    """value as JSON's types. A whole number stays an integer: numeric columns (a topic's limits)
+    arrive as Decimal and double precision ones (metrics) as float, and 5 must not print as 5.0;
+    a fractional one stays a number (2.5)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {k: plain(v) for k, v in dataclasses.asdict(value).items()}
     if isinstance(value, dict):
@@ -106,15 +154,28 @@ def plain(value: Any) -> Any:
     if isinstance(value, UUID):
         return str(value)
     if isinstance(value, Decimal):
+        if value.is_finite() and value == value.to_integral_value():
+            return int(value)
         return float(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < _EXACT_FLOAT:
+        return int(value)
     if isinstance(value, bytes | memoryview):
         return base64.b64encode(bytes(value)).decode()
     return value
 
 
-def emit(data: Any, render: Callable[[], None] | None = None) -> None:
-    """Print data as JSON under --json, otherwise call render (or print data plainly)."""
-    if wants_json() or render is None:
+Columns = type | Sequence[str] | None
+"""A record's column names for TSV: a dataclass, or the names; needed when a list may be empty."""
+
+
+def emit(data: Any, render: Callable[[], None] | None = None, *, columns: Columns = None) -> None:
+    """Print data as --output asks: JSON, TSV (see tsv()), or a table by calling render (with no
+    render, JSON). columns names a list's fields for TSV's header when the list is empty."""
+    chosen = output_format()
+    if chosen == "tsv":
+        sys.stdout.write(tsv(data, columns))
+        return
+    if chosen == "json" or render is None:
         sys.stdout.write(json.dumps(plain(data), indent=2) + "\n")
         return
     try:
@@ -125,6 +186,137 @@ def emit(data: Any, render: Callable[[], None] | None = None) -> None:
         sys.stdout.write(json.dumps(plain(data), indent=2, default=str) + "\n")
         error_console.print(f"warning: could not draw the table ({type(error).__name__}: {error}); "
                             "printed as JSON instead", highlight=False, soft_wrap=True)
+
+
+def tsv_cell(value: Any) -> str:
+    """One value as a TSV field: JSON's spelling for true, false and nested values, empty for null,
+    and a backslash, tab, newline, carriage return and every character that would act on a
+    terminal escaped (\\\\, \\t, \\n, \\r, \\x1b, \\u202e), so a row is one line and reads back exactly."""
+    value = plain(value)
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, dict | list):
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    else:
+        text = str(value)
+    return printable(text.replace("\\", "\\\\"))
+
+
+def tsv_row(cells: Iterable[Any]) -> str:
+    return "\t".join(tsv_cell(cell) for cell in cells) + "\n"
+
+
+def field_names(record: type) -> list[str]:
+    """A dataclass's field names, for emit's columns when a command adds to them."""
+    return [f.name for f in dataclasses.fields(record)]
+
+
+def _names(columns: Columns) -> list[str] | None:
+    if columns is None:
+        return None
+    return field_names(columns) if isinstance(columns, type) else list(columns)
+
+
+def _is_record(value: Any) -> bool:
+    return isinstance(value, dict) or (dataclasses.is_dataclass(value) and not isinstance(value, type))
+
+
+def _fields(record: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(record)] if dataclasses.is_dataclass(record) else list(record)
+
+
+def _field(record: Any, name: str) -> Any:
+    return record.get(name) if isinstance(record, dict) else getattr(record, name, None)
+
+
+def _section(records: Sequence[Any], columns: Columns) -> str:
+    """A header row and one row per record; a list of plain values is one column, "value"."""
+    names = _names(columns)
+    if names is None:
+        names = []
+        for record in records:
+            for name in _fields(record) if _is_record(record) else ["value"]:
+                if name not in names:
+                    names.append(name)
+    if not names:
+        return ""
+    return tsv_row(names) + "".join(
+        tsv_row(_field(r, n) for n in names) if _is_record(r) else tsv_row([r]) for r in records)
+
+
+def _tables_in(record: Any) -> dict[str, type]:
+    """A dataclass record's fields that are lists of records (list[SomeDataclass]), by name."""
+    if not dataclasses.is_dataclass(record):
+        return {}
+    try:
+        hints = typing.get_type_hints(type(record))
+    except Exception:  # an annotation that does not resolve: no sections, one row
+        return {}
+    found = {}
+    for name, hint in hints.items():
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) is list and args and dataclasses.is_dataclass(args[0]):
+            found[name] = args[0]
+    return found
+
+
+def tsv(data: Any, columns: Columns = None) -> str:
+    """data as TSV: a list is one table (a header row, one row per record); a record is a header
+    row and one row, with its nested values as JSON. A record holding tables (courier status:
+    endpoints, workers, health) prints its other fields as the first table, then each table,
+    the tables separated by one empty line, each starting with its header row."""
+    if not _is_record(data):
+        return _section(data if isinstance(data, list | tuple) else [data], columns)
+    tables = _tables_in(data)
+    if not tables:
+        return _section([data], columns)
+    rest = [name for name in _fields(data) if name not in tables]
+    sections = [_section([data], rest)] if rest else []
+    sections += [_section(_field(data, name), kind) for name, kind in tables.items()]
+    return "\n".join(sections)
+
+
+def print_table(*renderables: Any) -> None:
+    """Print tables (or a Group of them) for a person. A cell is one line: its tabs and newlines
+    are shown as \\t and \\n (a detail grid keeps its newlines: a JSON config is shown indented).
+    On a terminal the tables fit its width; piped or redirected, they are as wide as their
+    content, so every value is printed whole and without colour (a file has no width to fit,
+    and a cut value is lost to whoever reads it)."""
+    tables = [table for renderable in renderables for table in _tables(renderable)]
+    for table in tables:
+        _one_line_cells(table)
+    if console.is_terminal:
+        console.print(*renderables)
+        return
+    for table in tables:
+        for column in table.columns:
+            column.max_width = None
+            column.overflow = "fold"
+    wide = LiteralConsole(file=console.file, width=1_000_000_000)
+    needed = max((Measurement.get(wide, wide.options, r).maximum for r in renderables), default=1)
+    wide.width = max(needed, 1)
+    wide.print(*renderables)
+
+
+def _one_line_cells(table: Table) -> None:
+    """A tab in a cell was measured as nothing and drawn as spaces, which broke the cell in two;
+    a newline split a row. Both are escaped, as printable() does for a table cell."""
+    for column in table.columns:
+        cells = column._cells  # rich keeps a column's cells here; str ones are drawn as text
+        for n, cell in enumerate(cells):
+            if isinstance(cell, str):
+                cells[n] = Text("\\t".join(printable(part, lines=True) for part in cell.split("\t"))
+                                if not table.show_header else printable(cell), end="")
+
+
+def _tables(renderable: Any) -> Iterable[Table]:
+    if isinstance(renderable, Table):
+        yield renderable
+    elif isinstance(renderable, Group):
+        for part in renderable.renderables:
+            yield from _tables(part)
 
 
 class FiniteFloatRange(click.FloatRange):

@@ -8,7 +8,7 @@ from rich.table import Table
 from sqlkit import embedded, migrate
 from sqlkit.connection import connect
 
-from .context import common_options, console, database_url, emit, json_option
+from .context import common_options, console, database_url, emit, json_option, print_table
 
 
 @click.group("db")
@@ -84,7 +84,7 @@ def migrate_command(target: int | None, show_status: bool, lock_wait: float) -> 
         def render() -> None:
             table = Table("installed", "latest", "pending")
             table.add_row(str(state.installed_version), str(state.latest_version), ", ".join(pending) or "none")
-            console.print(table)
+            print_table(table)
 
         emit(data, render)
         return

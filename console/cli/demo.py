@@ -20,7 +20,7 @@ from sqlkit.connection import connect
 from sqlkit.dsn import resolve_dsn
 from sqlkit.errors import CourierError
 
-from .context import FiniteFloatRange, common_options, console, emit, error_console, wants_json
+from .context import FiniteFloatRange, common_options, console, emit, error_console, machine_output
 
 STATUS_EVERY = 5.0
 """Seconds between two headless status lines."""
@@ -120,7 +120,7 @@ def _run_headless(runtime: DemoRuntime, seconds: float) -> None:
     deadline = began + seconds if seconds else None
     with connect(runtime.url or "") as conn, _stop_signals() as stop:
         baseline = _delivered_total(conn)
-        click.echo(_banner(runtime, seconds), err=wants_json())
+        click.echo(_banner(runtime, seconds), err=machine_output())
         while True:
             left = STATUS_EVERY if deadline is None else min(STATUS_EVERY, deadline - time.monotonic())
             if left > 0 and stop.wait(left):
@@ -130,7 +130,7 @@ def _run_headless(runtime: DemoRuntime, seconds: float) -> None:
                 error_console.print(f"the worker pool exited with code {state.exit_code}; "
                                     f"its log: {runtime.worker_log}", highlight=False)
                 return
-            click.echo(_read(conn, baseline).line(time.monotonic() - began), err=wants_json())
+            click.echo(_read(conn, baseline).line(time.monotonic() - began), err=machine_output())
             if deadline is not None and time.monotonic() >= deadline - 0.01:
                 return
 
@@ -190,7 +190,7 @@ def _stop_signals() -> Iterator[threading.Event]:
 @contextlib.contextmanager
 def _status(message: str) -> Iterator[None]:
     """A spinner on an interactive terminal, nothing otherwise (scripts read stdout)."""
-    if error_console.is_terminal and not wants_json():
+    if error_console.is_terminal and not machine_output():
         with error_console.status(message):
             yield
     else:

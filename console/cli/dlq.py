@@ -10,7 +10,7 @@ from rich.table import Table
 
 from sqlkit import dlq
 
-from .context import common_options, console, emit, open_connection, wants_json, when
+from .context import common_options, console, emit, machine_output, open_connection, print_table, when
 
 REDRIVE_BATCH = 1000
 
@@ -41,9 +41,9 @@ def list_command(endpoint: str | None, status: str | None, limit: int) -> None:
         for row in rows:
             table.add_row(str(row.id), row.endpoint_name, row.status, str(row.retry_count),
                           when(row.failed_at), row.last_error or "")
-        console.print(table)
+        print_table(table)
 
-    emit(rows, render)
+    emit(rows, render, columns=dlq.DlqEntry)
 
 
 @dlq_group.command("show")
@@ -64,12 +64,11 @@ def show(dlq_id: int) -> None:
             grid.add_row(key, str(value) if value is not None else "-")
         grid.add_row("payload", json.dumps(row.payload, indent=2))
         grid.add_row("headers", json.dumps(row.headers, indent=2))
-        console.print(grid)
         history = Table("attempt", "at", "outcome", "error", title="error history")
         for attempt in row.error_history:
             history.add_row(str(attempt.get("attempt")), str(attempt.get("at")), str(attempt.get("outcome", "")),
                             str(attempt.get("error")))
-        console.print(history)
+        print_table(grid, history)
 
     emit(row, render)
 
@@ -86,9 +85,9 @@ def summary() -> None:
         for row in rows:
             table.add_row(row.endpoint_name, str(row.failed_count), str(row.redriven_count),
                           when(row.oldest_failure), when(row.newest_failure))
-        console.print(table)
+        print_table(table)
 
-    emit(rows, render)
+    emit(rows, render, columns=dlq.DlqSummary)
 
 
 @dlq_group.command("redrive")
@@ -111,10 +110,10 @@ def redrive(dlq_ids: tuple[int, ...], endpoint: str | None, everything: bool, ye
             return
         total = dlq.failed_count(conn, endpoint)
         scope = f"endpoint {endpoint}" if endpoint else "all endpoints"
-        if total and not yes and not wants_json():
+        if total and not yes and not machine_output():
             click.confirm(f"Redrive {total} failed message(s) of {scope}?", abort=True)
         with Progress(TextColumn("redriving"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, disable=wants_json() or total == 0) as progress:
+                      console=console, disable=machine_output() or total == 0) as progress:
             task = progress.add_task("redrive", total=total)
             done = dlq.redrive_everything(conn, endpoint, REDRIVE_BATCH,
                                           progress=lambda so_far: progress.update(task, completed=so_far))
@@ -129,7 +128,7 @@ def cleanup(yes: bool) -> None:
     """Delete entries older than dlq_retention_days, after asking (as redrive does)."""
     with open_connection() as conn:
         due = dlq.cleanup_due(conn)
-        if due and not yes and not wants_json():
+        if due and not yes and not machine_output():
             click.confirm(f"Delete {due} DLQ entr{'y' if due == 1 else 'ies'} older than dlq_retention_days "
                           "for good?", abort=True)
         deleted = dlq.cleanup(conn) if due else 0

@@ -13,7 +13,16 @@ from sqlkit.endpoints import Endpoint
 from sqlkit.errors import NotFound
 
 from ..extras import for_protocol
-from .context import common_options, console, emit, error_console, open_connection, parse_json_object, when
+from .context import (
+    common_options,
+    console,
+    emit,
+    error_console,
+    open_connection,
+    parse_json_object,
+    print_table,
+    when,
+)
 
 PROTOCOLS = ["http", "redis", "amqp", "mqtt", "nats", "noop", "pull"]
 """What a worker delivers to (or, for pull, what consumers take from)."""
@@ -90,9 +99,9 @@ def list_command() -> None:
             table.add_row(e.name, e.protocol, "yes" if e.enabled else Text("no", style="red"),
                           circuit_text(e.circuit_state), str(e.circuit_failure_count),
                           str(e.pending_messages), str(e.processing_messages), e.last_error or "")
-        console.print(table)
+        print_table(table)
 
-    emit(found, render)
+    emit(found, render, columns=Endpoint)
 
 
 def _show(e: Endpoint) -> None:
@@ -110,7 +119,7 @@ def _show(e: Endpoint) -> None:
         ("description", e.description or "-"), ("created", when(e.created_at)),
     ]:
         table.add_row(label, value)
-    console.print(table)
+    print_table(table)
 
 
 @endpoint_group.command("show")
@@ -214,9 +223,9 @@ def health(name: str | None) -> None:
             table.add_row(h.endpoint_name, "yes" if h.enabled else Text("no", style="red"),
                           circuit_text(h.circuit_state), str(h.circuit_failure_count), str(h.pending_messages),
                           when(h.oldest_pending_message), when(h.last_success_at))
-        console.print(table)
+        print_table(table)
 
-    emit(rows, render)
+    emit(rows, render, columns=observability.EndpointHealth)
 
 
 COMMANDS = [endpoint_group]

@@ -14,7 +14,17 @@ from sqlkit import observability
 from sqlkit.observability import Event
 
 from ..literal import literal
-from .context import FiniteFloatRange, common_options, console, open_connection, plain, wants_json, when
+from .context import (
+    FiniteFloatRange,
+    common_options,
+    console,
+    field_names,
+    open_connection,
+    output_format,
+    plain,
+    tsv_row,
+    when,
+)
 
 
 @click.command("events")
@@ -27,7 +37,9 @@ from .context import FiniteFloatRange, common_options, console, open_connection,
               help="Seconds between looks for new events under --follow.")
 @common_options
 def events(limit: int, event_type: str | None, endpoint: str | None, follow: bool, interval: float) -> None:
-    """Show the event log; --json prints one JSON object per line."""
+    """Show the event log; --json prints one JSON object per line, --output tsv one row per event."""
+    if output_format() == "tsv":
+        sys.stdout.write(tsv_row(field_names(Event)))
     with open_connection() as conn:
         shown = observability.latest_events(conn, limit, event_type, endpoint)
         for event in shown:
@@ -41,8 +53,10 @@ def events(limit: int, event_type: str | None, endpoint: str | None, follow: boo
 
 
 def _print(event: Event) -> None:
-    if wants_json():
-        sys.stdout.write(json.dumps(plain(event)) + "\n")
+    chosen = output_format()
+    if chosen != "table":
+        sys.stdout.write(json.dumps(plain(event)) + "\n" if chosen == "json"
+                         else tsv_row(getattr(event, name) for name in field_names(Event)))
         sys.stdout.flush()
         return
     line = Text.assemble((when(event.created_at), "dim"), f" #{event.id} ", literal(event.event_type, "cyan"))

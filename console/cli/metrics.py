@@ -11,7 +11,7 @@ from rich.table import Table
 from console.prometheus import exposition
 from sqlkit import observability
 
-from .context import common_options, console, emit, open_connection
+from .context import common_options, emit, open_connection, print_table
 
 
 @click.command("metrics")
@@ -34,9 +34,9 @@ def metrics(prometheus: bool) -> None:
         for m in found:
             table.add_row(m.metric_name, json.dumps(m.labels) if m.labels else "", f"{m.metric_value:,.6g}",
                           m.metric_type)
-        console.print(table)
+        print_table(table)
 
-    emit(found, render)
+    emit(found, render, columns=observability.Metric)
 
 
 COMMANDS = [metrics]

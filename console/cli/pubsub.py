@@ -11,7 +11,7 @@ from rich.table import Table
 from sqlkit import pubsub
 from sqlkit.errors import CourierError
 
-from .context import common_options, console, emit, open_connection, parse_json, parse_json_object
+from .context import common_options, console, emit, open_connection, parse_json, parse_json_object, print_table
 from .send import _batch_payloads, _naming_the_line, _read_input
 
 
@@ -62,9 +62,9 @@ def list_command() -> None:
                 table.add_row(t.name if n == 0 else "", s["endpoint"],
                               "" if s["filter"] is None else json.dumps(s["filter"]),
                               (t.description or "") if n == 0 else "")
-        console.print(table)
+        print_table(table)
 
-    emit(found, render)
+    emit(found, render, columns=pubsub.EventType)
 
 
 @click.command("subscribe")

@@ -13,7 +13,16 @@ from rich.table import Table
 
 from sqlkit import pull
 
-from .context import common_options, console, emit, open_connection, parse_json, parse_json_object, when
+from .context import (
+    common_options,
+    console,
+    emit,
+    open_connection,
+    parse_json,
+    parse_json_object,
+    print_table,
+    when,
+)
 from .send import Timestamp
 
 MAX_COUNT = 10_000
@@ -113,9 +122,9 @@ def list_command() -> None:
                           str(row.dead_lettered), when(row.next_visibility_deadline), str(row.max_retries),
                           _limit(row.message_ttl_seconds), _limit(row.max_depth), _limit(row.throughput_limit),
                           str(row.visibility_timeout), _dlq_after(row))
-        console.print(table)
+        print_table(table)
 
-    emit(rows, render)
+    emit(rows, render, columns=pull.Topic)
 
 
 def _dlq_after(row: pull.Topic) -> str:
@@ -211,9 +220,9 @@ def dequeue(topic: str, count: int, visibility_timeout: int | None) -> None:
             shown = f"<{len(m.payload_binary)} bytes>" if m.payload_binary is not None else _short(m.payload)
             table.add_row(str(m.id), str(m.lease), f"{m.retry_count}/{m.max_retries}", when(m.visible_until),
                           m.key or "", shown)
-        console.print(table)
+        print_table(table)
 
-    emit([_message_view(m) for m in messages], render)
+    emit([_message_view(m) for m in messages], render, columns=pull.LeasedMessage)
 
 
 def _short(value: Any) -> str:
@@ -264,9 +273,9 @@ def receive(topic: str, count: int) -> None:
         for m in messages:
             shown = f"<{len(m.payload_binary)} bytes>" if m.payload_binary is not None else _short(m.payload)
             table.add_row(str(m.id), m.key or "", shown)
-        console.print(table)
+        print_table(table)
 
-    emit([_message_view(m) for m in messages], render)
+    emit([_message_view(m) for m in messages], render, columns=pull.ReceivedMessage)
 
 
 @click.command("peek")

@@ -27,6 +27,7 @@ from .context import (
     emit,
     open_connection,
     plain,
+    print_table,
     require_current_schema,
     when,
 )
@@ -154,9 +155,9 @@ def token_list() -> None:
                           literal(", ".join(token.endpoints) or "-"), when(token.created_at),
                           when(token.last_used_at) if token.last_used_at else "-",
                           when(token.revoked_at) if token.revoked_at else "-")
-        console.print(table)
+        print_table(table)
 
-    emit([plain(token) for token in found], render)
+    emit([plain(token) for token in found], render, columns=tokens.Token)
 
 
 @token_group.command("revoke")

@@ -10,7 +10,7 @@ from rich.text import Text
 from sqlkit import observability
 from sqlkit.observability import HealthCheck, QueueStatus
 
-from .context import common_options, console, emit, open_connection, when
+from .context import common_options, emit, open_connection, print_table, when
 from .endpoint import circuit_text
 
 HEALTH_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red"}
@@ -22,7 +22,7 @@ def status() -> None:
     """Depth by status and endpoint, oldest pending age, DLQ depth, circuits, workers and health."""
     with open_connection() as conn:
         state = observability.queue_status(conn)
-    emit(state, lambda: console.print(render(state)))
+    emit(state, lambda: print_table(render(state)))
 
 
 def render(state: QueueStatus, title: str | None = None, compact: bool = False) -> Group:
