@@ -220,3 +220,6 @@ def test_a_tsv_field_is_one_line_that_reads_back_exactly():
     empty = observability.QueueStatus(queue_depth={}, oldest_pending_age_seconds=0.0, dlq_depth=0, endpoints=[],
                                       workers=[], health=[])
     assert tsv(empty).count("\n\n") == 3, "an empty table keeps its header, so sections stay in place"
+    check = observability.HealthCheck("workers", "warn", 1.0, "none\talive")
+    assert tsv({"ok": False, "checks": [check]}) == ("ok\nfalse\n\ncheck_name\tstatus\tvalue\tdetail\n"
+                                                    "workers\twarn\t1\tnone\\talive\n"), "courier doctor's shape"

@@ -246,10 +246,12 @@ def _section(records: Sequence[Any], columns: Columns) -> str:
         tsv_row(_field(r, n) for n in names) if _is_record(r) else tsv_row([r]) for r in records)
 
 
-def _tables_in(record: Any) -> dict[str, type]:
-    """A dataclass record's fields that are lists of records (list[SomeDataclass]), by name."""
-    if not dataclasses.is_dataclass(record):
-        return {}
+def _tables_in(record: Any) -> dict[str, type | None]:
+    """A record's fields that are tables, by name: a dataclass's list[SomeDataclass] fields, and a
+    dict's values that are lists of dataclasses (courier doctor's checks)."""
+    if isinstance(record, dict):
+        return {name: None for name, value in record.items()
+                if isinstance(value, list) and value and all(dataclasses.is_dataclass(v) for v in value)}
     try:
         hints = typing.get_type_hints(type(record))
     except Exception:  # an annotation that does not resolve: no sections, one row
