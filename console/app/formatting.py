@@ -41,6 +41,10 @@ def when(moment: datetime | None, tz: tzinfo | None) -> str:
     return "-" if moment is None else moment.astimezone(tz).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def to_the_minute(moment: datetime | None, tz: tzinfo | None) -> str:
+    return "-" if moment is None else moment.astimezone(tz).strftime("%Y-%m-%d %H:%M")
+
+
 def clock_time(moment: datetime | None, tz: tzinfo | None) -> str:
     return "-" if moment is None else moment.astimezone(tz).strftime("%H:%M:%S")
 

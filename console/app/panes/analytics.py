@@ -16,9 +16,9 @@ from sqlkit import analytics
 from sqlkit.analytics import AnalyticsRun, HourlyStats
 
 from ...literal import printable
-from ..formatting import count, when
+from ..formatting import count, to_the_minute
 from ..live import LivePane
-from ..widgets.chart import Chart
+from ..widgets.chart import Chart, line_chart
 from ..widgets.live_table import LiveTable
 
 CHART_HOURS = 48
@@ -48,8 +48,10 @@ class AnalyticsPane(LivePane):
     REFRESH_SECONDS = 30.0
     DEFAULT_CSS = """
     AnalyticsPane #analytics-empty { width: auto; max-width: 78; border: round $primary-muted; padding: 1 2; }
-    AnalyticsPane #analytics-run { height: 1; padding: 0 1; color: $text-muted; }
-    AnalyticsPane #analytics-chart { height: 10; }
+    AnalyticsPane #analytics-run {
+        height: 1; padding: 0 1; color: $text-muted; text-wrap: nowrap; text-overflow: ellipsis;
+    }
+    AnalyticsPane #analytics-chart { height: 2fr; min-height: 10; }
     AnalyticsPane .-hidden { display: none; }
     """
 
@@ -77,9 +79,10 @@ class AnalyticsPane(LivePane):
             return
         run, tz = data.run, self.courier.tz
         self.query_one("#analytics-run", Static).update(Text(printable(
-            f"run {run.id} on {run.master}, {count(run.rows_read)} archived messages from "
-            f"{when(run.range_from, tz) if run.range_from else 'the start'} to {when(run.range_to, tz)}, "
-            f"finished {when(run.finished_at, tz)}"), no_wrap=True, overflow="ellipsis"))
+            f"run {run.id} on {run.master}: {count(run.rows_read)} archived messages, "
+            f"{to_the_minute(run.range_from, tz) if run.range_from else 'the start'} "
+            f"to {to_the_minute(run.range_to, tz)}, "
+            f"finished {to_the_minute(run.finished_at, tz)}"), no_wrap=True, overflow="ellipsis"))
         self.query_one(LiveTable).sync(
             (str(e["endpoint"]), [str(e["endpoint"]), count(e["delivered"]), count(e["failed"]), count(e["expired"]),
                                   count(e["dead_lettered"]), _ms(e["p50_ms"]), _ms(e["p95_ms"]), _ms(e["p99_ms"])])
@@ -91,11 +94,12 @@ class AnalyticsPane(LivePane):
         series: dict[str, dict[float, int]] = {}
         for row in hourly:
             series.setdefault(row.endpoint, {})[(row.hour - end).total_seconds() / 3600] = row.delivered
-
-        def draw(plt) -> None:
-            plt.title("delivered per hour")
-            for endpoint, points in sorted(series.items()):
-                xs = sorted(points)
-                plt.plot(xs, [points[x] for x in xs], label=endpoint, marker="braille")
-            plt.xlabel("hours before the end of the run")
-        self.query_one(Chart).replot(draw)
+        chart = self.query_one(Chart)
+        if not any(len(points) > 1 for points in series.values()):
+            chart.wait("delivered per hour", "fewer than two hours analysed")
+            return
+        span = -min(x for points in series.values() for x in points)
+        lines = [(endpoint, sorted(points), [points[x] for x in sorted(points)])
+                 for endpoint, points in sorted(series.items())]
+        chart.replot(lambda plt: line_chart(plt, "delivered per hour, hours before the end of the run", lines,
+                                            span=span, hours=True))

@@ -4,7 +4,6 @@ message, DLQ depth and workers."""
 from __future__ import annotations
 
 import itertools
-import math
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,12 +20,11 @@ from sqlkit.observability import DeliveryTotals, EndpointHealth, QueueStatus
 from ..formatting import age, count, rate, state_text
 from ..live import LivePane
 from ..rates import DeliveryRates
-from ..widgets.chart import Chart
+from ..widgets.chart import Chart, line_chart
 from ..widgets.live_table import LiveTable
 
 WINDOW_SECONDS = 300.0  # the charts show the last five minutes
 HISTORY = 300  # samples kept for them: five minutes at the default 2 s poll, with room to spare
-NICE_STEPS = (1, 1.5, 2, 3, 4, 5, 6, 8, 10)
 
 
 @dataclass(frozen=True)
@@ -143,51 +141,12 @@ class OverviewPane(LivePane):
             throughput.wait("delivered/s")
         else:
             xs, ys = zip(*rates, strict=True)
-            throughput.replot(lambda plt: _line_chart(plt, "delivered/s", list(xs), [("delivered", list(ys))],
-                                                      span=-depth_xs[0], per_second=True))
+            throughput.replot(lambda plt: line_chart(plt, "delivered/s", [("delivered", xs, ys)],
+                                                     span=-depth_xs[0], whole=False))
         depth = self.query_one("#depth-chart", Chart)
         if len(samples) < 2:
             depth.wait("depth")
         else:
-            depth.replot(lambda plt: _line_chart(plt, "depth", depth_xs, [
-                ("pending", [s.pending for s in samples]), ("in flight", [s.processing for s in samples])],
-                span=-depth_xs[0]))
-
-
-def _nice_top(value: float) -> float:
-    """The smallest round number (NICE_STEPS times a power of ten) at or above value; 1 for 0."""
-    if value <= 0:
-        return 1.0
-    scale = 10 ** math.floor(math.log10(value))
-    return next(step * scale for step in NICE_STEPS if step * scale >= value)
-
-
-def _tick(value: float) -> str:
-    return count(value) if value == int(value) else f"{value:g}"
-
-
-def _ago(seconds: float) -> str:
-    seconds = round(-seconds)
-    if seconds == 0:
-        return "now"
-    if seconds < 60:
-        return f"-{seconds}s"
-    return f"-{seconds // 60}m" + (f"{seconds % 60:02d}s" if seconds % 60 else "")
-
-
-def _line_chart(plt, title: str, xs: list[float], series: list[tuple[str, list[float]]], *, span: float,
-                per_second: bool = False) -> None:
-    """Lines over the last span seconds (xs are seconds before now, so 0 or less)."""
-    plt.title(title)
-    for label, ys in series:
-        plt.plot(xs, ys, label=label if len(series) > 1 else None, marker="braille")
-    top = _nice_top(max(max(ys) for _, ys in series))
-    if not per_second:
-        top = max(top, 2)  # whole messages: no tick at half of one
-    plt.ylim(0, top)
-    plt.yticks([0, top / 2, top], [_tick(v) for v in (0, top / 2, top)])
-    span = max(span, 1.0)
-    step = next((s for s in (10, 30, 60, 120, 300) if span / s <= 5), 600)
-    ticks = [-step * n for n in range(int(span // step), -1, -1)]
-    plt.xlim(-span, 0)
-    plt.xticks(ticks, [_ago(t) for t in ticks])
+            depth.replot(lambda plt: line_chart(plt, "depth", [
+                ("pending", depth_xs, [s.pending for s in samples]),
+                ("in flight", depth_xs, [s.processing for s in samples])], span=-depth_xs[0]))

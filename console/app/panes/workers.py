@@ -28,7 +28,7 @@ MAX_CONCURRENCY = 10_000
 class ConcurrencyPrompt(ModalScreen[int | None]):
     DEFAULT_CSS = """
     ConcurrencyPrompt { align: center middle; }
-    ConcurrencyPrompt Input { width: 50; border: tall $accent; }
+    ConcurrencyPrompt Input { width: 60; max-width: 100%; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="scale.cancel")]
 
@@ -37,8 +37,11 @@ class ConcurrencyPrompt(ModalScreen[int | None]):
         self.current = current
 
     def compose(self) -> ComposeResult:
-        yield Input(str(self.current), placeholder=f"messages in flight, 1-{MAX_CONCURRENCY}", type="integer",
-                    id="concurrency-input")
+        field = Input(str(self.current), placeholder=f"messages in flight, 1-{MAX_CONCURRENCY}", type="integer",
+                      id="concurrency-input")
+        field.border_title = "embedded pool size"
+        field.border_subtitle = f"messages in flight, 1-{MAX_CONCURRENCY:,} · enter · esc"
+        yield field
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         try:

@@ -7,12 +7,17 @@ switch back to the Overview cost ~16 ms of the UI thread for two unchanged chart
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 
 from rich.align import Align
 from rich.console import RenderableType
 from rich.text import Text
 from textual_plotext import Plot, PlotextPlot
+
+from ..formatting import count
+
+NICE_STEPS = (1, 1.5, 2, 3, 4, 5, 6, 8, 10)
 
 
 class Chart(PlotextPlot):
@@ -47,3 +52,50 @@ class Chart(PlotextPlot):
         if self._drawn is None or self._drawn[0] != key:
             self._drawn = (key, super().render())
         return self._drawn[1]
+
+
+def nice_top(value: float) -> float:
+    """The smallest round number (NICE_STEPS times a power of ten) at or above value; 1 for 0."""
+    if value <= 0:
+        return 1.0
+    scale = 10 ** math.floor(math.log10(value))
+    return next(step * scale for step in NICE_STEPS if step * scale >= value)
+
+
+def _tick(value: float) -> str:
+    return count(value) if value == int(value) else f"{value:g}"
+
+
+def _seconds_ago(seconds: float) -> str:
+    seconds = round(-seconds)
+    if seconds == 0:
+        return "now"
+    if seconds < 60:
+        return f"-{seconds}s"
+    return f"-{seconds // 60}m" + (f"{seconds % 60:02d}s" if seconds % 60 else "")
+
+
+def _hours_before(hours: float) -> str:
+    return "end" if round(hours) == 0 else f"{round(hours)}h"
+
+
+def line_chart(plt: Plot, title: str, series: Sequence[tuple[str, Sequence[float], Sequence[float]]], *,
+               span: float, hours: bool = False, whole: bool = True) -> None:
+    """Lines (label, xs, ys) over the span before 0, xs in seconds before now (or in hours
+    before the end, hours=True): y from 0 to a round number above the highest value, ticked
+    at 0, half and top; x ticked at round times. whole: the values are counts, so no tick at
+    half of one."""
+    plt.title(title)
+    for label, xs, ys in series:
+        plt.plot(list(xs), list(ys), label=label if len(series) > 1 else None, marker="braille")
+    top = nice_top(max((max(ys, default=0) for _, _, ys in series), default=0))
+    if whole:
+        top = max(top, 2)
+    plt.ylim(0, top)
+    plt.yticks([0, top / 2, top], [_tick(v) for v in (0, top / 2, top)])
+    span = max(span, 1.0)
+    steps = (1, 2, 3, 6, 12, 24, 48) if hours else (10, 30, 60, 120, 300, 600)
+    step = next((s for s in steps if span / s <= 5), steps[-1])
+    ticks = [-step * n for n in range(int(span // step), -1, -1)]
+    plt.xlim(-span, 0)
+    plt.xticks(ticks, [_hours_before(t) if hours else _seconds_ago(t) for t in ticks])

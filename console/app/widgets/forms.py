@@ -39,7 +39,7 @@ class DatabaseForm(ModalScreen[Any]):
     DatabaseForm Label.field { margin-top: 1; color: $text-muted; }
     DatabaseForm .hint { color: $text-muted; }
     DatabaseForm TextArea { height: 5; }
-    DatabaseForm #form-error { color: $text-error; text-style: bold; height: auto; display: none; }
+    DatabaseForm #form-error { color: $text-error; text-style: bold; height: auto; margin-top: 1; display: none; }
     DatabaseForm #form-error.shown { display: block; }
     DatabaseForm Horizontal.buttons { height: auto; align-horizontal: right; margin-top: 1; }
     DatabaseForm Button { margin-left: 2; }

@@ -27,7 +27,7 @@ def resolve_pane(text: str) -> str | None:
 class JumpPrompt(ModalScreen[str | None]):
     DEFAULT_CSS = """
     JumpPrompt { align: center top; }
-    JumpPrompt Input { width: 50; margin-top: 2; border: tall $accent; }
+    JumpPrompt Input { width: 78; max-width: 100%; margin-top: 2; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="jump.cancel")]
 
@@ -35,8 +35,11 @@ class JumpPrompt(ModalScreen[str | None]):
         from ..panes import PANES
 
         names = [*PANES, *[a for spec in PANES.values() for a in spec.aliases]]
-        yield Input(placeholder=":" + " ".join(PANES), suggester=SuggestFromList(names, case_sensitive=False),
-                    id="jump-input")
+        field = Input(placeholder=":" + " ".join(PANES), suggester=SuggestFromList(names, case_sensitive=False),
+                      id="jump-input")
+        field.border_title = "go to pane"
+        field.border_subtitle = "enter · esc"
+        yield field
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         target = resolve_pane(event.value)

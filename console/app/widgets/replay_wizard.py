@@ -16,7 +16,7 @@ from typing import ClassVar
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, ProgressBar, Select, Static
 
@@ -45,20 +45,30 @@ def parse_moment(text: str, field: str, tz: tzinfo | None) -> datetime:
 class ReplayWizard(ModalScreen[int | None]):
     """Dismisses with the number of messages replayed, or None when cancelled first."""
 
+    # The fields scroll; the count, the error, the progress bar and the buttons are docked
+    # below them, so each is in sight at 80x24.
     DEFAULT_CSS = """
     ReplayWizard { align: center middle; }
-    ReplayWizard > VerticalScroll {
+    ReplayWizard > #dialog {
         width: 72; max-width: 100%; height: auto; max-height: 100%;
         border: thick $accent; background: $surface; padding: 0 1;
     }
-    ReplayWizard Label.field { margin-top: 1; color: $text-muted; }
-    ReplayWizard #range { height: auto; }
+    ReplayWizard #wizard-body { height: auto; max-height: 100%; }
+    ReplayWizard #wizard-footer { dock: bottom; height: auto; }
+    ReplayWizard #replay-fields {
+        grid-size: 2; grid-columns: 14 1fr; grid-gutter: 0 1; grid-rows: 1; height: auto; margin-top: 1;
+    }
+    ReplayWizard #replay-fields Input, ReplayWizard #replay-fields Select > SelectCurrent { background: $boost; }
+    ReplayWizard #replay-fields Input:focus { background: $primary 30%; }
+    ReplayWizard #range { height: 1; }
     ReplayWizard #range Input { width: 1fr; }
+    ReplayWizard #range Label { width: auto; }
+    ReplayWizard .hint { color: $text-muted; margin-top: 1; }
     ReplayWizard #replay-count { margin-top: 1; height: auto; text-style: bold; }
-    ReplayWizard #replay-error { color: $error; height: auto; }
+    ReplayWizard #replay-error { color: $text-error; text-style: bold; height: auto; margin-top: 1; }
     ReplayWizard ProgressBar { margin-top: 1; }
     ReplayWizard Horizontal.buttons { height: auto; align-horizontal: right; margin-top: 1; }
-    ReplayWizard Button { margin-left: 1; }
+    ReplayWizard Button { margin-left: 2; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel", id="replay.cancel"),
@@ -79,27 +89,36 @@ class ReplayWizard(ModalScreen[int | None]):
     def compose(self) -> ComposeResult:
         start = (self.now - timedelta(days=1)).astimezone(self.tz).strftime("%Y-%m-%d %H:%M")
         end = self.now.astimezone(self.tz).strftime("%Y-%m-%d %H:%M")
-        with VerticalScroll():
-            yield Label("Replay archived messages", classes="title")
-            yield Label("1. endpoint", classes="field")
-            yield Select([(n, n) for n in self.endpoint_names], prompt="choose an endpoint", id="replay-endpoint")
-            yield Label("2. created from … to (YYYY-MM-DD [HH:MM])", classes="field")
-            with Horizontal(id="range"):
-                yield Input(start, id="replay-from")
-                yield Input(end, id="replay-to")
-            yield Label("3. status", classes="field")
-            yield Select([(s, s) for s in STATUSES], prompt="any status", id="replay-status")
-            yield Checkbox("fresh copies of messages replayed before", id="replay-again")
-            yield Static("", id="replay-count")
-            yield Static("", id="replay-error")
-            yield ProgressBar(total=None, show_eta=False, id="replay-progress")
-            with Horizontal(classes="buttons"):
-                yield Button("Cancel (esc)", id="cancel")
-                yield Button("Dry run (ctrl+d)", id="dry-run", variant="primary")
-                yield Button("Replay… (ctrl+r)", id="replay", variant="warning", disabled=True)
+        with Vertical(id="dialog"):
+            with Vertical(id="wizard-footer"):
+                yield Static("", id="replay-count")
+                yield Static("", id="replay-error")
+                yield ProgressBar(total=None, show_eta=False, id="replay-progress")
+                with Horizontal(classes="buttons"):
+                    yield Button("Cancel (esc)", id="cancel", compact=True)
+                    yield Button("Dry run (ctrl+d)", id="dry-run", variant="primary", compact=True)
+                    yield Button("Replay… (ctrl+r)", id="replay", variant="warning", disabled=True, compact=True)
+            with VerticalScroll(id="wizard-body"):
+                yield Label("Replay archived messages", classes="title")
+                with Grid(id="replay-fields"):
+                    yield Label("1. endpoint")
+                    yield Select([(n, n) for n in self.endpoint_names], prompt="choose an endpoint", compact=True,
+                                 id="replay-endpoint")
+                    yield Label("2. created")
+                    with Horizontal(id="range"):
+                        yield Input(start, compact=True, id="replay-from")
+                        yield Label(" to ")
+                        yield Input(end, compact=True, id="replay-to")
+                    yield Label("3. status")
+                    yield Select([(s, s) for s in STATUSES], prompt="any status", compact=True, id="replay-status")
+                    yield Label("")
+                    yield Checkbox("fresh copies of messages replayed before", compact=True, id="replay-again")
+                yield Static("Times: YYYY-MM-DD or YYYY-MM-DD HH:MM, in the console's time zone. "
+                             "Dry run counts; replay enqueues copies.", classes="hint")
 
     def on_mount(self) -> None:
-        self.query_one("#replay-progress").display = False
+        for quiet in ("#replay-progress", "#replay-count", "#replay-error"):
+            self.query_one(quiet).display = False
         self.query_one("#replay-endpoint", Select).focus()
 
     def selection(self) -> ReplayRange | None:
@@ -126,7 +145,16 @@ class ReplayWizard(ModalScreen[int | None]):
         return ReplayRange(0, start.astimezone(UTC), end.astimezone(UTC), status, again)
 
     def _error(self, text: str) -> None:
-        self.query_one("#replay-error", Static).update(literal(text, lines=True))
+        self._say("#replay-error", literal(text, lines=True))
+
+    def _count(self, text: str) -> None:
+        self._say("#replay-count", text)
+
+    def _say(self, selector: str, text) -> None:
+        """Fill a line of the footer; an empty one takes no room."""
+        line = self.query_one(selector, Static)
+        line.update(text)
+        line.display = bool(text)
 
     def on_select_changed(self, event: Select.Changed) -> None:
         self._invalidate()
@@ -159,7 +187,7 @@ class ReplayWizard(ModalScreen[int | None]):
     def action_dry_run(self) -> None:
         selection = self.selection()
         if selection is not None:
-            self.query_one("#replay-count", Static).update("counting…")
+            self._count("counting…")
             self.dry_run(self._endpoint_name, selection)
 
     @work(thread=True, exclusive=True, group="replay", exit_on_error=False)
@@ -172,7 +200,7 @@ class ReplayWizard(ModalScreen[int | None]):
             chosen, total, running = self.app.database.run(count)  # type: ignore[attr-defined]
         except CourierError as error:
             self.app.call_from_thread(self._error, error.one_line())
-            self.app.call_from_thread(self.query_one("#replay-count", Static).update, "")
+            self.app.call_from_thread(self._count, "")
             return
         self.app.call_from_thread(self._counted, chosen, total, running)
 
@@ -185,7 +213,7 @@ class ReplayWizard(ModalScreen[int | None]):
                      + (", copied again" if chosen.again else ", skipped (tick fresh copies to copy them again)"))
         if running is not None:
             text += " (resuming an interrupted replay)"
-        self.query_one("#replay-count", Static).update(text)
+        self._count(text)
         self.query_one("#replay", Button).disabled = total == 0
         if total:
             self.query_one("#replay", Button).focus()
@@ -237,7 +265,7 @@ class ReplayWizard(ModalScreen[int | None]):
         if self._cancel_requested.is_set():
             self.dismiss(self.replayed)
             return
-        self.query_one("#replay-count", Static).update(f"replayed {self.replayed:,} message(s)")
+        self._count(f"replayed {self.replayed:,} message(s)")
         cancel = self.query_one("#cancel", Button)
         cancel.label = "Close (esc)"
         cancel.disabled = False
