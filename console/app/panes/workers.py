@@ -49,7 +49,7 @@ class ConcurrencyPrompt(ModalScreen[int | None]):
         except ValueError:
             value = 0
         if not 1 <= value <= MAX_CONCURRENCY:
-            self.notify(f"concurrency: must be 1 to {MAX_CONCURRENCY}", severity="error", timeout=3)
+            self.notify(f"concurrency: must be 1 to {MAX_CONCURRENCY:,}", severity="error", timeout=3)
             return
         self.dismiss(value)
 

@@ -76,7 +76,7 @@ def _seconds_ago(seconds: float) -> str:
 
 
 def _hours_before(hours: float) -> str:
-    return "end" if round(hours) == 0 else f"{round(hours)}h"
+    return "end" if round(hours) == 0 else f"{round(hours)}h"  # hours < 0: "-12h"
 
 
 def line_chart(plt: Plot, title: str, series: Sequence[tuple[str, Sequence[float], Sequence[float]]], *,
@@ -97,5 +97,7 @@ def line_chart(plt: Plot, title: str, series: Sequence[tuple[str, Sequence[float
     steps = (1, 2, 3, 6, 12, 24, 48) if hours else (10, 30, 60, 120, 300, 600)
     step = next((s for s in steps if span / s <= 5), steps[-1])
     ticks = [-step * n for n in range(int(span // step), -1, -1)]
+    if len(ticks) < 2:  # a span shorter than the smallest step: its two ends
+        ticks = [-span, 0]
     plt.xlim(-span, 0)
     plt.xticks(ticks, [_hours_before(t) if hours else _seconds_ago(t) for t in ticks])

@@ -65,7 +65,7 @@ class CreateEndpointForm(DatabaseForm):
         yield Label("Create an endpoint", classes="title")
         with Grid(id="endpoint-fields"):
             yield Label("name")
-            yield Input(placeholder="billing (letters, digits, _ . -)", compact=True, id="name")
+            yield Input(placeholder="billing (letters, digits, _ . : -)", compact=True, id="name")
             yield Label("protocol")
             yield Select([(p, p) for p in PROTOCOLS], value="http", allow_blank=False, compact=True, id="protocol")
             yield Label("description")
