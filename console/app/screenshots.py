@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Awaitable, Callable
 from datetime import UTC
 from pathlib import Path
@@ -94,11 +95,22 @@ def main() -> None:
         showcase.seed(dsn)
         for name in SHOTS:
             svg_path = args.out / f"{name}.svg"
-            svg_path.write_text(take(dsn, name), encoding="utf-8")
+            svg = take(dsn, name)
+            svg_path.write_text(svg, encoding="utf-8")
             if converter:
-                subprocess.run([converter, "-w", "1200", str(svg_path), "-o", str(svg_path.with_suffix(".png"))],
-                               check=True)
+                render_png(converter, svg, svg_path.with_suffix(".png"))
             print(svg_path)
+
+
+def render_png(converter: str, svg: str, png_path: Path) -> None:
+    """rsvg-convert draws a no-break space narrower than a cell (it does not stretch a run of
+    text to its textLength as browsers do), which shifted every cell after one: Textual keeps
+    spaces as U+00A0, so the PNG is drawn from a copy with plain spaces, kept as written."""
+    plain = svg.replace("&#160;", " ").replace("<svg ", '<svg xml:space="preserve" ', 1)
+    with tempfile.NamedTemporaryFile("w", suffix=".svg", encoding="utf-8") as copy:
+        copy.write(plain)
+        copy.flush()
+        subprocess.run([converter, "-w", "1200", copy.name, "-o", str(png_path)], check=True)
 
 
 if __name__ == "__main__":
