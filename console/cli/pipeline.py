@@ -20,7 +20,9 @@ DEFAULT_MASTER = os.environ.get("COURIER_SPARK_MASTER", "local[*]")
 
 
 def spark_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    func = click.option("--verbose", is_flag=True, help="Show Spark's own log output.")(func)
+    func = click.option("--verbose", is_flag=True,
+                        help="Print each phase and Spark job with its time (stderr); keep Spark's warnings "
+                             "in this run's log file too.")(func)
     return click.option("--master", default=DEFAULT_MASTER, show_default=True,
                         help="Spark master: local[N], or spark://host:port of a Spark 4 cluster.")(func)
 
@@ -29,12 +31,42 @@ def _utc(moment: datetime | None) -> datetime | None:
     return None if moment is None else moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
 
 
-def _session(master: str, verbose: bool) -> Any:
+def _begin(verbose: bool) -> Any:
+    """Every pipeline command starts here: the spark extra checked (before pyspark is
+    imported), then this run's clock, phases and Spark log file."""
+    from console.extras import require
+
+    require("spark", "courier pipeline")
+    from console.pipeline.session import start_run
+
+    return start_run(verbose)
+
+
+def _session(run: Any, master: str, verbose: bool, input_rows: int | None) -> Any:
     from console.pipeline.session import get_session, java_executable
 
-    if not verbose and not wants_json() and java_executable():
-        error_console.print(Text(f"starting Spark ({master}); --verbose shows its log", style="dim"), highlight=False)
-    return get_session(master, verbose=verbose)
+    if not wants_json() and java_executable():
+        size = "" if input_rows is None else f" for about {input_rows:,} row(s)"
+        more = f"Spark's log: {run.log_path}" if verbose else "--verbose shows where the time goes"
+        error_console.print(Text(f"starting Spark ({master}){size}; {more}", style="dim"), highlight=False)
+    return get_session(master, verbose=verbose, input_rows=input_rows)
+
+
+def _finish(run: Any, spark: Any, before: set[int], what: str, rows: int) -> None:
+    """The last line of every command (stderr): rows and time; under --verbose each Spark job first."""
+    from console.pipeline.session import print_jobs
+
+    if run.verbose:
+        print_jobs(spark, before)
+    if not wants_json():
+        error_console.print(Text(f"{what}: {rows:,} row(s) in {run.elapsed:.1f} s", style="dim"), highlight=False)
+
+
+def _archive_rows(dsn: str, run: Any) -> int:
+    from console.pipeline.source import archive_rows
+
+    with run.phase("estimate the archive's size"):
+        return archive_rows(dsn)
 
 
 @click.group("pipeline")
@@ -52,13 +84,16 @@ def analytics_command(since: datetime | None, until: datetime | None, master: st
 
     Results go to courier.analytics_* tables (the console's Analytics pane draws them);
     running again over the same range replaces those hours."""
+    run = _begin(verbose)
     from console.pipeline import analytics
-    from console.pipeline.session import one_line_errors, progress
+    from console.pipeline.session import job_ids, one_line_errors, progress
 
     dsn = database_url()
-    spark = _session(master, verbose)
+    size = _archive_rows(dsn, run)
+    spark = _session(run, master, verbose, size)
+    before = job_ids(spark)
     with one_line_errors(), progress(spark, "analysing the archive", enabled=not wants_json()):
-        result = analytics.run(spark, dsn, _utc(since), _utc(until), master)
+        result = analytics.run(spark, dsn, _utc(since), _utc(until), master, input_rows=size)
     rows = [{"endpoint": e.endpoint, "delivered": e.delivered, "failed": e.failed, "expired": e.expired,
              "dead_lettered": e.dead_lettered, "p50_ms": e.p50_ms, "p95_ms": e.p95_ms, "p99_ms": e.p99_ms}
             for e in result.endpoints]
@@ -78,25 +113,30 @@ def analytics_command(since: datetime | None, until: datetime | None, master: st
         console.print(table)
 
     emit(rows, render)
+    _finish(run, spark, before, "analytics", result.rows_read)
 
 
 
 @pipeline_group.command("export")
-@click.option("--before", required=True, type=click.DateTime(), help="Export whole months created before this (UTC).")
+@click.option("--before", "older_than", required=True, type=click.DateTime(),
+              help="Export whole months created before this (UTC).")
 @click.option("--to", "to", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the Parquet files (month=YYYY-MM/endpoint=NAME/).")
 @click.option("--drop", is_flag=True, help="Drop each month from the archive once its files are verified.")
 @spark_options
 @common_options
-def export_command(before: datetime, to: Path, drop: bool, master: str, verbose: bool) -> None:
+def export_command(older_than: datetime, to: Path, drop: bool, master: str, verbose: bool) -> None:
     """Archive months to Parquet, verified by row count and checksum, optionally dropped.
 
     Interrupted, it resumes: verified months are skipped and unverified files redone."""
+    run = _begin(verbose)
     from console.pipeline import export
-    from console.pipeline.session import one_line_errors, progress
+    from console.pipeline.session import job_ids, one_line_errors, progress
 
     dsn = database_url()
-    spark = _session(master, verbose)
+    size = _archive_rows(dsn, run)
+    spark = _session(run, master, verbose, size)
+    before = job_ids(spark)
 
     def report(month: export.MonthExport) -> None:
         if not wants_json():
@@ -105,10 +145,11 @@ def export_command(before: datetime, to: Path, drop: bool, master: str, verbose:
                           highlight=False)
 
     with one_line_errors(), progress(spark, "exporting", enabled=not wants_json()):
-        done = export.run(spark, dsn, _utc(before), to, drop=drop, on_month=report)
+        done = export.run(spark, dsn, _utc(older_than), to, drop=drop, on_month=report, input_rows=size)
     emit([vars(m) for m in done], lambda: console.print(
         f"{len(done)} month(s) in {to}" if done else "no whole month of the archive is older than --before",
         highlight=False))
+    _finish(run, spark, before, "export", sum(m.rows for m in done))
 
 
 @pipeline_group.command("replay")
@@ -132,16 +173,19 @@ def replay_command(source: Path | None, endpoints: tuple[str, ...], since: datet
     """Enqueue archived messages again, selected by endpoint, time, status, correlation id
     and payload. A message is replayed once: one replayed before (by this command, `courier
     archive replay`, replay-message or the console) is skipped unless --again."""
+    run = _begin(verbose)
     from console.pipeline import predicates, replay
-    from console.pipeline.session import one_line_errors, progress
+    from console.pipeline.session import job_ids, one_line_errors, progress
 
     for text in where:
         predicates.parse(text)  # a typo fails before Spark starts
     selection = replay.Selection(endpoints, _utc(since), _utc(until), statuses, correlation_ids, where)
     dsn = database_url()
-    spark = _session(master, verbose)
+    size = replay.source_rows(source) if source is not None else _archive_rows(dsn, run)
+    spark = _session(run, master, verbose, size)
+    before = job_ids(spark)
     with one_line_errors(), progress(spark, "replaying", enabled=not wants_json()):
-        result = replay.run(spark, dsn, selection, source, dry_run=dry_run, again=again)
+        result = replay.run(spark, dsn, selection, source, dry_run=dry_run, again=again, input_rows=size)
     skipped = "copied again (--again)" if again else "skipped (--again enqueues fresh copies)"
 
     def render() -> None:
@@ -153,6 +197,7 @@ def replay_command(source: Path | None, endpoints: tuple[str, ...], since: datet
                           f"{result.already_replayed:,} replayed before, {skipped}", highlight=False)
 
     emit({**vars(result), "would_enqueue": result.would_enqueue}, render)
+    _finish(run, spark, before, "replay (dry run)" if dry_run else "replay", result.matched)
 
 
 @pipeline_group.command("ingest")
@@ -176,14 +221,17 @@ def ingest_command(path: Path, endpoint: str, priority: int, file_format: str | 
     Bad rows (any the send path refuses, with the reason it gives) are reported by line
     and skipped; good rows are enqueued once, even if the same file is ingested again, so a
     run that failed part way is finished by running it again. Exits 1 if any row was bad."""
+    run = _begin(verbose)
     from console.pipeline import ingest
-    from console.pipeline.session import one_line_errors, progress
+    from console.pipeline.session import job_ids, one_line_errors, progress
 
     dsn = database_url()
-    spark = _session(master, verbose)
+    size = ingest.estimate_rows(path, file_format)
+    spark = _session(run, master, verbose, size)
+    before = job_ids(spark)
     with one_line_errors(), progress(spark, "ingesting", enabled=not wants_json()):
         result = ingest.run(spark, dsn, path, endpoint, priority=priority, file_format=file_format,
-                            envelope=envelope)
+                            envelope=envelope, input_rows=size)
 
     def render() -> None:
         for problem in result.errors:
@@ -195,6 +243,7 @@ def ingest_command(path: Path, endpoint: str, priority: int, file_format: str | 
                       f"{result.bad:,} bad row(s) skipped", highlight=False)
 
     emit(vars(result), render)
+    _finish(run, spark, before, "ingest", result.rows)
     if result.bad:
         sys.exit(1)
 

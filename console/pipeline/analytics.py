@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 from sqlkit import analytics as store
 from sqlkit.connection import connect
 
+from .session import phase, small_input
+from .source import load
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -58,7 +61,7 @@ def floor_hour(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
-def _outcomes(df: DataFrame, *keys: str) -> DataFrame:
+def _outcomes(df: DataFrame, *keys: str, rows: bool = False) -> DataFrame:
     from pyspark.sql import functions as F
 
     def percentile(p: float) -> Any:
@@ -69,19 +72,22 @@ def _outcomes(df: DataFrame, *keys: str) -> DataFrame:
         F.coalesce(F.sum("failures"), F.lit(0)).cast("long").alias("failed"),
         F.count_if(F.col("status") == "expired").alias("expired"),
         F.count_if(F.col("status") == "failed").alias("dead_lettered"),
-        percentile(0.5).alias("p50_ms"), percentile(0.95).alias("p95_ms"), percentile(0.99).alias("p99_ms"))
+        percentile(0.5).alias("p50_ms"), percentile(0.95).alias("p95_ms"), percentile(0.99).alias("p99_ms"),
+        *([F.count(F.lit(1)).alias("rows")] if rows else []))
 
 
-def compute(spark: SparkSession, dsn: str, since: datetime | None, until: datetime) -> dict[str, Any]:
-    """The job's results as plain rows: hourly, attempts, errors, summary, rows_read."""
+def compute(spark: SparkSession, dsn: str, since: datetime | None, until: datetime, *,
+            local: bool = False) -> dict[str, Any]:
+    """The job's results as plain rows: hourly, attempts, errors, summary, rows_read. local: a
+    small archive, read in the driver (source.load)."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    reader = (spark.read.format("courier").option("dsn", dsn).option("table", "archive")
-              .option("columns", COLUMNS).option("time_column", "completed_at").option("until", until.isoformat()))
+    options = {"dsn": dsn, "table": "archive", "columns": COLUMNS, "time_column": "completed_at",
+               "until": until.isoformat()}
     if since is not None:
-        reader = reader.option("since", since.isoformat())
+        options["since"] = since.isoformat()
     # Only the derived columns are cached: the raw error histories are the bulk of each row.
     def error_class(entry: Any) -> Any:
         outcome, error = entry["outcome"], entry["error"]
@@ -91,16 +97,18 @@ def compute(spark: SparkSession, dsn: str, since: datetime | None, until: dateti
             found = found.when(error.rlike(f"(?i){pattern}"), F.lit(name))
         return found.when(outcome.isin(*WORKER_OUTCOMES), outcome).otherwise(F.lit("unknown"))
 
-    archived = (reader.load().select(
+    with phase("analytics: read the archive here, in the driver" if local else
+               "analytics: plan the archive's read (the data source's schema)"):
+        loaded = load(spark, options, local=local)
+    archived = (loaded.select(
         "endpoint_id", "status", "retry_count", F.date_trunc("hour", "completed_at").alias("hour"),
         F.when(F.col("status") == "completed",
                F.unix_micros("completed_at") - F.unix_micros("created_at")).alias("latency_us"),
         F.transform(F.from_json("error_history", ERROR_ENTRY), error_class).alias("error_classes"),
     ).withColumn("failures", F.size("error_classes")).persist(StorageLevel.MEMORY_AND_DISK))
     try:
-        rows_read = archived.count()
         hourly = _outcomes(archived, "endpoint_id", "hour")
-        summary = _outcomes(archived, "endpoint_id")
+        summary = _outcomes(archived, "endpoint_id", rows=True)  # rows_read too: no count job of its own
         attempts = (archived.where(F.col("status") != "expired")
                     .groupBy("endpoint_id", "hour", (F.col("retry_count") + 1).alias("attempts"))
                     .agg(F.count(F.lit(1)).alias("messages")))
@@ -109,10 +117,15 @@ def compute(spark: SparkSession, dsn: str, since: datetime | None, until: dateti
         ranked = Window.partitionBy("endpoint_id", "hour").orderBy(F.desc("occurrences"), F.asc("error_class"))
         errors = (classes.withColumn("rank", F.row_number().over(ranked)).where(F.col("rank") <= TOP_ERRORS)
                   .drop("rank"))
-        return {"rows_read": rows_read,
-                **{name: frame.toArrow().to_pylist()
-                   for name, frame in (("hourly", hourly), ("summary", summary), ("attempts", attempts),
-                                       ("errors", errors))}}
+        found: dict[str, Any] = {}
+        # The summary first: its job reads the archive into the cache the other three reuse.
+        for name, frame in (("summary", summary), ("hourly", hourly), ("attempts", attempts), ("errors", errors)):
+            with phase(f"analytics: {name} (Spark job)"):
+                spark.sparkContext.setJobDescription(f"analytics: {name}")
+                found[name] = frame.toArrow().to_pylist()
+        spark.sparkContext.setJobDescription(None)
+        found["rows_read"] = sum(row.pop("rows") for row in found["summary"])
+        return found
     finally:
         archived.unpersist()
 
@@ -129,12 +142,14 @@ def _copy_in(conn: Any, table: str, rows: list[dict[str, Any]], columns: tuple[s
 
 
 def run(spark: SparkSession, dsn: str, since: datetime | None, until: datetime | None = None,
-        master: str = "local[*]") -> AnalyticsResult:
+        master: str = "local[*]", input_rows: int | None = None) -> AnalyticsResult:
+    """input_rows: the archive's size (an estimate); up to SMALL_INPUT_ROWS it is read in the driver."""
     started = datetime.now(UTC)
     range_from = floor_hour(since) if since is not None else None
     range_to = (until or started).astimezone(UTC)
-    found = compute(spark, dsn, range_from, range_to)
-    with connect(dsn, autocommit=False) as conn, conn.transaction():
+    found = compute(spark, dsn, range_from, range_to, local=small_input(input_rows))
+    with phase("analytics: store the results in PostgreSQL"), connect(dsn, autocommit=False) as conn, \
+            conn.transaction():
         names = store.endpoint_names(conn)
         endpoints = sorted((EndpointSummary(endpoint=names.get(row["endpoint_id"], f"#{row['endpoint_id']}"), **row)
                             for row in found["summary"]), key=lambda s: s.endpoint)

@@ -18,7 +18,8 @@ from sqlkit import analytics as store
 from sqlkit import archive
 from sqlkit.connection import connect
 
-from .session import PipelineError
+from .session import PipelineError, phase, small_input
+from .source import load
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -69,13 +70,15 @@ def frame_checksum(df: DataFrame) -> tuple[int, str]:
     return int(row["rows"]), str(row["checksum"] if row["checksum"] is not None else 0)
 
 
-def read_month(spark: SparkSession, dsn: str, month: datetime) -> DataFrame:
+def read_month(spark: SparkSession, dsn: str, month: datetime, *, local: bool = False) -> DataFrame:
+    """The month's archived messages with their endpoint's name. local: a small archive, read
+    in the driver (source.load)."""
     from pyspark.sql import functions as F
 
-    messages = (spark.read.format("courier").option("dsn", dsn).option("table", "archive")
-                .option("since", month.isoformat()).option("until", next_month(month).isoformat()).load())
-    names = (spark.read.format("courier").option("dsn", dsn).option("table", "endpoints")
-             .option("columns", "id,name").load().withColumnsRenamed({"id": "_endpoint_id", "name": "_name"}))
+    messages = load(spark, {"dsn": dsn, "table": "archive", "since": month.isoformat(),
+                            "until": next_month(month).isoformat()}, local=local)
+    with connect(dsn) as conn:  # a few rows: built in the driver, not read by a Python task
+        names = spark.createDataFrame(list(store.endpoint_names(conn).items()), "_endpoint_id long, _name string")
     fallback = F.concat(F.lit("#"), F.col("endpoint_id").cast("string"))
     return (messages.join(F.broadcast(names), messages.endpoint_id == names._endpoint_id, "left")
             .withColumn("endpoint", F.coalesce(F.col("_name"), fallback))
@@ -97,7 +100,8 @@ def _publish(staging: Path, final: Path, manifest: dict[str, Any]) -> None:
     (final / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
 
 
-def export_month(spark: SparkSession, dsn: str, root: Path, month: datetime, *, drop: bool) -> MonthExport:
+def export_month(spark: SparkSession, dsn: str, root: Path, month: datetime, *, drop: bool,
+                 local: bool = False) -> MonthExport:
     final = month_folder(root, month)
     with connect(dsn) as conn:
         rows, checksum = pg_checksum(conn, month)
@@ -112,8 +116,13 @@ def export_month(spark: SparkSession, dsn: str, root: Path, month: datetime, *, 
     state = "already exported"
     if not done:
         staging = root / f".staging-month={month:%Y-%m}-{uuid.uuid4().hex[:8]}"
-        read_month(spark, dsn, month).write.partitionBy("endpoint").parquet(str(staging))
-        written = frame_checksum(spark.read.parquet(str(staging)))
+        with phase(f"export: write {month:%Y-%m} to Parquet (Spark job)"):
+            spark.sparkContext.setJobDescription(f"export: write {month:%Y-%m}")
+            read_month(spark, dsn, month, local=local).write.partitionBy("endpoint").parquet(str(staging))
+        with phase(f"export: verify {month:%Y-%m} (Spark job)"):
+            spark.sparkContext.setJobDescription(f"export: verify {month:%Y-%m}")
+            written = frame_checksum(spark.read.parquet(str(staging)))
+        spark.sparkContext.setJobDescription(None)
         if written != (rows, checksum):
             shutil.rmtree(staging, ignore_errors=True)
             raise PipelineError(f"export of {month:%Y-%m} did not verify: PostgreSQL has {rows} row(s), checksum "
@@ -149,7 +158,8 @@ def _drop_month(dsn: str, month: datetime, rows: int, checksum: str) -> None:
 
 
 def run(spark: SparkSession, dsn: str, before: datetime, root: Path, *, drop: bool = False,
-        on_month: Callable[[MonthExport], None] | None = None) -> list[MonthExport]:
+        on_month: Callable[[MonthExport], None] | None = None, input_rows: int | None = None) -> list[MonthExport]:
+    """input_rows: the archive's size (an estimate); up to SMALL_INPUT_ROWS it is read in the driver."""
     root.mkdir(parents=True, exist_ok=True)
     for leftover in root.glob(".staging-month=*"):
         shutil.rmtree(leftover, ignore_errors=True)  # an interrupted run's unverified files
@@ -157,7 +167,7 @@ def run(spark: SparkSession, dsn: str, before: datetime, root: Path, *, drop: bo
         months = months_before(conn, before)
     done = []
     for month in months:
-        result = export_month(spark, dsn, root, month, drop=drop)
+        result = export_month(spark, dsn, root, month, drop=drop, local=small_input(input_rows))
         done.append(result)
         if on_month:
             on_month(result)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from sqlkit import analytics as store
 from sqlkit.connection import connect
 
-from .session import PipelineError
+from .session import PipelineError, phase, small_input
 from .source import MESSAGE_FIELDS, in_order
 
 if TYPE_CHECKING:
@@ -254,10 +255,89 @@ def _parquet_row(fields: list[str]) -> Any:
     return check
 
 
+def estimate_rows(path: Path, file_format: str | None = None) -> int | None:
+    """About how many rows the file holds, without Spark: a text file's lines (its size over
+    64 past 64 MB, which is large either way), a Parquet file's footer count; None if unknown."""
+    try:
+        kind = detect_format(path, file_format)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return sum(pq.read_metadata(f).num_rows for f in files if not f.name.startswith(("_", ".")))
+        size = sum(f.stat().st_size for f in files)
+        if size > 64 << 20:
+            return size // 64
+        return sum(f.read_bytes().count(b"\n") + 1 for f in files)
+    except (PipelineError, OSError, ValueError):
+        return None
+
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _text_lines(path: Path) -> list[str]:
+    """The file's lines as Spark's textFile splits them (\\n, \\r\\n or \\r, no trailing empty line)."""
+    lines = _LINE_BREAK.split(path.read_bytes().decode("utf-8", errors="replace"))
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+def _csv_header(path: Path, first: str, envelope: bool) -> list[str]:
+    header = next(csv.reader([first]))
+    if envelope and "payload" not in header:
+        raise PipelineError(f"{path.name} has no payload column",
+                            hint="With --envelope the CSV needs a payload column of JSON")
+    return header
+
+
+def _checked_lines(path: Path, kind: str, envelope: bool) -> list[tuple[Any, ...]]:
+    """A text file's rows checked in this process: (line, payload, error, *fields) each."""
+    lines = _text_lines(path)
+    if kind == "csv":
+        if not lines:
+            raise PipelineError(f"{path.name} is empty: a CSV file needs a header line")
+        check = _csv(_csv_header(path, lines[0], envelope), envelope)
+        items = [(text, index) for index, text in enumerate(lines) if index > 0]
+    else:
+        check, items = _jsonl(envelope), [(text, index) for index, text in enumerate(lines)]
+    return [row for row in map(check, items) if row is not None]
+
+
+def _checked_rdd(spark: SparkSession, path: Path, kind: str, envelope: bool) -> Any:
+    """The same rows checked by Spark tasks, for files too large for one process."""
+    from pyspark.sql import functions as F
+
+    if kind == "parquet":
+        df = spark.read.parquet(str(path))
+        if "payload" in df.columns:
+            fields = [name for name in MESSAGE_FIELDS if name in df.columns]
+            types = dict(df.dtypes)
+            columns = [F.col(n) if types[n] in ("string", "int", "bigint", "smallint") else
+                       F.col(n).cast("string") if types[n].startswith("timestamp") else F.to_json(n).alias(n)
+                       for n in ("payload", *fields)]
+            checked = df.select(*columns).rdd.zipWithIndex().map(_parquet_row(fields))
+        else:
+            checked = df.select(F.to_json(F.struct(*df.columns))).rdd.zipWithIndex().map(_parquet_row([]))
+    else:
+        lines = spark.sparkContext.textFile(str(path)).zipWithIndex()
+        if kind == "csv":
+            first = lines.filter(lambda item: item[1] == 0).collect()
+            if not first:
+                raise PipelineError(f"{path.name} is empty: a CSV file needs a header line")
+            header = _csv_header(path, first[0][0], envelope)
+            checked = lines.filter(lambda item: item[1] > 0).map(_csv(header, envelope))
+        else:
+            checked = lines.map(_jsonl(envelope))
+    return checked.filter(lambda r: r is not None)
+
+
 def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: int = 0,
-        file_format: str | None = None, batch_size: int = 1000, envelope: bool = False) -> IngestResult:
+        file_format: str | None = None, batch_size: int = 1000, envelope: bool = False,
+        input_rows: int | None = None) -> IngestResult:
     """With envelope, each JSONL line or CSV row is a message object (ENVELOPE_FIELDS); a Parquet
-    file with a payload column always is. `priority` is the default for rows that set none."""
+    file with a payload column always is. `priority` is the default for rows that set none.
+    A small text file (input_rows up to SMALL_INPUT_ROWS) is checked here, in the driver, and
+    only the enqueueing runs on Spark; a larger one is checked by Spark tasks."""
     from pyspark.sql import functions as F
 
     if not path.exists():
@@ -272,49 +352,37 @@ def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: i
         raise PipelineError(f'endpoint "{endpoint}" is disabled', "55000",
                             "Enable it with `courier endpoint enable`")
     scope = f"ingest:{endpoint}:{fingerprint(path)}"
-    sc = spark.sparkContext
-    if kind == "parquet":
-        df = spark.read.parquet(str(path))
-        if "payload" in df.columns:
-            fields = [name for name in MESSAGE_FIELDS if name in df.columns]
-            types = dict(df.dtypes)
-            columns = [F.col(n) if types[n] in ("string", "int", "bigint", "smallint") else
-                       F.col(n).cast("string") if types[n].startswith("timestamp") else F.to_json(n).alias(n)
-                       for n in ("payload", *fields)]
-            checked = df.select(*columns).rdd.zipWithIndex().map(_parquet_row(fields))
-        else:
-            checked = df.select(F.to_json(F.struct(*df.columns))).rdd.zipWithIndex().map(_parquet_row([]))
+    small = kind != "parquet" and path.is_file() and small_input(input_rows)
+    if small:
+        with phase("ingest: read and check the rows (in the driver)"):
+            checked = _checked_lines(path, kind, envelope)
+            rows = spark.createDataFrame(checked, ROW_SCHEMA)
+            bad_rows = sorted((r[0], r[2]) for r in checked if r[2] is not None)
+            totals = {"rows": len(checked), "bad": len(bad_rows)}
+            errors = [RowError(line, error) for line, error in bad_rows[:REPORTED_ERRORS]]
     else:
-        lines = sc.textFile(str(path)).zipWithIndex()
-        if kind == "csv":
-            first = lines.filter(lambda item: item[1] == 0).collect()
-            if not first:
-                raise PipelineError(f"{path.name} is empty: a CSV file needs a header line")
-            header = next(csv.reader([first[0][0]]))
-            if envelope and "payload" not in header:
-                raise PipelineError(f"{path.name} has no payload column",
-                                    hint="With --envelope the CSV needs a payload column of JSON")
-            lines = lines.filter(lambda item: item[1] > 0)
-            checked = lines.map(_csv(header, envelope))
-        else:
-            checked = lines.map(_jsonl(envelope))
-    rows = spark.createDataFrame(checked.filter(lambda r: r is not None), ROW_SCHEMA).cache()
+        with phase("ingest: read and check the rows (Spark jobs)"):
+            rows = spark.createDataFrame(_checked_rdd(spark, path, kind, envelope), ROW_SCHEMA).cache()
+            totals = rows.agg(F.count(F.lit(1)).alias("rows"), F.count("error").alias("bad")).collect()[0]
+            errors = [RowError(r["line"], r["error"]) for r in
+                      rows.where(F.col("error").isNotNull()).orderBy("line").limit(REPORTED_ERRORS).collect()]
     try:
-        totals = rows.agg(F.count(F.lit(1)).alias("rows"), F.count("error").alias("bad")).collect()[0]
-        errors = [RowError(r["line"], r["error"]) for r in
-                  rows.where(F.col("error").isNotNull()).orderBy("line").limit(REPORTED_ERRORS).collect()]
         with connect(dsn) as conn:
             already = int(store.value(conn, "ledger_count", {"scope": scope}))
-        with tempfile.TemporaryDirectory(prefix="courier-ingest-") as folder:
+        with phase("ingest: enqueue the good rows (Spark job)"), \
+                tempfile.TemporaryDirectory(prefix="courier-ingest-") as folder:
+            spark.sparkContext.setJobDescription("ingest: enqueue")
             report = Path(folder) / "report.json"
             good = in_order(rows.where(F.col("error").isNull()), "line").select(
                 F.col("line").cast("string").alias("key"), "payload", *MESSAGE_FIELDS)
             (good.write.format("courier").mode("append").option("dsn", dsn).option("endpoint", endpoint)
              .option("priority", priority).option("scope", scope).option("batch_size", batch_size)
              .option("skip_refused", "true").option("report", str(report)).save())
+            spark.sparkContext.setJobDescription(None)
             written = json.loads(report.read_text()) if report.exists() else {}
     finally:
-        rows.unpersist()
+        if not small:
+            rows.unpersist()
     refused = [RowError(int(line), reason) for line, reason in written.get("refused", [])]
     bad = totals["bad"] + written.get("refused_count", 0)
     errors = sorted(errors + refused, key=lambda e: e.line)[:REPORTED_ERRORS]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -17,8 +18,8 @@ from sqlkit import analytics as store
 from sqlkit.connection import connect
 
 from . import predicates
-from .session import PipelineError
-from .source import in_order
+from .session import PipelineError, phase, small_input
+from .source import in_order, load
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -54,26 +55,46 @@ class ReplayResult:
         return self.matched if self.again else self.matched - self.already_replayed
 
 
-def select(spark: SparkSession, dsn: str, selection: Selection, source: Path | None) -> DataFrame:
-    """id, endpoint and the CARRIED fields of every selected message."""
+def endpoint_frame(spark: SparkSession, ids_by_name: dict[str, int]) -> DataFrame:
+    """The endpoints' ids and names as a frame built in the driver: a few rows, which a read
+    through the data source would cost a Python task (and its start) to fetch."""
+    return spark.createDataFrame([(id_, name) for name, id_ in ids_by_name.items()],
+                                 "_endpoint_id long, endpoint string")
+
+
+def source_rows(source: Path) -> int | None:
+    """The rows of the Parquet files under `source`, from their footers (None if unreadable)."""
+    import pyarrow.parquet as pq
+
+    try:
+        files = [source] if source.is_file() else sorted(source.rglob("*.parquet"))
+        return sum(pq.read_metadata(f).num_rows for f in files)
+    except (OSError, ValueError):
+        return None
+
+
+def select(spark: SparkSession, dsn: str, selection: Selection, source: Path | None, *,
+           local: bool = False) -> DataFrame:
+    """id, endpoint and the CARRIED fields of every selected message. local: a small archive,
+    read in the driver (source.load)."""
     from pyspark.sql import functions as F
 
     tests = [predicates.parse(text) for text in selection.where]
     if source is None:
-        reader = spark.read.format("courier").option("dsn", dsn).option("table", "archive").option(
-            "columns", ",".join(("id", "endpoint_id", "status", "created_at", *CARRIED)))
+        options = {"dsn": dsn, "table": "archive", "columns": ",".join(("id", "endpoint_id", "status", "created_at",
+                                                                        *CARRIED))}
         if selection.since:
-            reader = reader.option("since", selection.since.isoformat())
+            options["since"] = selection.since.isoformat()
         if selection.until:
-            reader = reader.option("until", selection.until.isoformat())
+            options["until"] = selection.until.isoformat()
         if tests:  # evaluated by PostgreSQL itself: payload @@ jsonpath
-            reader = reader.option("payload_filter", json.dumps([test.jsonpath for test in tests]))
-        df = reader.load()
-        names = (spark.read.format("courier").option("dsn", dsn).option("table", "endpoints")
-                 .option("columns", "id,name").load().withColumnsRenamed({"id": "_endpoint_id", "name": "endpoint"}))
+            options["payload_filter"] = json.dumps([test.jsonpath for test in tests])
+        with phase("replay: read the archive here, in the driver" if local else "replay: plan the archive's read"):
+            df = load(spark, options, local=local)
+        with connect(dsn) as conn:
+            known = {name: id_ for id_, name in store.endpoint_names(conn).items()}
+        names = endpoint_frame(spark, known)
         if selection.endpoints:
-            with connect(dsn) as conn:
-                known = {name: id_ for id_, name in store.endpoint_names(conn).items()}
             missing = [e for e in selection.endpoints if e not in known]
             if missing:
                 raise PipelineError(f"no endpoint named {', '.join(missing)}",
@@ -109,26 +130,46 @@ def _replayed_from(metadata: Any, archive_id: Any) -> Any:
         .otherwise(F.format_string('%s, "replayed_from": %d}', opened, archive_id))
 
 
+def replayed_before(dsn: str, ids: list[int]) -> int:
+    """How many of these archived ids were replayed before."""
+    if not ids:
+        return 0
+    with connect(dsn) as conn:
+        return sum(int(store.value(conn, "count_replayed", {"archive_ids": ids[at:at + 10_000]}))
+                   for at in range(0, len(ids), 10_000))
+
+
 def _count_replayed(dsn: str) -> Any:
     """Per Spark partition of archived ids: how many were replayed before."""
     def count(rows: Any) -> Any:
-        ids = [row[0] for row in rows]
-        if not ids:
-            return iter([0])
-        with connect(dsn) as conn:
-            return iter([sum(int(store.value(conn, "count_replayed", {"archive_ids": ids[at:at + 10_000]}))
-                             for at in range(0, len(ids), 10_000))])
+        return iter([replayed_before(dsn, [row[0] for row in rows])])
     return count
 
 
 def run(spark: SparkSession, dsn: str, selection: Selection, source: Path | None = None, *,
-        dry_run: bool = False, batch_size: int = 1000, again: bool = False) -> ReplayResult:
+        dry_run: bool = False, batch_size: int = 1000, again: bool = False,
+        input_rows: int | None = None) -> ReplayResult:
+    """input_rows: the size of the source (an estimate), to choose how to count."""
     from pyspark.sql import functions as F
 
-    chosen = select(spark, dsn, selection, source).cache()
+    small = small_input(input_rows)
+    chosen = select(spark, dsn, selection, source, local=small and source is None).cache()
     try:
-        counts = {row["endpoint"]: row["count"] for row in chosen.groupBy("endpoint").count().collect()}
-        already = int(chosen.select("id").rdd.mapPartitions(_count_replayed(dsn)).sum()) if counts else 0
+        if small:
+            # Few rows: their ids and endpoints in one job, counted here, instead of a count job
+            # and a Python task per partition asking PostgreSQL.
+            with phase("replay: select the messages (Spark job)"):
+                spark.sparkContext.setJobDescription("replay: select")
+                picked = chosen.select("id", "endpoint").toArrow().to_pydict()
+                spark.sparkContext.setJobDescription(None)
+            counts = dict(Counter(picked["endpoint"]))
+            with phase("replay: count those replayed before"):
+                already = replayed_before(dsn, picked["id"])
+        else:
+            with phase("replay: count the messages per endpoint (Spark job)"):
+                counts = {row["endpoint"]: row["count"] for row in chosen.groupBy("endpoint").count().collect()}
+            with phase("replay: count those replayed before (Spark job)"):
+                already = int(chosen.select("id").rdd.mapPartitions(_count_replayed(dsn)).sum()) if counts else 0
         with connect(dsn) as conn:
             enabled = {row["name"]: row["enabled"] for row in store.rows(conn, "endpoint_names")}
         result = ReplayResult(sum(counts.values()), already, by_endpoint=counts, dry_run=dry_run, again=again)
@@ -138,7 +179,7 @@ def run(spark: SparkSession, dsn: str, selection: Selection, source: Path | None
         if unusable:
             raise PipelineError(f"cannot replay into {', '.join(unusable)}: no such endpoint, or it is disabled",
                                 hint="Create or enable it, or narrow the selection with --endpoint")
-        with tempfile.TemporaryDirectory(prefix="courier-replay-") as folder:
+        with phase("replay: enqueue (Spark job)"), tempfile.TemporaryDirectory(prefix="courier-replay-") as folder:
             report = Path(folder) / "report.json"
             (in_order(chosen, "id")
              .select("endpoint", *(c for c in CARRIED if c != "metadata"),

@@ -1,5 +1,6 @@
-"""The SparkSession every pipeline job runs in: Java checked first, Spark's log noise kept
-in a log file unless --verbose, the `courier` data source registered, progress on stderr."""
+"""The SparkSession every pipeline job runs in: Java checked first, started lean for the job
+at hand, Spark's log kept in a file of this run's own, the `courier` data source registered,
+the phases timed (--verbose prints them) and progress on stderr."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import re
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import platformdirs
 
@@ -24,6 +28,14 @@ if TYPE_CHECKING:
 DEFAULT_MASTER = "local[*]"
 JAVA_HINT = ("Install a Java 17 or 21 runtime (e.g. `apt install openjdk-17-jre-headless`) "
              "or point JAVA_HOME at one")
+KEEP_LOGS = 20  # the newest run logs kept; older ones are removed when a run starts
+# Up to this many input rows a job is small: its Spark starts for a short life and plans its
+# shuffles as one partition. Above it, Spark starts for throughput and sizes them itself.
+SMALL_INPUT_ROWS = 50_000
+# JVM options for a short life, each measured on `spark.range(1).count()` (see DESIGN): C1 only
+# (C2 compiles for minutes of work a small job never does) and the serial collector (no GC
+# threads competing for two cores). -Xshare:auto, the JDK's class-data sharing, is the default.
+FAST_START_JVM = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 
 class PipelineError(CourierError):
@@ -38,70 +50,158 @@ def java_executable() -> str | None:
     return shutil.which("java")
 
 
-def spark_log_path() -> Path:
+def log_dir() -> Path:
     folder = Path(platformdirs.user_log_dir("courier"))
     folder.mkdir(parents=True, exist_ok=True)
-    return folder / "spark.log"
+    return folder
 
 
-def get_session(master: str | None = None, *, verbose: bool = False) -> SparkSession:
-    """The running session if its master matches (tests share one), else a new one."""
-    try:
-        from pyspark import SparkConf, SparkContext
-        from pyspark.java_gateway import launch_gateway
-        from pyspark.sql import SparkSession
-    except ImportError as error:  # pragma: no cover - a broken install
-        raise PipelineError(f"pyspark is not installed ({error})",
-                            hint="Install Courier with `pip install -e '.[test]'`") from None
+def new_log_path(now: datetime | None = None, keep: int = KEEP_LOGS) -> Path:
+    """This run's own Spark log, spark-YYYYmmdd-HHMMSS-<pid>.log; the oldest beyond `keep` go."""
+    folder = log_dir()
+    old = sorted(folder.glob("spark-*.log"), key=lambda p: p.stat().st_mtime)
+    for stale in old[:max(0, len(old) - (keep - 1))]:
+        with contextlib.suppress(OSError):
+            stale.unlink()
+    return folder / f"spark-{(now or datetime.now()):%Y%m%d-%H%M%S}-{os.getpid()}.log"
+
+
+@dataclass
+class Run:
+    """One pipeline command: its Spark log file, its phases and their times, its clock."""
+    verbose: bool = False
+    log_path: Path = field(default_factory=new_log_path)
+    started: float = field(default_factory=time.perf_counter)
+    phases: list[tuple[str, float]] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            took = time.perf_counter() - began
+            self.phases.append((name, took))
+            if self.verbose:
+                _say(f"  {took:6.2f} s  {name}")
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+_current: Run | None = None
+_session_log: Path | None = None  # the log file of the run that started the running JVM
+
+
+def current_run() -> Run:
+    """The run of the command in progress (one is made if none was started)."""
+    global _current
+    if _current is None:
+        _current = Run()
+    return _current
+
+
+def start_run(verbose: bool = False) -> Run:
+    global _current
+    _current = Run(verbose=verbose)
+    return _current
+
+
+def phase(name: str) -> contextlib.AbstractContextManager[None]:
+    """Times a step of the current run (printed under --verbose)."""
+    return current_run().phase(name) if _current is not None else contextlib.nullcontext()
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _run_log_hint() -> str:
+    return str(_current.log_path) if _current is not None else str(log_dir())
+
+
+def get_session(master: str | None = None, *, verbose: bool = False,
+                input_rows: int | None = None) -> SparkSession:
+    """The running session if its master matches (tests share one), else a new one, started
+    for the job at hand: input_rows (an estimate; None if unknown) up to SMALL_INPUT_ROWS
+    starts it lean. Spark's own log goes to this run's log file."""
+    global _session_log
+    from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None and (master is None or active.sparkContext.master == master):
-        return active
+        if _session_log is not None:  # its JVM still writes to the log of the run that started it
+            current_run().log_path = _session_log
+        return active  # as it was started: its settings are its owner's
     if active is not None:
         active.stop()
     if java_executable() is None:
         raise PipelineError("Java was not found: the pipeline runs on Apache Spark, which needs a Java runtime",
                             hint=JAVA_HINT)
-    # Executors (local or on a cluster of this machine) run the same Python as the driver.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    run = current_run()
+    _session_log = run.log_path
+    with run.phase("start the JVM and the Py4J gateway"):
+        from pyspark import SparkConf, SparkContext
+        from pyspark.java_gateway import launch_gateway
 
-    conf = SparkConf().setMaster(master or DEFAULT_MASTER).setAppName("courier pipeline")
-    for key, value in {
+        # Executors (local or on a cluster of this machine) run the same Python as the driver.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        small = small_input(input_rows)
+        conf = SparkConf().setMaster(master or DEFAULT_MASTER).setAppName("courier pipeline")
+        for key, value in session_conf(small, verbose).items():
+            conf.set(key, value)
+        if small:  # spark-submit's launcher is a JVM of its own, started before Spark's
+            os.environ.setdefault("SPARK_LAUNCHER_OPTS", " ".join(FAST_START_JVM))
+        with run.log_path.open("ab") as log_file:
+            try:
+                gateway = launch_gateway(conf, popen_kwargs={"stdout": log_file, "stderr": log_file})
+            except Exception as error:
+                raise _did_not_start(error) from None
+    with run.phase("start the SparkContext"):
+        try:
+            context = SparkContext(conf=conf, gateway=gateway)
+        except Exception as error:
+            raise _did_not_start(error) from None
+        context.setLogLevel("WARN" if verbose else "ERROR")
+    with run.phase("start the SparkSession, register the courier data source"):
+        session = SparkSession(context)
+        register(session)
+    return session
+
+
+def _did_not_start(error: Exception) -> PipelineError:
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return PipelineError(f"Spark did not start: {first}", hint=f"Spark's log of this run: {_run_log_hint()}")
+
+
+def session_conf(small: bool, verbose: bool) -> dict[str, str]:
+    """What a session starts with: no UI, Arrow on, UTC. For a small job also a JVM that starts
+    fast, and shuffles in one partition without adaptive query execution's extra job per
+    shuffle stage; for a large or unknown one, shuffles that adaptive execution sizes."""
+    log4j = resources.files("console.pipeline").joinpath("log4j2-quiet.properties")
+    java = [f"-Dlog4j2.configurationFile=file:{log4j}", f"-Dcourier.log.level={'warn' if verbose else 'error'}"]
+    if small:
+        java += FAST_START_JVM
+    return {
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.python.filterPushdown.enabled": "true",
-        "spark.sql.shuffle.partitions": "8",
+        "spark.sql.shuffle.partitions": "1" if small else "8",
+        "spark.sql.adaptive.enabled": "false" if small else "true",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.driver.memory": "1g",
         "spark.executor.memory": "1g",
-    }.items():
-        conf.set(key, value)
-    popen: dict[str, object] = {}
-    log_file = None
-    if not verbose:
-        quiet = resources.files("console.pipeline").joinpath("log4j2-quiet.properties")
-        conf.set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet}")
-        conf.set("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet}")
-        log_file = spark_log_path().open("ab")
-        popen = {"stdout": log_file, "stderr": log_file}
-    try:
-        gateway = launch_gateway(conf, popen_kwargs=popen)
-        context = SparkContext(conf=conf, gateway=gateway)
-    except Exception as error:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise PipelineError(f"Spark did not start: {first}",
-                            hint=f"Run again with --verbose, or read {spark_log_path()}") from None
-    finally:
-        if log_file is not None:
-            log_file.close()
-    if not verbose:
-        context.setLogLevel("ERROR")
-    session = SparkSession(context)
-    register(session)
-    return session
+        "spark.driver.extraJavaOptions": " ".join(java),
+        "spark.executor.extraJavaOptions": " ".join(java[:2]),
+    }
+
+
+def small_input(input_rows: int | None) -> bool:
+    return input_rows is not None and input_rows <= SMALL_INPUT_ROWS
 
 
 def register(session: SparkSession) -> None:
@@ -111,31 +211,68 @@ def register(session: SparkSession) -> None:
     session.dataSource.register(CourierDataSource)
 
 
+@dataclass(frozen=True)
+class Done:
+    """How far the Spark jobs started since a point are: stages and tasks, done and known."""
+    jobs: int = 0
+    stages: int = 0
+    stages_done: int = 0
+    tasks: int = 0
+    tasks_done: int = 0
+
+
+def job_ids(session: SparkSession) -> set[int]:
+    return set(session.sparkContext.statusTracker().getJobIdsForGroup(None))
+
+
+def done_since(session: SparkSession, before: set[int]) -> Done:
+    """Spark's status tracker on the jobs not in `before`: a stage counts as done when all its
+    tasks are, or when its job succeeded without running it (its output was reused)."""
+    tracker = session.sparkContext.statusTracker()
+    jobs = stages = stages_done = tasks = tasks_done = 0
+    for job_id in set(tracker.getJobIdsForGroup(None)) - before:
+        job = tracker.getJobInfo(job_id)
+        if job is None:
+            continue
+        jobs += 1
+        for stage_id in job.stageIds:
+            stages += 1
+            info = tracker.getStageInfo(stage_id)
+            if info is None:  # not run: skipped, or not started yet
+                stages_done += job.status == "SUCCEEDED"
+                continue
+            tasks += info.numTasks
+            tasks_done += info.numCompletedTasks
+            stages_done += info.numCompletedTasks >= info.numTasks
+    return Done(jobs, stages, stages_done, tasks, tasks_done)
+
+
 @contextlib.contextmanager
-def progress(session: SparkSession, label: str, *, enabled: bool = True) -> Iterator[None]:
-    """Shows the running Spark stages' task counts on stderr while the block runs."""
-    if not enabled or not sys.stderr.isatty():
+def progress(session: SparkSession, label: str, *, enabled: bool = True, console: Any = None,
+             interval: float = 0.25) -> Iterator[None]:
+    """A bar on stderr (when it is a terminal) fed by Spark's status tracker: the tasks of
+    the stages started so far, done and known, and the stages done."""
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    if not enabled or not console.is_terminal:
         yield
         return
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    tracker = session.sparkContext.statusTracker()
+    before = job_ids(session)
     stop = threading.Event()
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=Console(stderr=True), transient=True)
-    task = bar.add_task(label, total=None)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tasks"),
+                   TextColumn("{task.fields[stages]}"), TimeElapsedColumn(), console=console, transient=True)
+    task = bar.add_task(label, total=None, stages="")
 
     def poll() -> None:
-        while not stop.wait(0.5):
-            total = done = 0
-            for stage_id in tracker.getActiveStageIds():
-                info = tracker.getStageInfo(stage_id)
-                if info is not None:
-                    total += info.numTasks
-                    done += info.numCompletedTasks
-            if total:
-                bar.update(task, total=total, completed=done)
+        while not stop.wait(interval):
+            with contextlib.suppress(Exception):  # the tracker is best effort; the job's error is not ours
+                now = done_since(session, before)
+                if now.tasks:
+                    bar.update(task, total=now.tasks, completed=now.tasks_done,
+                               stages=f"stage {now.stages_done}/{now.stages} of {now.jobs} job(s)")
 
     with bar:
         thread = threading.Thread(target=poll, daemon=True)
@@ -147,12 +284,32 @@ def progress(session: SparkSession, label: str, *, enabled: bool = True) -> Iter
             thread.join()
 
 
+def print_jobs(session: SparkSession, before: set[int] | None = None) -> None:
+    """Each Spark job of this run with its time and tasks, from Spark's status store (--verbose)."""
+    with contextlib.suppress(Exception):  # an internal API: best effort
+        jobs = session.sparkContext._jsc.sc().statusStore().jobsList(None)
+        found = []
+        for index in range(jobs.size()):
+            job = jobs.apply(index)
+            if before is not None and job.jobId() in before:
+                continue
+            took = None
+            if job.submissionTime().isDefined() and job.completionTime().isDefined():
+                took = (job.completionTime().get().getTime() - job.submissionTime().get().getTime()) / 1000
+            description = job.description().get() if job.description().isDefined() else job.name()
+            found.append((job.jobId(), took, job.numTasks(), str(job.status()), description))
+        for job_id, took, tasks, status, description in sorted(found):
+            timing = f"{took:6.2f} s" if took is not None else "     - "
+            _say(f"  {timing}    Spark job {job_id}: {description} ({tasks} task(s), {status.lower()})")
+
+
 _TASK_ERROR = re.compile(r"(?:psycopg\.errors\.\w+|sqlkit\.errors\.\w+|ValueError|\w+Error): (.+)")
 
 
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
-    """A failed Spark job as one PipelineError line: the task's own error, not the JVM trace."""
+    """A failed Spark job as one PipelineError line: the task's own error, not the JVM trace;
+    its hint names this run's Spark log."""
     try:
         yield
     except CourierError:
@@ -166,4 +323,4 @@ def one_line_errors() -> Iterator[None]:
         reason = next((r for r in reversed(reasons) if "[courier]" in r), reasons[-1] if reasons else None)
         first = reason or (text.strip().splitlines() or [type(error).__name__])[0]
         raise PipelineError(f"the Spark job failed: {first.replace('[courier] ', '')}",
-                            hint=f"Run again with --verbose for Spark's log ({spark_log_path()})") from None
+                            hint=f"Spark's log of this run: {_run_log_hint()}") from None

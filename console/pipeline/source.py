@@ -99,6 +99,41 @@ def _connect(dsn: str, *, autocommit: bool = True) -> Any:
     return conn
 
 
+def load(spark: Any, options: dict[str, Any], *, local: bool = False) -> Any:
+    """A frame of the courier data source with these options. local (for a small input): the
+    same reader runs here, in the driver, and hands Spark its rows as one Arrow table, so no
+    Python planner or task process is started for it; the frame is then a local relation."""
+    if not local:
+        reader = spark.read.format("courier")
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return reader.load()
+    import pyarrow as pa
+
+    source = CourierDataSource({key: str(value) for key, value in options.items()})
+    schema = source.schema()
+    reader = source.reader(schema)
+    batches = [batch for part in reader.partitions() for batch in reader.read(part)]
+    table = pa.Table.from_batches(batches, schema=pa.schema([(c.name, c.arrow_type) for c in reader.columns]))
+    return spark.createDataFrame(table, schema=schema)
+
+
+def archive_rows(dsn: str) -> int:
+    """The archive's rows as the planner estimates them, without counting: each partition's
+    statistics, or its id range where it has none yet (an upper bound)."""
+    from sqlkit import analytics, archive
+
+    total = 0
+    with _connect(dsn) as conn:
+        for part in archive.partitions(conn):
+            estimate = analytics.value(conn, "relation_rows", {"relation": f"courier.{part.partition_name}"})
+            if estimate is None or estimate <= 0:
+                bounds = analytics.rows(conn, "id_bounds", relation=("courier", part.partition_name))[0]
+                estimate = 0 if bounds["low"] is None else int(bounds["high"]) - int(bounds["low"]) + 1
+            total += int(estimate)
+    return total
+
+
 def _timestamp(text: str | None) -> datetime | None:
     if not text:
         return None
