@@ -1,12 +1,23 @@
-"""spark: the pipeline against the same work done in PostgreSQL. The data source's read rate
-per core against raw COPY of the same rows, and `pipeline analytics` against the same
-aggregations as SQL queries, at growing archive sizes, with where the lines would cross."""
+"""spark: the pipeline's small jobs against the trivial Spark job, and the pipeline against
+the same work done in PostgreSQL.
+
+By default: `courier pipeline analytics`, `ingest` and `replay --dry-run` (and `export`, for
+the record) over 1,000 rows, each as a user runs it (a fresh process, so Spark's start-up is
+included), against `spark.range(1).count()` in a fresh process whose session starts the same
+way. With sizes: the data source's read rate per core against raw COPY of the same rows, and
+`pipeline analytics` against the same aggregations as SQL queries, at growing archive sizes,
+with where the lines would cross."""
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,10 +27,13 @@ from psycopg import sql
 
 from sqlkit import analytics as store
 from sqlkit.connection import connect
+from sqlkit.errors import CourierError
 
 from .result import Measurement, ScenarioResult
 
-DEFAULT_SIZES = (100_000, 1_000_000)
+DEFAULT_SIZES: tuple[int, ...] = ()  # the heavy measurements, e.g. (100_000, 1_000_000)
+SMALL_ROWS = 1000
+SMALL_TARGET = 1.5  # each small job takes at most this many times the trivial job
 MASTER = "local[2]"
 CORES = 2
 READ_COLUMNS = "id,endpoint_id,status,retry_count,error_history,completed_at,created_at,payload"
@@ -195,16 +209,114 @@ def _crossing(points: list[tuple[int, float, float]]) -> str:
     return f"{per_million}: the lines cross near {crossing / 1e6:,.1f}M rows"
 
 
+# The trivial job, its session started as a pipeline command over SMALL_ROWS starts its own.
+BASELINE = ("from console.pipeline.session import get_session; "
+            "get_session({master!r}, input_rows={rows}).range(1).count()")
+CLI = "import sys; from console.cli import main; sys.exit(main(prog_name='courier'))"
+
+
+@dataclass(frozen=True)
+class Timed:
+    seconds: float
+    output: str
+
+
+def _timed(argv: list[str]) -> Timed:
+    """Wall time of a fresh process, from its start to its exit; its stdout."""
+    started = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
+        raise CourierError(f"{' '.join(argv[3:5])} exited with code {done.returncode}: {last}")
+    return Timed(elapsed, done.stdout)
+
+
+def _small_jobs(dsn: str, folder: Path) -> dict[str, Sequence[Callable[[int], list[str]]]]:
+    """Each small job as the command line a user types, per round (each round ingests its own
+    file and exports to its own folder, so no round finds its work already done)."""
+    def pipeline(*args: str) -> list[str]:
+        return [sys.executable, "-c", CLI, "pipeline", *args, "--dsn", dsn, "--master", MASTER, "--json"]
+
+    def ingest_file(round_: int) -> str:
+        path = folder / f"backfill-{round_}.jsonl"
+        if not path.exists():
+            path.write_text("".join(json.dumps({"round": round_, "n": n, "order": {"total": n % 250}}) + "\n"
+                                    for n in range(SMALL_ROWS)))
+        return str(path)
+
+    return {
+        "trivial": lambda r: [sys.executable, "-c", BASELINE.format(master=MASTER, rows=SMALL_ROWS)],
+        "analytics": lambda r: pipeline("analytics"),
+        "ingest": lambda r: pipeline("ingest", ingest_file(r), "--endpoint", "bench-0"),
+        "replay --dry-run": lambda r: pipeline("replay", "--dry-run"),
+        "export": lambda r: pipeline("export", "--before", "2026-11-01", "--to", str(folder / f"export-{r}")),
+    }
+
+
+def _check(name: str, output: str) -> str:
+    """What the job did, from its --json output: a job that did nothing is not a measurement."""
+    data = json.loads(output) if name != "trivial" else None
+    rows = {"analytics": lambda d: sum(e["delivered"] + e["expired"] + e["dead_lettered"] for e in d),
+            "ingest": lambda d: d["enqueued"], "replay --dry-run": lambda d: d["matched"],
+            "export": lambda d: sum(m["rows"] for m in d)}
+    if data is None:
+        return ""
+    found = rows[name](data)
+    if found != SMALL_ROWS:
+        raise CourierError(f"pipeline {name} handled {found} rows, not {SMALL_ROWS}")
+    return f"{found:,} rows"
+
+
+def small_jobs(dsn: str, rounds: int) -> list[ScenarioResult]:
+    """analytics, ingest, a replay dry run and export over 1,000 rows against the trivial job,
+    each a fresh process, interleaved round by round; medians, with the spread."""
+    with connect(dsn) as conn:
+        _grow(conn, 0, SMALL_ROWS)
+        conn.execute("SELECT courier.set_setting('max_queue_size', '2147483647')")
+    samples: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="courier-bench-spark-") as folder:
+        jobs = _small_jobs(dsn, Path(folder))
+        for round_ in range(rounds):
+            for name, argv in jobs.items():
+                timed = _timed(argv(round_))
+                _check(name, timed.output)
+                samples.setdefault(name, []).append(timed.seconds)
+    base = statistics.median(samples["trivial"])
+    spread = {name: f"{min(s):.1f}-{max(s):.1f} s" if len(s) > 1 else f"{s[0]:.1f} s"
+              for name, s in samples.items()}
+    results = []
+    for name, runs in samples.items():
+        if name == "trivial":
+            continue
+        took = statistics.median(runs)
+        target = SMALL_TARGET if name != "export" else None
+        results.append(ScenarioResult(
+            "spark", f"{name} over {SMALL_ROWS:,} rows", "runs/hour",
+            Measurement(3600 / took, took * 1000), Measurement(3600 / base, base * 1000),
+            target_ratio=1 / target if target else None,
+            notes=f"`courier pipeline {name}` {took:.1f} s ({spread[name]}) = {took / base:.2f}x "
+                  f"`spark.range(1).count()`'s {base:.1f} s ({spread['trivial']}), each a fresh process "
+                  f"in {MASTER}, median of {len(runs)}"
+                  + (f"; target <= {target}x" if target else "; no target (several jobs per month)")))
+    return results
+
+
 def spark(dsn: str, *, clients: int, seconds: float, rounds: int,
           sizes: Sequence[int] = DEFAULT_SIZES) -> list[ScenarioResult]:
+    from console.extras import require
+
+    require("spark", "courier bench spark")
+    results = small_jobs(dsn, rounds)
+    if not sizes:
+        return results
     from console.pipeline.session import get_session
 
     session = get_session(MASTER)
-    results: list[ScenarioResult] = []
     points: list[tuple[int, float, float]] = []
-    current = 0
+    current = SMALL_ROWS
     with connect(dsn) as conn:
-        for size in sorted(sizes):
+        for size in sorted(s for s in sizes if s > current):
             _grow(conn, current, size)
             current = size
             _read_rate(session, dsn, min(size, 1000))  # warm: Python workers started, plans cached
@@ -226,5 +338,6 @@ def spark(dsn: str, *, clients: int, seconds: float, rounds: int,
                 Measurement(size / spark_time), Measurement(size / sql_time),
                 notes=f"pipeline analytics {spark_time:.1f} s, the same four aggregations in SQL {sql_time:.1f} s; "
                       f"hourly results {'equal' if equal else 'DIFFER'}"))
-    results[-1] = ScenarioResult(**{**results[-1].__dict__, "notes": results[-1].notes + "; " + _crossing(points)})
+    if points:
+        results[-1] = ScenarioResult(**{**results[-1].__dict__, "notes": results[-1].notes + "; " + _crossing(points)})
     return results
