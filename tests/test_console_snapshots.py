@@ -149,6 +149,7 @@ DIALOGS_80x24 = {
     "help": ("overview", ("question_mark",), {}, (), None),
     "jump": ("overview", ("colon",), {}, (), None),
     "jump-unknown": ("overview", ("colon", "x", "y", "z"), {}, ("enter",), "toast"),
+    "command-palette": ("overview", ("ctrl+p", "d", "l", "q"), {}, (), None),
 }
 
 
