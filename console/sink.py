@@ -15,6 +15,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -41,10 +42,12 @@ class _Server(ThreadingHTTPServer):
 
 
 class WebhookSink:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, record: bool = True) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, record: bool = True,
+                 on_request: Callable[[ReceivedRequest], None] | None = None) -> None:
         sink = self
         self.received: list[ReceivedRequest] = []
         self._record = record
+        self._on_request = on_request
         self._lock = threading.Lock()
         self._in_progress = 0
         self.most_at_once = 0
@@ -108,10 +111,12 @@ class WebhookSink:
         length = int(handler.headers.get("content-length") or 0)
         body = handler.rfile.read(length) if length else b""
         url = urlsplit(handler.path)
+        request = ReceivedRequest(handler.command, url.path, {k.lower(): v for k, v in handler.headers.items()}, body)
         if self._record:
             with self._lock:
-                self.received.append(ReceivedRequest(handler.command, url.path,
-                                                     {k.lower(): v for k, v in handler.headers.items()}, body))
+                self.received.append(request)
+        if self._on_request is not None:
+            self._on_request(request)
         status, extra = self._answer(url.path, parse_qs(url.query))
         handler.send_response(status)
         for key, value in extra.items():

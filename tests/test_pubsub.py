@@ -226,7 +226,10 @@ def test_cli_creates_subscribes_and_publishes(dsn, conn):
 
     assert cli("unsubscribe", "order.created", "billing", dsn=dsn).code == 0
     assert cli("event-type", "drop", "order.created", dsn=dsn).code == 1
-    assert cli("event-type", "drop", "order.created", "--force", dsn=dsn).code == 0
+    declined = cli("event-type", "drop", "order.created", "--force", dsn=dsn, stdin="n\n")
+    assert declined.code == 1 and "remove all of its subscriptions?" in declined.out  # asks first, as redrive does
+    assert scalar(conn, "SELECT count(*) FROM courier.event_types") == 1
+    assert cli("event-type", "drop", "order.created", "--force", "--yes", dsn=dsn).code == 0
     assert scalar(conn, "SELECT count(*) FROM courier.event_types") == 0
 
 

@@ -72,12 +72,13 @@ def _register() -> None:
         pull,
         send,
         serve,
+        sink,
         status,
         worker,
     )
 
     for module in (db, endpoint, send, pubsub, pull, config, worker, status, dlq, archive, metrics, events, bench,
-                   demo, console, pipeline, serve, doctor):
+                   demo, console, pipeline, serve, doctor, sink):
         for command in module.COMMANDS:
             main.add_command(command)
 

@@ -35,9 +35,12 @@ def create(name: str, description: str | None) -> None:
 @event_type_group.command("drop")
 @click.argument("name")
 @click.option("--force", is_flag=True, help="Also remove its subscriptions.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @common_options
-def drop(name: str, force: bool) -> None:
+def drop(name: str, force: bool, yes: bool) -> None:
     """Drop event type NAME (refused while it has subscriptions, unless --force)."""
+    if force and not yes:
+        click.confirm(f"Drop {name} and remove all of its subscriptions?", abort=True)
     with open_connection() as conn:
         pubsub.drop_event_type(conn, name, force)
     emit({"name": name, "dropped": True}, lambda: console.print(f"dropped event type {name}", highlight=False))
