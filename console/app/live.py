@@ -40,6 +40,11 @@ class LivePane(Vertical):
         """True once the first poll has been rendered (tests and screenshots wait for it)."""
 
     @property
+    def polling(self) -> bool:
+        """A poll is under way (read or not yet rendered)."""
+        return self._polling
+
+    @property
     def courier(self) -> CourierApp:
         return self.app  # type: ignore[return-value]
 

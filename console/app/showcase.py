@@ -86,7 +86,7 @@ async def play_history(pilot, dsn: str, steps: int = HISTORY_STEPS, timeout: flo
                 app.clock = lambda moment=moment: moment
                 pane.poll_now()
                 deadline = loop.time() + timeout
-                while pane._polling:
+                while pane.polling:
                     if loop.time() > deadline:
                         raise TimeoutError(f"pane {pane.id} did not poll within {timeout} s")
                     await pilot.pause(0.01)
