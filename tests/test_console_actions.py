@@ -169,6 +169,31 @@ def test_create_endpoint_with_a_bad_config_shows_the_error_and_stores_nothing(ds
     assert scalar(conn, "SELECT protocol FROM courier.endpoints WHERE name = 'orders'") == "http"
 
 
+def test_create_a_pull_topic_with_the_example_config_its_protocol_brings(dsn, conn):
+    """Choosing a protocol replaces the example config, never one the operator edited."""
+    async def scenario(pilot, app):
+        await open_pane(pilot, "endpoints")
+        await pilot.press("n")
+        form = await wait_for(pilot, lambda: isinstance(app.screen, CreateEndpointForm) and app.screen,
+                              what="the form")
+        config = form.query_one("#config", TextArea)
+        form.query_one("#protocol", Select).value = "noop"
+        await wait_for(pilot, lambda: config.text == "{}", what="the noop example")
+        config.text = '{"note": "mine"}'
+        form.query_one("#protocol", Select).value = "http"
+        await pilot.pause(0.2)
+        assert config.text == '{"note": "mine"}'
+        config.text = ""
+        form.query_one("#protocol", Select).value = "pull"
+        await wait_for(pilot, lambda: "visibility_timeout" in config.text, what="the pull example")
+        form.query_one("#name", Input).value = "picks"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not isinstance(app.screen, CreateEndpointForm), what="the form to close")
+    run_console(dsn, scenario)
+    assert scalar(conn, "SELECT protocol FROM courier.endpoints WHERE name = 'picks'") == "pull"
+    assert scalar(conn, "SELECT config->>'visibility_timeout' FROM courier.endpoints WHERE name = 'picks'") == "60"
+
+
 def test_edit_retry_policy_validates_in_place(dsn, conn, noop_endpoints):
     async def scenario(pilot, app):
         await open_pane(pilot, "endpoints")
