@@ -160,7 +160,10 @@ def _settled_count(conn, session) -> int:
 
 def test_a_rerun_after_a_failed_ingest_writes_the_rest_exactly_once(spark, dsn, conn, billing, tmp_path):  # noqa: F811
     """A failure that is not a row's (the endpoint full) stops the job after some Spark
-    partitions committed; run again, the file's rows end up enqueued exactly once."""
+    partitions committed; run again, the file's rows end up enqueued exactly once. (The first
+    run takes the path of a large file, 8 partitions; the second, of a small one, one task.)"""
+    from console.pipeline import ingest
+
     conn.execute("SELECT courier.alter_endpoint('billing', p_config := '{\"max_depth\": 12}')")
     path = tmp_path / "orders.jsonl"
     path.write_text("".join(json.dumps({"payload": {"n": n}, "ordering_key": f"c{n % 8}"}) + "\n"
@@ -170,8 +173,8 @@ def test_a_rerun_after_a_failed_ingest_writes_the_rest_exactly_once(spark, dsn, 
     try:
         for name, value in conf.items():
             spark.conf.set(name, value)
-        failed = _ingest(dsn, str(path), "--endpoint", "billing", "--envelope")
-        assert failed.exit_code == 1 and "max_depth" in str(failed.exception), failed.exception
+        with pytest.raises(Exception, match="max_depth"):
+            ingest.run(spark, dsn, path, "billing", envelope=True, input_rows=None)
         partial = _settled_count(conn, spark)
         assert 0 < partial < 40  # the partitions that fitted committed
         conn.execute("SELECT courier.alter_endpoint('billing', p_config := '{\"max_depth\": 0}')")
@@ -182,3 +185,26 @@ def test_a_rerun_after_a_failed_ingest_writes_the_rest_exactly_once(spark, dsn, 
     assert (done["already_ingested"], done["enqueued"], done["bad"]) == (partial, 40 - partial, 0)
     assert [r[0] for r in conn.execute("SELECT (payload->>'n')::int FROM courier.queue ORDER BY 1")] == \
         list(range(1, 41))
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_a_large_file_checked_by_spark_tasks_gives_what_the_driver_gives(spark, dsn, conn, billing, tmp_path,  # noqa: F811
+                                                                        kind):
+    """A file over SMALL_INPUT_ROWS is checked by Spark tasks, a small one in the driver: the
+    same rows good and bad, with the same line numbers (\\r\\n, \\r and blank lines included)."""
+    from console.pipeline import ingest
+
+    if kind == "jsonl":
+        text = '{"n": 1}\r\n{"n": 2,\n\n{"n": NaN}\r{"n": 5}\n'
+    else:
+        text = 'order,total\r\nA1,10\nA2\r\nA3,30\n'
+    small, large = tmp_path / f"small.{kind}", tmp_path / f"large.{kind}"
+    small.write_text(text, newline="")
+    large.write_text(text, newline="")  # another file name: ingested afresh
+    driver = ingest.run(spark, dsn, small, "billing", input_rows=ingest.estimate_rows(small))
+    tasks = ingest.run(spark, dsn, large, "billing", input_rows=None)
+    assert ingest.estimate_rows(small) <= 5
+    assert (driver.rows, driver.good, driver.enqueued, driver.bad, driver.errors) \
+        == (tasks.rows, tasks.good, tasks.enqueued, tasks.bad, tasks.errors)
+    assert [e.line for e in driver.errors] == ([2, 4] if kind == "jsonl" else [3])
+    assert driver.enqueued == driver.good == 2

@@ -105,7 +105,9 @@ def compute(spark: SparkSession, dsn: str, since: datetime | None, until: dateti
         F.when(F.col("status") == "completed",
                F.unix_micros("completed_at") - F.unix_micros("created_at")).alias("latency_us"),
         F.transform(F.from_json("error_history", ERROR_ENTRY), error_class).alias("error_classes"),
-    ).withColumn("failures", F.size("error_classes")).persist(StorageLevel.MEMORY_AND_DISK))
+    ).withColumn("failures", F.size("error_classes")))
+    if not local:  # a local relation is in memory already: caching it again costs more than it saves
+        archived = archived.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         hourly = _outcomes(archived, "endpoint_id", "hour")
         summary = _outcomes(archived, "endpoint_id", rows=True)  # rows_read too: no count job of its own

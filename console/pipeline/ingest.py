@@ -24,7 +24,7 @@ from sqlkit import analytics as store
 from sqlkit.connection import connect
 
 from .session import PipelineError, phase, small_input
-from .source import MESSAGE_FIELDS, in_order
+from .source import MESSAGE_FIELDS, in_order, write_in_one_task
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -268,9 +268,13 @@ def estimate_rows(path: Path, file_format: str | None = None) -> int | None:
         size = sum(f.stat().st_size for f in files)
         if size > 64 << 20:
             return size // 64
-        return sum(f.read_bytes().count(b"\n") + 1 for f in files)
+        return sum(_line_count(f.read_bytes()) for f in files)
     except (PipelineError, OSError, ValueError):
         return None
+
+
+def _line_count(data: bytes) -> int:
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -331,6 +335,20 @@ def _checked_rdd(spark: SparkSession, path: Path, kind: str, envelope: bool) -> 
     return checked.filter(lambda r: r is not None)
 
 
+def _write(good: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The good rows through the courier writer, each ordering key's rows in line order."""
+    from pyspark.sql import functions as F
+
+    with tempfile.TemporaryDirectory(prefix="courier-ingest-") as folder:
+        report = Path(folder) / "report.json"
+        writing = (in_order(good, "line").select(F.col("line").cast("string").alias("key"), "payload", *MESSAGE_FIELDS)
+                   .write.format("courier").mode("append").option("report", str(report)))
+        for key, value in options.items():
+            writing = writing.option(key, value)
+        writing.save()
+        return json.loads(report.read_text()) if report.exists() else {}
+
+
 def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: int = 0,
         file_format: str | None = None, batch_size: int = 1000, envelope: bool = False,
         input_rows: int | None = None) -> IngestResult:
@@ -356,7 +374,6 @@ def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: i
     if small:
         with phase("ingest: read and check the rows (in the driver)"):
             checked = _checked_lines(path, kind, envelope)
-            rows = spark.createDataFrame(checked, ROW_SCHEMA)
             bad_rows = sorted((r[0], r[2]) for r in checked if r[2] is not None)
             totals = {"rows": len(checked), "bad": len(bad_rows)}
             errors = [RowError(line, error) for line, error in bad_rows[:REPORTED_ERRORS]]
@@ -369,17 +386,17 @@ def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: i
     try:
         with connect(dsn) as conn:
             already = int(store.value(conn, "ledger_count", {"scope": scope}))
-        with phase("ingest: enqueue the good rows (Spark job)"), \
-                tempfile.TemporaryDirectory(prefix="courier-ingest-") as folder:
+        options = {"dsn": dsn, "endpoint": endpoint, "priority": priority, "scope": scope, "batch_size": batch_size,
+                   "skip_refused": "true"}
+        with phase("ingest: enqueue the good rows (Spark job)"):
             spark.sparkContext.setJobDescription("ingest: enqueue")
-            report = Path(folder) / "report.json"
-            good = in_order(rows.where(F.col("error").isNull()), "line").select(
-                F.col("line").cast("string").alias("key"), "payload", *MESSAGE_FIELDS)
-            (good.write.format("courier").mode("append").option("dsn", dsn).option("endpoint", endpoint)
-             .option("priority", priority).option("scope", scope).option("batch_size", batch_size)
-             .option("skip_refused", "true").option("report", str(report)).save())
+            if small:  # one task, one transaction, in line order
+                written = write_in_one_task(spark, [
+                    {"key": str(row[0]), "payload": row[1], **dict(zip(MESSAGE_FIELDS, row[3:], strict=True))}
+                    for row in sorted(checked, key=lambda r: r[0]) if row[2] is None], options)
+            else:
+                written = _write(rows.where(F.col("error").isNull()), options)
             spark.sparkContext.setJobDescription(None)
-            written = json.loads(report.read_text()) if report.exists() else {}
     finally:
         if not small:
             rows.unpersist()

@@ -545,14 +545,32 @@ class CourierWriter(DataSourceWriter):
                 "archive_ids": [a for a, _ in copies], "message_ids": [i for _, i in copies]})
         return len(chunk)
 
+    def totals(self, messages: list[Sent | None]) -> dict[str, Any]:
+        """What the tasks wrote, summed (the report)."""
+        done = [m for m in messages if m is not None]
+        totals: dict[str, Any] = {"rows": sum(m.rows for m in done), "sent": sum(m.sent for m in done),
+                                  "skipped": sum(m.skipped for m in done)}
+        if self.options.get("skip_refused") == "true":
+            totals["refused"] = [list(item) for m in done for item in m.refused]
+            totals["refused_count"] = sum(m.refused_count for m in done)
+        return totals
+
     def commit(self, messages: list[Sent | None]) -> None:
         report = self.options.get("report")
         if report:
-            done = [m for m in messages if m is not None]
-            totals: dict[str, Any] = {"rows": sum(m.rows for m in done), "sent": sum(m.sent for m in done),
-                                      "skipped": sum(m.skipped for m in done)}
-            if self.options.get("skip_refused") == "true":
-                totals["refused"] = [list(item) for m in done for item in m.refused]
-                totals["refused_count"] = sum(m.refused_count for m in done)
             with open(report, "w", encoding="utf-8") as out:
-                json.dump(totals, out)
+                json.dump(self.totals(messages), out)
+
+
+def write_in_one_task(spark: Any, rows: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
+    """A few rows (dicts of the writer's columns, in order) enqueued by the courier writer in
+    one Spark task, one transaction: the same writer as df.write.format("courier"), without
+    the Python planner processes a data source write starts (its writer, its commit)."""
+    from pyspark.sql import Row
+
+    if not rows:
+        return {"rows": 0, "sent": 0, "skipped": 0, "refused": [], "refused_count": 0}
+    writer = CourierWriter({key: str(value) for key, value in options.items()}, list(rows[0]))
+    sent = spark.sparkContext.parallelize([Row(**row) for row in rows], 1).mapPartitions(
+        lambda part: [writer.write(part)]).collect()
+    return writer.totals(sent)
