@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from sqlkit import embedded, migrate
+from sqlkit import embedded, migrate, observability
 from sqlkit.connection import connect
 from sqlkit.dsn import resolve_dsn
 from sqlkit.errors import CourierError, from_psycopg
@@ -176,6 +176,11 @@ def _brokers(conn: psycopg.Connection) -> Iterator[Check]:
     if not by_protocol:
         yield Check("brokers", "endpoints", OK, "no broker endpoints")
         return
+    try:
+        able, known = observability.worker_protocols(conn)
+    except psycopg.Error:
+        conn.rollback()
+        able, known = {}, 0
     for protocol, endpoints in by_protocol.items():
         extra = extras.for_protocol(protocol)
         names = ", ".join(name for name, _ in endpoints)
@@ -184,6 +189,14 @@ def _brokers(conn: psycopg.Connection) -> Iterator[Check]:
                         f"{', '.join(extra.missing_modules())} not installed; used by {names}", extra.install)
         else:
             yield Check("brokers", f"{protocol} client", OK, f"installed; used by {names}")
+        if known:  # what the running workers' installs can deliver (each may run elsewhere)
+            if able.get(protocol):
+                yield Check("brokers", f"{protocol} workers", OK, f"{able[protocol]} of {known} running worker(s) "
+                            "can deliver it")
+            else:
+                yield Check("brokers", f"{protocol} workers", FAIL,
+                            f"none of the {known} running worker(s) can deliver it; its messages wait",
+                            f"{extra.install if extra else 'Install the extra'} where the workers run; restart them")
         for address, users in _addresses(endpoints).items():
             yield _reachable(protocol, address, users)
 

@@ -7,6 +7,7 @@ line, before it starts, instead of failing with an ImportError half-way.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 
@@ -53,6 +54,13 @@ def require(name: str, needed_for: str | None = None) -> None:
     if missing:
         raise MissingExtra(f"{needed_for or extra.purpose} needs {', '.join(missing)}, which "
                            f"{'is' if len(missing) == 1 else 'are'} not installed", hint=extra.install)
+
+
+@functools.cache
+def deliverable_protocols() -> list[str]:
+    """What a worker of this install can deliver: http and noop, and each broker whose client's
+    extra is installed (reported with its heartbeat, so others can tell what no worker can)."""
+    return ["http", "noop", *(p for p, name in PROTOCOL_EXTRAS.items() if EXTRAS[name].installed())]
 
 
 def for_protocol(protocol: str) -> Extra | None:

@@ -96,6 +96,13 @@ def health_check(conn: psycopg.Connection) -> list[HealthCheck]:
     return [HealthCheck(**row) for row in queries.fetch_all(conn, "health_check")]
 
 
+def worker_protocols(conn: psycopg.Connection) -> tuple[dict[str, int], int]:
+    """The protocols live workers can deliver, with how many can each, and how many live
+    workers said (0: nothing is known, e.g. none is running)."""
+    rows = conn.execute("SELECT protocol, workers, known FROM courier.worker_protocols()").fetchall()
+    return {protocol: workers for protocol, workers, _ in rows}, (rows[0][2] if rows else 0)
+
+
 def worker_status(conn: psycopg.Connection) -> list[WorkerStatus]:
     return [WorkerStatus(**row) for row in queries.fetch_all(conn, "worker_status")]
 

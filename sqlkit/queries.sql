@@ -340,7 +340,7 @@ SELECT courier.register_worker_session(%(worker_id)s, %(incarnation)s);
 
 -- name: worker_heartbeat
 SELECT courier.worker_heartbeat(%(worker_id)s, %(hostname)s, %(pid)s, %(concurrency)s, %(in_flight)s,
-                                   %(delivered)s, %(failed)s, %(state)s);
+                                   %(delivered)s, %(failed)s, %(state)s, %(protocols)s);
 
 -- name: setting_values
 SELECT name, value FROM courier.settings;

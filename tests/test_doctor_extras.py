@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from importlib import metadata
 
 import psycopg
@@ -140,3 +142,36 @@ def test_the_core_install_requires_no_spark_or_broker_client() -> None:
         name = requirement.split(";")[0].split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip().lower()
         if name in optional:
             assert "extra ==" in requirement, f"{requirement} must be in an extra, not the core"
+
+
+def test_endpoint_create_and_doctor_know_what_the_running_workers_can_deliver(dsn: str) -> None:
+    """A worker reports the protocols its install can deliver; an endpoint none of the running
+    workers could deliver is flagged at once, even where the CLI's own install has the extra."""
+    worker = subprocess.Popen([sys.executable, "-c", BLOCKED_CLI, "redis", "worker", "--processes", "1",
+                               "--worker-id", "no-redis", "--dsn", dsn],
+                              env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                row = conn.execute("SELECT protocols FROM courier.workers WHERE worker_id = 'no-redis'").fetchone()
+                if row and row[0]:
+                    break
+                time.sleep(0.2)
+            assert row and row[0] == ["http", "noop", "amqp", "mqtt", "nats"], row
+
+        created = run("endpoint", "create", "stream", "redis",
+                      '{"url": "redis://127.0.0.1:6379/0", "stream": "s", "allow_internal": true}', dsn=dsn)
+        assert created.code == 0
+        assert "warning: none of the 1 running worker(s) can deliver to redis endpoints" in created.err
+        assert "pip install 'courier[redis]'" in created.err
+        quiet = run("endpoint", "create", "jobs", "nats",
+                    '{"url": "nats://127.0.0.1:4222", "subject": "s", "allow_internal": true}', dsn=dsn)
+        assert quiet.code == 0 and "warning" not in quiet.err
+
+        checks = lines(run("doctor", dsn=dsn).out)
+        assert checks["brokers redis workers"].startswith("FAIL")
+        assert checks["brokers nats workers"].startswith("  ok") and "1 of 1 running" in checks["brokers nats workers"]
+    finally:
+        worker.send_signal(signal.SIGINT)
+        worker.wait(timeout=60)

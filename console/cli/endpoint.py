@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import click
+import psycopg
 from rich.table import Table
 from rich.text import Text
 
@@ -61,18 +62,28 @@ def create(name: str, protocol: str, config: str, retry_policy: str | None,
     policy = parse_json_object(retry_policy, "--retry-policy") if retry_policy else None
     with open_connection() as conn:
         endpoint_id = endpoints.create(conn, name, protocol, config_doc, policy, description)
+        warning = undeliverable_warning(conn, protocol)
     created: dict[str, object] = {"id": endpoint_id, "name": name, "protocol": protocol}
-    warning = _undeliverable_warning(protocol)
     if warning:
-        # Created all the same: a worker on another host may have the extra.
+        # Created all the same: a worker that can deliver it may start later.
         created["warning"] = warning
         error_console.print(f"warning: {warning}", highlight=False, soft_wrap=True)
     emit(created, lambda: console.print(f"created endpoint {name} (id {endpoint_id}, {protocol})", highlight=False))
 
 
-def _undeliverable_warning(protocol: str) -> str | None:
+def undeliverable_warning(conn: psycopg.Connection, protocol: str) -> str | None:
+    """Why no worker could deliver a new endpoint of `protocol`, or None. The running workers
+    say what their installs can deliver; with none running, this install stands for them."""
     extra = for_protocol(protocol)
-    if extra is None or extra.installed():
+    if extra is None:
+        return None
+    able, known = observability.worker_protocols(conn)
+    if known:
+        if able.get(protocol):
+            return None
+        return (f"none of the {known} running worker(s) can deliver to {protocol} endpoints: its messages wait "
+                f"until one with the {extra.name} extra runs ({extra.install} where the workers run)")
+    if extra.installed():
         return None
     return (f"a worker of this install cannot deliver to {protocol} endpoints ({', '.join(extra.missing_modules())} "
             f"missing): its messages wait until a worker with the extra runs; install it with {extra.install}")

@@ -29,6 +29,7 @@ from sqlkit.connection import AsyncDatabase
 from sqlkit.errors import CourierError
 from sqlkit.stopping import cancel_within, within
 
+from ..extras import deliverable_protocols
 from .capacity import Capacity
 from .claiming import Claims, Wakeups
 from .dispatchers import Target
@@ -269,6 +270,7 @@ class WorkerPool:
                 "worker_id": self.worker_id, "hostname": socket.gethostname(), "pid": os.getpid(),
                 "concurrency": self.settings.concurrency, "in_flight": self.deliveries.in_flight_count,
                 "delivered": self.stats.delivered, "failed": self.stats.failed, "state": state,
+                "protocols": deliverable_protocols(),
             })
 
     async def _renew_leases(self) -> None:

@@ -259,18 +259,23 @@ END
 $$;
 
 -- Workers -----------------------------------------------------------------------------
+-- p_protocols: what the worker's install can deliver (http and noop, and each broker whose
+-- client is installed); NULL when not known.
 CREATE OR REPLACE FUNCTION courier.worker_heartbeat(p_worker_id text, p_hostname text, p_pid integer,
                                             p_concurrency integer, p_in_flight integer,
-                                            p_delivered bigint, p_failed bigint, p_state text)
+                                            p_delivered bigint, p_failed bigint, p_state text,
+                                            p_protocols text[] DEFAULT NULL)
 RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
-    INSERT INTO courier.workers AS w (worker_id, hostname, pid, concurrency, in_flight, delivered, failed, state)
-    VALUES (p_worker_id, p_hostname, p_pid, p_concurrency, p_in_flight, p_delivered, p_failed, p_state)
+    INSERT INTO courier.workers AS w (worker_id, hostname, pid, concurrency, in_flight, delivered, failed, state,
+                                      protocols)
+    VALUES (p_worker_id, p_hostname, p_pid, p_concurrency, p_in_flight, p_delivered, p_failed, p_state,
+            p_protocols)
     ON CONFLICT (worker_id) DO UPDATE
     SET concurrency = excluded.concurrency, in_flight = excluded.in_flight, delivered = excluded.delivered,
-        failed = excluded.failed, state = excluded.state, last_heartbeat = now(),
+        failed = excluded.failed, state = excluded.state, last_heartbeat = now(), protocols = excluded.protocols,
         -- A worker started again under the same name (a supervisor's restart, a fixed
         -- --worker-id) is a new process: its row says so.
         hostname = excluded.hostname, pid = excluded.pid,

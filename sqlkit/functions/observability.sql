@@ -113,6 +113,21 @@ AS $$
     ORDER BY w.started_at
 $$;
 
+-- The protocols the live workers can deliver, each with how many of them can; `known` counts
+-- the live workers that said (one from before protocols were reported says nothing).
+CREATE OR REPLACE FUNCTION courier.worker_protocols()
+RETURNS TABLE (protocol text, workers integer, known integer)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    WITH live AS (
+        SELECT w.protocols FROM courier.get_worker_status() s JOIN courier.workers w USING (worker_id)
+        WHERE s.alive AND w.protocols IS NOT NULL)
+    SELECT p.protocol, count(*)::integer, (SELECT count(*)::integer FROM live)
+    FROM live CROSS JOIN LATERAL unnest(live.protocols) AS p(protocol)
+    GROUP BY p.protocol ORDER BY p.protocol
+$$;
+
 -- Observability --------------------------------------------------------------------------------
 
 -- ulak's metrics(): depths from the maintained counters, delivery counters, the archive and

@@ -139,6 +139,7 @@ GRANT EXECUTE ON FUNCTION
     courier.get_setting(text),
     courier.dlq_summary(),
     courier.get_worker_status(),
+    courier.worker_protocols(),
     courier.health_check(),
     courier.archive_partitions(),
     courier.count_archive_partition(text),
