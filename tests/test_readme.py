@@ -286,6 +286,14 @@ def test_every_readme_example_runs_as_written(empty_dsn: str, tmp_path: Path) ->
             SELECT count(*) FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
             WHERE e.name = 'orders' AND q.payload ->> 'id' IN ('44', '45')""").fetchone()
         assert waiting == (0,)
+        # The worker delivered billing's messages to `courier sink`, and flaky's failed into the DLQ.
+        delivered = conn.execute("""
+            SELECT count(*) FROM courier.archive a JOIN courier.endpoints e ON e.id = a.endpoint_id
+            WHERE e.name = 'billing' AND a.status = 'completed'""").fetchone()
+        assert delivered is not None and delivered[0] >= 2
+        dead = conn.execute("SELECT count(*) FROM courier.dlq d JOIN courier.endpoints e ON e.id = d.endpoint_id "
+                            "WHERE e.name = 'flaky'").fetchone()
+        assert dead is not None and dead[0] >= 1
     assert ran > 50
     # Only what NOT_RUN declares was left out.
     assert {reason for _, reason in session.skipped} <= set(NOT_RUN.values())
