@@ -69,10 +69,11 @@ def test_verbose_prints_the_phases_and_every_command_ends_with_rows_and_time(spa
     names = [name for _, name in phases]
     assert "estimate the archive's size" in names
     assert "analytics: read the archive here, in the driver" in names  # 3,000 rows: a small input
-    assert {"analytics: summary (Spark job)", "analytics: hourly (Spark job)",
-            "analytics: store the results in PostgreSQL"} <= set(names)
-    assert any(re.fullmatch(r"Spark job \d+: analytics: summary \(\d+ task\(s\), succeeded\)", n.strip())
-               for n in names)
+    assert {"analytics: summary (Spark job)", "analytics: hourly (Spark job)", "analytics: attempts (Spark job)",
+            "analytics: errors (Spark job)", "analytics: store the results in PostgreSQL"} <= set(names)
+    for job in ("summary", "hourly", "attempts", "errors"):  # each Spark job with its time
+        assert any(re.fullmatch(rf"Spark job \d+: analytics: {job} \(\d+ task\(s\), succeeded\)", n.strip())
+                   for n in names), names
     assert verbose.stderr.rstrip().splitlines()[-1].startswith("analytics: 3,000 row(s) in ")
 
 
