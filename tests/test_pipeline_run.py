@@ -122,3 +122,12 @@ def test_without_pyspark_every_pipeline_command_names_the_extra(dsn, tmp_path, m
         assert result.exit_code == 1, (args, result.output)
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and "pip install 'courier[spark]'" in lines[0] and "pyspark" in lines[0], lines
+
+
+def test_replay_from_a_folder_without_parquet_says_so_before_spark_starts(tmp_path):
+    started = time.monotonic()
+    result = _pipeline("replay", "--from", str(tmp_path), "--endpoint", "billing", "--dry-run",
+                       "--dsn", "postgresql://nobody@127.0.0.1:1/none")
+    assert isinstance(result.exception, run_session.PipelineError)  # the CLI prints it as one line, exit 1
+    assert result.exception.message == f"{tmp_path} holds no Parquet files: nothing to replay"
+    assert time.monotonic() - started < 3  # no Spark, no database: the folder is checked first

@@ -180,6 +180,8 @@ def replay_command(source: Path | None, endpoints: tuple[str, ...], since: datet
     for text in where:
         predicates.parse(text)  # a typo fails before Spark starts
     selection = replay.Selection(endpoints, _utc(since), _utc(until), statuses, correlation_ids, where)
+    if source is not None:
+        replay.check_source(source)
     dsn = database_url()
     size = replay.source_rows(source) if source is not None else _archive_rows(dsn, run)
     spark = _session(run, master, verbose, size)

@@ -62,6 +62,17 @@ def endpoint_frame(spark: SparkSession, ids_by_name: dict[str, int]) -> DataFram
                                  "_endpoint_id long, endpoint string")
 
 
+def check_source(source: Path) -> None:
+    """A replay's Parquet folder exists and holds Parquet files (Spark's own answer to an
+    empty one is "Unable to infer schema for Parquet"), checked before Spark starts."""
+    if not source.exists():
+        raise PipelineError(f"{source} does not exist", hint="Give the folder `courier pipeline export` wrote")
+    if source.is_dir() and not any(source.rglob("*.parquet")):
+        raise PipelineError(f"{source} holds no Parquet files: nothing to replay",
+                            hint="Give the folder `courier pipeline export` wrote (it exports whole months "
+                                 "older than --before; none may have been old enough)")
+
+
 def source_rows(source: Path) -> int | None:
     """The rows of the Parquet files under `source`, from their footers (None if unreadable)."""
     import pyarrow.parquet as pq
@@ -102,8 +113,7 @@ def select(spark: SparkSession, dsn: str, selection: Selection, source: Path | N
             df = df.where(F.col("endpoint_id").isin([known[e] for e in selection.endpoints]))
         df = df.join(F.broadcast(names), df.endpoint_id == names._endpoint_id, "left")
     else:
-        if not source.exists():
-            raise PipelineError(f"{source} does not exist", hint="Give the folder `courier pipeline export` wrote")
+        check_source(source)
         df = spark.read.option("basePath", str(source)).parquet(str(source))
         if selection.endpoints:
             df = df.where(F.col("endpoint").isin(list(selection.endpoints)))
