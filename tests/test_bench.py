@@ -3,9 +3,15 @@ defaults do (the backpressure check stays on); a bench whose worker fails says w
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import tempfile
+import time
 
-from console.bench.drain import WorkerProcess
+from console.bench import cpu
+from console.bench.drain import WorkerProcess, drain_noop
 from console.bench.enqueue import enqueue_batch, enqueue_single
 from console.bench.scratch import with_dbname
 from tests.helpers import scalar
@@ -35,3 +41,33 @@ def test_a_bench_whose_worker_fails_says_why_in_one_line(server_dsn):
     assert message.startswith("the worker did not drain the queue: `courier worker` exited with code 1; "
                               "its last log line: error: cannot connect to PostgreSQL")
     assert "courier_no_such_database" in message and "\n" not in message
+
+
+def test_drain_noop_scales_over_worker_processes_and_says_what_a_thousand_messages_cost(dsn, conn):
+    """`courier bench drain-noop --processes 1,2`: one point per process count, each against the
+    ceiling with as many pgbench clients, and the CPU the worker and the database spent."""
+    results = drain_noop(dsn, clients=2, seconds=1, rounds=1, messages=5_000, processes=(1, 2))
+    assert [r.variant for r in results] == ["5,000 msgs, `courier worker` defaults", "--processes 1, 5,000 msgs",
+                                            "--processes 2, 5,000 msgs"]
+    assert all(r.courier.rate > 0 and r.ceiling.rate > 0 for r in results)
+    for result in results:
+        worker, database = re.search(r"worker ([\d.]+|n/a), database ([\d.]+|n/a)", result.notes).groups()
+        assert float(worker) > 0  # the worker runs here, so /proc always tells
+        if scalar(conn, "SELECT inet_server_addr() IS NULL OR host(inet_server_addr()) IN ('127.0.0.1', '::1')"):
+            assert database != "n/a" and float(database) > 0
+    assert "of the curve's peak" in results[1].notes
+
+
+def test_cpu_seconds_of_a_process_tree():
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.5\n"
+                             "while time.process_time() < end: pass\ntime.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while (cpu.tree_seconds(busy.pid) or 0) < 0.4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cpu.tree_seconds(busy.pid) >= 0.4  # the child's own
+        assert cpu.tree_seconds(os.getpid()) >= cpu.tree_seconds(busy.pid)  # and under its parent
+    finally:
+        busy.kill()
+        busy.wait()
+    assert cpu.tree_seconds(2 ** 22 + 12345) is None  # no such process

@@ -15,7 +15,7 @@ from console.workers.pool import HTTP_DEFAULT_CONCURRENCY, PoolSettings, WorkerP
 from console.workers.processes import default_processes
 from sqlkit.connection import connect
 
-from .drain import drain_with_worker_process, worker_process
+from .drain import WorkerDrain, cost_note, drain_with_worker_process, worker_process
 from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
 from .scratch import backpressure_out_of_reach
@@ -95,11 +95,13 @@ def dispatch_http(dsn: str, *, clients: int, seconds: float, rounds: int, messag
     with SinkProcess() as sink_url:
         url = f"{sink_url}/healthy"
         trips: list[float] = []
+        drains: list[WorkerDrain] = []
 
         def courier() -> Measurement:
             _endpoint(dsn, "http-bench", "http", {"url": url, "allow_internal": True})
             _preload(dsn, "http-bench", messages)
             drained = drain_with_worker_process(dsn, messages)
+            drains.append(drained)
             if drained.round_trips_per_message is not None:
                 trips.append(drained.round_trips_per_message)
             return Measurement(drained.rate)
@@ -115,7 +117,8 @@ def dispatch_http(dsn: str, *, clients: int, seconds: float, rounds: int, messag
               f"{concurrency} requests at once to one webhook, each with a batch prefetched) vs a plain aiohttp "
               f"load generator with {concurrency} connections, against the stdlib-threaded sink in its own "
               f"process; {min(trips) if trips else float('nan'):.3f} database round trips per message "
-              "(all transactions on the database while it drained)",
+              f"(all transactions on the database while it drained); {cost_note(drains, messages)} (the sink's "
+              "CPU not included)",
     )
 
 

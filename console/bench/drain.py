@@ -31,6 +31,7 @@ from console.workers.pool import PoolSettings
 from sqlkit.connection import connect
 from sqlkit.errors import CourierError
 
+from . import cpu
 from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
 
@@ -107,6 +108,10 @@ def _preload_queue(dsn: str, messages: int, names: list[str]) -> None:
 class WorkerDrain:
     rate: float
     round_trips_per_message: float | None
+    worker_cpu_seconds: float | None = None
+    """CPU time of the worker and its pool processes over the drain (Linux /proc)."""
+    database_cpu_seconds: float | None = None
+    """CPU time of the PostgreSQL server's processes over the drain, when it runs on this machine."""
 
 
 def _transactions(conn) -> int:
@@ -114,19 +119,19 @@ def _transactions(conn) -> int:
                         "WHERE datname = current_database()").fetchone()[0]
 
 
-def _drain_with_worker(dsn: str, messages: int, names: list[str]) -> WorkerDrain:
+def _drain_with_worker(dsn: str, messages: int, names: list[str], args: tuple[str, ...] = ()) -> WorkerDrain:
     _preload_queue(dsn, messages, names)
-    return drain_with_worker_process(dsn, messages)
+    return drain_with_worker_process(dsn, messages, args)
 
 
 class WorkerProcess(subprocess.Popen):
     """`courier worker` with its log kept, so that a benchmark whose worker failed can say why."""
 
-    def __init__(self, dsn: str, log: IO[str]) -> None:
+    def __init__(self, dsn: str, log: IO[str], args: tuple[str, ...] = ()) -> None:
         # The bench made its scratch database a moment ago: one it cannot reach is a failure to
         # report, not one to wait out as a deployed worker does.
         super().__init__([sys.executable, "-P", "-c", "from console.cli import main; main()", "worker",
-                          "--exit-if-unavailable"],
+                          "--exit-if-unavailable", *args],
                          env={**os.environ, "COURIER_DSN": dsn}, stdout=subprocess.DEVNULL, stderr=log)
         self._log = log
 
@@ -140,11 +145,11 @@ class WorkerProcess(subprocess.Popen):
 
 
 @contextlib.contextmanager
-def worker_process(dsn: str) -> Iterator[WorkerProcess]:
-    """`courier worker` as a user starts it, with no flags, stopped with SIGTERM (its drain) on
-    the way out."""
+def worker_process(dsn: str, args: tuple[str, ...] = ()) -> Iterator[WorkerProcess]:
+    """`courier worker` as a user starts it, with no flags (or `args`), stopped with SIGTERM
+    (its drain) on the way out."""
     with tempfile.TemporaryFile("w+") as log:
-        process = WorkerProcess(dsn, log)
+        process = WorkerProcess(dsn, log, args)
         try:
             yield process
         finally:
@@ -156,14 +161,16 @@ def worker_process(dsn: str) -> Iterator[WorkerProcess]:
                 process.wait()
 
 
-def drain_with_worker_process(dsn: str, messages: int) -> WorkerDrain:
-    """Run `courier worker` with no flags until the `messages` preloaded messages are gone;
-    the rate counts from the first delivery to the last."""
+def drain_with_worker_process(dsn: str, messages: int, args: tuple[str, ...] = ()) -> WorkerDrain:
+    """Run `courier worker` with no flags (or `args`) until the `messages` preloaded messages
+    are gone; the rate counts from the first delivery to the last."""
     with connect(dsn) as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
         before = _transactions(conn)
         own = 1  # this connection's transactions, read back out of the count below
-        with worker_process(dsn) as process:
+        server_pid = conn.info.backend_pid
+        with worker_process(dsn, args) as process:
+            worker_cpu = database_cpu = worker_before = database_before = None
             started = finished = None
             deadline = time.monotonic() + 900
             while time.monotonic() < deadline and process.poll() is None:
@@ -173,8 +180,12 @@ def drain_with_worker_process(dsn: str, messages: int) -> WorkerDrain:
                 now = time.perf_counter()
                 if started is None and left < messages:
                     started = now
+                    # What it costs counts from the first delivery too, not the worker's start-up.
+                    worker_before, database_before = cpu.tree_seconds(process.pid), cpu.server_seconds(server_pid)
                 if left == 0:
                     finished = now
+                    worker_cpu = _spent(worker_before, cpu.tree_seconds(process.pid))
+                    database_cpu = _spent(database_before, cpu.server_seconds(server_pid))
                     break
                 time.sleep(POLL)
             if started is None or finished is None:
@@ -185,7 +196,11 @@ def drain_with_worker_process(dsn: str, messages: int) -> WorkerDrain:
         trips = _transactions(conn) - before - own
     # The first poll that saw progress came up to one poll after the first delivery.
     elapsed = finished - started + POLL / 2
-    return WorkerDrain(messages / elapsed, trips / messages if trips > 0 else None)
+    return WorkerDrain(messages / elapsed, trips / messages if trips > 0 else None, worker_cpu, database_cpu)
+
+
+def _spent(before: float | None, after: float | None) -> float | None:
+    return after - before if before is not None and after is not None else None
 
 
 def _drain_with_pgbench(dsn: str, messages: int, clients: int, script: str = CEILING_SCRIPT,
@@ -223,14 +238,25 @@ def _sql_path_with_pgbench(dsn: str, messages: int, clients: int) -> Measurement
     return Measurement(done / elapsed)
 
 
-def drain_noop(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 200_000) -> ScenarioResult:
+def drain_noop(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 200_000,
+               processes: tuple[int, ...] = ()) -> ScenarioResult | list[ScenarioResult]:
+    """`processes` (e.g. 1,2,4,8): also the scaling curve of `courier worker --processes N`."""
     with connect(dsn) as conn:
         conn.execute(CEILING_TABLE)
     names = _endpoints(dsn, 1)
+    if processes:
+        return [_drain_noop_defaults(dsn, names, clients, rounds, messages),
+                *drain_scaling(dsn, names, rounds, messages, processes)]
+    return _drain_noop_defaults(dsn, names, clients, rounds, messages)
+
+
+def _drain_noop_defaults(dsn: str, names: list[str], clients: int, rounds: int, messages: int) -> ScenarioResult:
     trips: list[float] = []
+    drains: list[WorkerDrain] = []
 
     def courier() -> Measurement:
         drained = _drain_with_worker(dsn, messages, names)
+        drains.append(drained)
         if drained.round_trips_per_message is not None:
             trips.append(drained.round_trips_per_message)
         return Measurement(drained.rate)
@@ -256,8 +282,49 @@ def drain_noop(dsn: str, *, clients: int, seconds: float, rounds: int, messages:
               f"SQL path (Courier's report_and_claim of 100 under pgbench): "
               f"{sql_path:,.0f} msg/s = {sql_path / measured['ceiling'].rate:.2f} of the ceiling; the worker "
               f"reached {measured['courier'].rate / sql_path:.2f} of its SQL path"
-              + (f"; {min(trips):.3f} database round trips per message" if trips else ""),
+              + (f"; {min(trips):.3f} database round trips per message" if trips else "")
+              + f"; {cost_note(drains, messages)}",
     )
+
+
+def drain_scaling(dsn: str, names: list[str], rounds: int, messages: int,
+                  processes: tuple[int, ...]) -> list[ScenarioResult]:
+    """`courier worker --processes N` for each N, each against the bare lifecycle under pgbench
+    with N clients, and what a thousand messages cost in CPU: the worker's processes, and the
+    database server's when it runs on this machine."""
+    runs: dict[str, object] = {}
+    cost: dict[int, list[WorkerDrain]] = {n: [] for n in processes}
+
+    def worker(n: int) -> Measurement:
+        drained = _drain_with_worker(dsn, messages, names, ("--processes", str(n)))
+        cost[n].append(drained)
+        return Measurement(drained.rate)
+
+    for n in processes:
+        runs[f"worker {n}"] = lambda n=n: worker(n)
+        runs[f"ceiling {n}"] = lambda n=n: _drain_with_pgbench(dsn, messages, n)
+    measured = measure_rounds(runs, rounds)
+    peak = max(measured[f"worker {n}"].rate for n in processes)
+    results = []
+    for n in processes:
+        rate = measured[f"worker {n}"].rate
+        results.append(ScenarioResult(
+            scenario="drain-noop", variant=f"--processes {n}, {messages:,} msgs", unit="msg/s",
+            courier=measured[f"worker {n}"], ceiling=measured[f"ceiling {n}"], target_ratio=None,
+            notes=f"`courier worker --processes {n}` vs the bare lifecycle under pgbench with {n} client(s); "
+                  f"{rate / peak:.2f} of the curve's peak ({peak:,.0f} msg/s); " + cost_note(cost[n], messages)))
+    return results
+
+
+def cost_note(drains: list[WorkerDrain], messages: int) -> str:
+    """CPU-seconds per 1,000 messages (the median over the rounds) of the worker's processes
+    and of the database server."""
+    def per_thousand(values: list[float | None]) -> str:
+        known = sorted(v for v in values if v is not None)
+        return f"{known[len(known) // 2] * 1000 / messages:.3f}" if known else "n/a"
+
+    return (f"CPU-seconds per 1,000 messages: worker {per_thousand([d.worker_cpu_seconds for d in drains])}, "
+            f"database {per_thousand([d.database_cpu_seconds for d in drains])}")
 
 
 def multi_endpoint(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 100_000,

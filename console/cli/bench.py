@@ -68,9 +68,12 @@ def _sizes(text: str, option: str) -> tuple[int, ...]:
 @click.option("--spark-rows", default="", metavar="SIZES",
               help="Archive sizes the spark scenario also grows through, comma-separated (e.g. 100000,1000000): "
                    "read rate and analytics against SQL. Default: only its small jobs.")
+@click.option("--processes", "processes", default="", metavar="COUNTS",
+              help="drain-noop also measures `courier worker --processes N` for each N, comma-separated "
+                   "(e.g. 1,2,4,8), each against the ceiling with N clients, with CPU cost per 1,000 messages.")
 @dsn_option
 def bench(scenarios: tuple[str, ...], json_file: Path | None, clients: int, seconds: float,
-          rounds: int, depth_rows: str, spark_rows: str) -> None:
+          rounds: int, depth_rows: str, spark_rows: str, processes: str) -> None:
     """Run SCENARIOS (default: all) in a scratch database on the configured server."""
     names = list(scenarios) or sorted(runner.SCENARIOS)
     sizes = _sizes(depth_rows, "--depth-rows")
@@ -78,7 +81,9 @@ def bench(scenarios: tuple[str, ...], json_file: Path | None, clients: int, seco
     with console.status("benchmarking...") as status:
         results = runner.run(names, database_url(), clients=clients, seconds=seconds, rounds=rounds,
                              options={"depth": {"sizes": sizes}, "console": {"sizes": sizes},
-                                      "spark": {"sizes": _sizes(spark_rows, "--spark-rows") if spark_rows else ()}},
+                                      "spark": {"sizes": _sizes(spark_rows, "--spark-rows") if spark_rows else ()},
+                                      "drain-noop": {"processes": _sizes(processes, "--processes")
+                                                     if processes else ()}},
                              progress=lambda name: status.update(f"running {name}..."))
     payload = [r.as_dict() for r in results]
     if quiet:
