@@ -105,8 +105,12 @@ def _server_version(conn: psycopg.Connection) -> Check:
 def _schema(conn: psycopg.Connection) -> Check:
     try:
         state = migrate.status(conn)
-    except psycopg.Error as error:
-        return Check("database", "schema", FAIL, from_psycopg(error).message, "Run `courier migrate`")
+    except (psycopg.Error, CourierError) as error:
+        found = from_psycopg(error) if isinstance(error, psycopg.Error) else error
+        if found.sqlstate == "42501":  # an application or monitoring role may not read the history
+            return Check("database", "schema", SKIP, f"this role cannot read the migration history ({found.message})",
+                         "Run `courier doctor` as an admin role to check the schema")
+        return Check("database", "schema", FAIL, found.message, "Run `courier migrate`")
     if state.installed_version == 0:
         return Check("database", "schema", FAIL, "schema courier is not installed", "Run `courier migrate`")
     if state.pending or state.functions_pending or state.adopts_history:
@@ -162,14 +166,23 @@ def _workers(conn: psycopg.Connection) -> Check:
 
 def _brokers(conn: psycopg.Connection) -> Iterator[Check]:
     """Per broker protocol in use: the client extra, and a TCP connection to each address."""
+    brokers = list(extras.PROTOCOL_EXTRAS)
     try:
         rows = conn.execute("""
             SELECT protocol, name, config ->> 'url' FROM courier.endpoints
-            WHERE protocol = ANY(%s) ORDER BY protocol, name""", [list(extras.PROTOCOL_EXTRAS)]).fetchall()
-    except psycopg.Error as error:
-        conn.rollback()
-        yield Check("brokers", "endpoints", SKIP, f"cannot read endpoints: {from_psycopg(error).message}")
-        return
+            WHERE protocol = ANY(%s) ORDER BY protocol, name""", [brokers]).fetchall()
+    except psycopg.Error:
+        # A monitoring role sees the endpoints but not their configs (credentials live there).
+        try:
+            rows = conn.execute("""SELECT protocol, name, NULL FROM courier.endpoints
+                                   WHERE protocol = ANY(%s) ORDER BY protocol, name""", [brokers]).fetchall()
+        except psycopg.Error as error:
+            yield Check("brokers", "endpoints", SKIP, f"cannot read endpoints: {from_psycopg(error).message}",
+                        "Run `courier doctor` as an admin role to check the brokers")
+            return
+        if rows:
+            yield Check("brokers", "addresses", SKIP, "this role cannot read the endpoints' URLs",
+                        "Run `courier doctor` as an admin role to check that each broker is reachable")
     by_protocol: dict[str, list[tuple[str, str | None]]] = {}
     for protocol, name, url in rows:
         by_protocol.setdefault(protocol, []).append((name, url))

@@ -14,10 +14,13 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from importlib import metadata
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.test_cli import ENV, run
 
@@ -175,3 +178,32 @@ def test_endpoint_create_and_doctor_know_what_the_running_workers_can_deliver(ds
     finally:
         worker.send_signal(signal.SIGINT)
         worker.wait(timeout=60)
+
+
+@pytest.mark.parametrize("group", ["courier_monitor", "courier_application"])
+def test_doctor_as_a_least_privileged_role_skips_what_it_may_not_read(dsn: str, conn: psycopg.Connection,
+                                                                       group: str) -> None:
+    """Run as a monitoring or application login, doctor says what it could not check and why,
+    never reads an endpoint's URL (its credentials), and fails nothing for lack of rights."""
+    conn.execute("SELECT courier.create_endpoint('stream', 'redis', %s)",
+                 [json.dumps({"url": "redis://user:hunter2@127.0.0.1:6379/0", "stream": "s", "allow_internal": True})])
+    name = f"courier_doctor_{uuid.uuid4().hex[:10]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(sql.Identifier(name), sql.Identifier(group)))
+    try:
+        params = conninfo_to_dict(dsn)
+        params.pop("password", None)
+        done = run("doctor", dsn=make_conninfo("", **{**params, "user": name}))
+    finally:
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+    assert done.code == 0, done.out + done.err
+    checks = lines(done.out)
+    assert checks["database connected role"].startswith("  ok") and group in checks["database connected role"]
+    assert "hunter2" not in done.out and "Traceback" not in done.err
+    if group == "courier_monitor":
+        assert checks["database schema"].startswith("  ok")
+        assert checks["brokers addresses"].startswith("skip")
+        assert "cannot read the endpoints' URLs" in checks["brokers addresses"]
+    else:
+        assert checks["database schema"].startswith("skip") and "cannot read the migration history" in done.out
+        assert checks["brokers endpoints"].startswith("skip")
+    assert "skipped" in done.out.splitlines()[-1]

@@ -37,8 +37,9 @@ def _render(checks: list[Check]) -> None:
                           soft_wrap=True)
     failed = sum(c.status == FAIL for c in checks)
     warned = sum(c.status == WARN for c in checks)
-    summary = ("all checks passed" if not failed and not warned else
-               f"{failed} failed, {warned} warning(s)")
+    skipped = sum(c.status == SKIP for c in checks)
+    summary = ("all checks passed" if not failed and not warned else f"{failed} failed, {warned} warning(s)") \
+        + (f", {skipped} skipped" if skipped else "")
     console.print(Text(summary, style="bold red" if failed else "bold yellow" if warned else "bold green"))
 
 
