@@ -147,14 +147,12 @@ def _roles(conn: psycopg.Connection) -> Iterator[Check]:
 
 def _workers(conn: psycopg.Connection) -> Check:
     try:
-        row = conn.execute("""
-            SELECT count(*) FILTER (WHERE alive), count(*),
+        alive, push_endpoints = conn.execute("""
+            SELECT count(*) FILTER (WHERE alive),
                    (SELECT count(*) FROM courier.endpoints WHERE enabled AND protocol <> 'pull')
-            FROM courier.get_worker_status()""").fetchone()
+            FROM courier.get_worker_status()""").fetchone() or (0, 0)
     except psycopg.Error as error:
-        conn.rollback()
         return Check("workers", "running", SKIP, f"cannot read worker heartbeats: {from_psycopg(error).message}")
-    alive, _known, push_endpoints = row or (0, 0, 0)
     if alive:
         return Check("workers", "running", OK, f"{alive} alive")
     if push_endpoints:
@@ -192,12 +190,11 @@ def _brokers(conn: psycopg.Connection) -> Iterator[Check]:
     try:
         able, known = observability.worker_protocols(conn)
     except psycopg.Error:
-        conn.rollback()
         able, known = {}, 0
     for protocol, endpoints in by_protocol.items():
-        extra = extras.for_protocol(protocol)
+        extra = extras.EXTRAS[extras.PROTOCOL_EXTRAS[protocol]]
         names = ", ".join(name for name, _ in endpoints)
-        if extra is not None and not extra.installed():
+        if not extra.installed():
             yield Check("brokers", f"{protocol} client", FAIL,
                         f"{', '.join(extra.missing_modules())} not installed; used by {names}", extra.install)
         else:
@@ -209,7 +206,7 @@ def _brokers(conn: psycopg.Connection) -> Iterator[Check]:
             else:
                 yield Check("brokers", f"{protocol} workers", FAIL,
                             f"none of the {known} running worker(s) can deliver it; its messages wait",
-                            f"{extra.install if extra else 'Install the extra'} where the workers run; restart them")
+                            f"{extra.install} where the workers run; restart them")
         for address, users in _addresses(endpoints).items():
             yield _reachable(protocol, address, users)
 

@@ -245,3 +245,36 @@ def test_token_list_shows_hostile_scopes_literally(dsn, conn):
     done = _courier(dsn, "token", "list")
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     _assert_shown_literally(done.stdout, values)
+
+
+def test_courier_sink_prints_what_it_receives_literally():
+    """`courier sink` shows a request's path, message-id header and body as sent: the corpus
+    in a body never acts on the terminal and its markup is printed as written."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        port = probe_socket.getsockname()[1]
+    sink = subprocess.Popen([str(COURIER), "sink", "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "1000"})
+    body = json.dumps(CORPUS, ensure_ascii=False).encode()
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/hook", data=body, method="POST",
+                                                 headers={"x-courier-message-id": "[bold]7\x1b[2J"})
+                urllib.request.urlopen(request, timeout=5).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and sink.poll() is None, sink.stderr.read()
+                time.sleep(0.1)
+    finally:
+        sink.send_signal(signal.SIGINT)
+        out, err = sink.communicate(timeout=30)
+    assert sink.returncode in (0, 130) and "Traceback" not in err
+    assert not [char for char in ACTIVE if char in out]
+    assert "message [bold]7\\x1b[2J" in out and "[@click=app.quit]quit[/]" in out and "\\u202eevil" in out

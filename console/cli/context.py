@@ -78,8 +78,6 @@ def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
     )(func)
 
 
-output_options = json_option
-
 
 def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return dsn_option(json_option(func))

@@ -8,6 +8,7 @@ import click
 from rich.text import Text
 
 from ..doctor import FAIL, OK, SKIP, WARN, Check, run_all
+from ..literal import literal
 from .context import common_options, console, emit
 
 MARK = {OK: ("ok", "green"), WARN: ("warn", "yellow"), FAIL: ("FAIL", "bold red"), SKIP: ("skip", "dim")}
@@ -29,11 +30,12 @@ def _render(checks: list[Check]) -> None:
     width = max(len(f"{c.area} {c.name}") for c in checks)
     for check in checks:
         label, style = MARK[check.status]
-        line = Text.assemble((f"{label:>4}", style), "  ", f"{check.area} {check.name}".ljust(width), "  ",
-                             check.detail)
+        # Details quote what the database and brokers said: shown literally.
+        line = Text.assemble((f"{label:>4}", style), "  ", literal(f"{check.area} {check.name}".ljust(width)), "  ",
+                             literal(check.detail))
         console.print(line, highlight=False, soft_wrap=True)
         if check.fix and check.status != OK:
-            console.print(Text.assemble(" " * (8 + width), ("fix: ", "bold"), check.fix), highlight=False,
+            console.print(Text.assemble(" " * (8 + width), ("fix: ", "bold"), literal(check.fix)), highlight=False,
                           soft_wrap=True)
     failed = sum(c.status == FAIL for c in checks)
     warned = sum(c.status == WARN for c in checks)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 
 import click
 from rich.text import Text
 
+from ..literal import literal
 from ..sink import ReceivedRequest, WebhookSink
 from .context import console, error_console, wants_json
 
@@ -38,7 +40,7 @@ def sink(listen: str, as_json: bool) -> None:
         receiver.stop()
 
 
-def _printer(as_json: bool):  # -> Callable[[ReceivedRequest], None]
+def _printer(as_json: bool) -> Callable[[ReceivedRequest], None]:
     def show(request: ReceivedRequest) -> None:
         body = request.body.decode("utf-8", "replace")
         if as_json:
@@ -47,9 +49,10 @@ def _printer(as_json: bool):  # -> Callable[[ReceivedRequest], None]
                                          "headers": request.headers, "body": body}) + "\n")
             sys.stdout.flush()
             return
-        console.print(Text.assemble((f"{request.method} {request.path}", "bold"), " ",
-                                    (f"message {request.headers.get('x-courier-message-id', '?')}", "cyan"), " ",
-                                    body), highlight=False, soft_wrap=True)
+        # Whatever the sender put in the path, a header or the body is shown literally.
+        console.print(Text.assemble(literal(f"{request.method} {request.path}", "bold"), " ",
+                                    literal(f"message {request.headers.get('x-courier-message-id', '?')}", "cyan"),
+                                    " ", literal(body)), highlight=False, soft_wrap=True)
     return show
 
 
