@@ -68,13 +68,18 @@ UPDATE public.bench_drain SET status = 'completed' WHERE id = ANY (:ids::bigint[
 """
 
 # Each transaction reports the batch the previous one claimed and claims the next, as the
-# worker's claim loop does with report_and_claim.
+# worker's claim loop does with report_and_claim; a claim that found the endpoint's claim
+# slots taken pauses a millisecond, as the worker's does, rather than spin.
 SQL_PATH_SCRIPT = """
 SELECT coalesce(array_agg(id) FILTER (WHERE id IS NOT NULL), '{}') AS ids,
-       coalesce(array_agg(lease) FILTER (WHERE id IS NOT NULL), '{}') AS leases
+       coalesce(array_agg(lease) FILTER (WHERE id IS NOT NULL), '{}') AS leases,
+       coalesce(bool_or(busy), false)::integer AS busy
 FROM courier.report_and_claim('pgbench', 100, :endpoint, :ids::bigint[], :leases::integer[],
                                  array_fill('success'::text, ARRAY[cardinality(:ids::bigint[])]),
                                  array_fill(NULL::text, ARRAY[cardinality(:ids::bigint[])])) \\gset
+\\if :busy
+\\sleep 1 ms
+\\endif
 """
 
 ENDPOINTS = 20

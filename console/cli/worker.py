@@ -13,7 +13,7 @@ from click.core import ParameterSource
 
 from console.logs import log_json_lines
 from console.workers.bounded import run_pool_process
-from console.workers.pool import PoolSettings, WorkerPool, default_concurrency
+from console.workers.pool import MAX_CONCURRENCY, PoolSettings, WorkerPool, default_concurrency
 from console.workers.processes import Supervisor, default_processes
 from sqlkit.errors import DatabaseUnavailable
 
@@ -22,8 +22,9 @@ from .context import FiniteFloatRange, database_url, dsn_option, require_current
 
 @click.command("worker")
 @click.option("--concurrency", type=click.IntRange(1, 10_000), default=default_concurrency(), show_default=True,
-              help="Messages in flight at once (default: 512 per core, up to 8 cores); also the limit "
-                   "of an endpoint without its own config concurrency.")
+              help="Messages in flight at once (default: 512 per core, up to 8 cores, and at least two "
+                   "claims of --batch-size per process); also the limit of an endpoint without its "
+                   "own config concurrency.")
 @click.option("--batch-size", type=click.IntRange(1, 10_000), default=PoolSettings.batch_size, show_default=True,
               help="Most messages one claim takes.")
 @click.option("--poll-interval", type=FiniteFloatRange(0.01, 60), default=1.0, show_default=True,
@@ -44,8 +45,11 @@ from .context import FiniteFloatRange, database_url, dsn_option, require_current
 def worker(concurrency: int, batch_size: int, poll_interval: float, drain_timeout: float, processes: int,
            worker_id: str | None, wait_limit: float | None, exit_if_unavailable: bool) -> None:
     """Run the worker pool until SIGTERM or SIGINT, then drain and exit."""
-    if click.get_current_context().get_parameter_source("processes") is ParameterSource.DEFAULT:
+    context = click.get_current_context()
+    if context.get_parameter_source("processes") is ParameterSource.DEFAULT:
         processes = min(processes, concurrency)  # --concurrency 1 alone means one pool, not an error
+    if context.get_parameter_source("concurrency") is ParameterSource.DEFAULT:
+        concurrency = min(MAX_CONCURRENCY, max(concurrency, processes * 2 * batch_size))
     if processes > concurrency:
         raise click.BadParameter(f"{processes} processes cannot share {concurrency} messages in flight; "
                                  "give at least one each", param_hint="'--processes'")

@@ -88,6 +88,9 @@ class Claims:
         # Slots reserved by claims on their way to the database, in total and by endpoint.
         self._claiming = 0
         self._claiming_by_endpoint: dict[int, int] = defaultdict(int)
+        # Set (and cleared at once) whenever a claim of the endpoint commits, and so gives back
+        # its claim slot: this pool's claimers waiting for a slot try again at once.
+        self._claim_ended: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
 
     def serve(self, target: Target) -> None:
         """Start the endpoint's claim loops, unless they run already or no dispatcher serves
@@ -122,6 +125,7 @@ class Claims:
         wake = self._wakeups.wake_event(target.id)
         failures = 0
         linger = _Linger(self._settings.linger, self._settings.linger_limit)
+        busy_for = _SlotWait()
         while self._current(target):
             if eager and not busy.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -134,8 +138,11 @@ class Claims:
             if wake.is_set():
                 linger.start()
             wake.clear()
+            if busy_for.exhausted:
+                log.warning("claim slots taken for a while; claiming without one",
+                            extra={"endpoint": target.name})
             try:
-                claimed = await self._claim(target.id, room)
+                claimed, slotless = await self._claim(target.id, room, unslotted=busy_for.exhausted)
                 failures = 0
             except asyncio.CancelledError:
                 raise
@@ -146,10 +153,21 @@ class Claims:
                 continue
             finally:
                 self._unreserve(target.id, room)
+            if not slotless:
+                ended = self._claim_ended[target.id]
+                ended.set()
+                ended.clear()
             if len(claimed) >= room:
                 busy.set()
             else:
                 busy.clear()
+            if slotless:
+                # Other claims of this endpoint hold all its slots (more claimers than slots):
+                # they commit within milliseconds, this pool's own waking it at once.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._claim_ended[target.id].wait(), busy_for.next_pause())
+                continue
+            busy_for.reset()
             if not claimed:
                 pause = await self._linger_pause(target, linger)
                 if pause is None:
@@ -234,12 +252,18 @@ class Claims:
         if room:
             self._capacity.notify_soon()
 
-    async def _claim(self, endpoint_id: int, room: int) -> list[ClaimedMessage]:
+    async def _claim(self, endpoint_id: int, room: int, unslotted: bool = False) -> tuple[list[ClaimedMessage], bool]:
         """Claim for one endpoint, reporting the outcomes held so far in the same round trip
         (and the same commit). If that fails, the outcomes go back to the reporter, which
-        retries them or isolates a bad one, and the claim goes alone."""
-        batch = self._reporter.take()
+        retries them or isolates a bad one, and the claim goes alone. Also says whether the
+        claim found the endpoint's claim slots all taken (and so claimed nothing); `unslotted`
+        claims without one (claim_batch), after slots stayed taken for a whole SlotWait."""
         params = {"worker_id": self._settings.worker_id, "batch_size": room, "endpoint_id": endpoint_id}
+        if unslotted:
+            self._stats.round_trips += 1
+            async with self._db.connection() as conn:
+                return self._decoded(await queries.fetch_all_async(conn, "claim_for_endpoint", params)), False
+        batch = self._reporter.take()
         try:
             self._stats.round_trips += 1
             async with self._db.connection() as conn:
@@ -258,6 +282,11 @@ class Claims:
                 rows = await queries.fetch_all_async(conn, "claim_for_endpoint", params)
         else:
             await self._reporter.reported(batch, rows)
+        slotless = bool(rows) and bool(rows[0].get("busy"))
+        return self._decoded(rows), slotless
+
+    def _decoded(self, rows: list[dict]) -> list[ClaimedMessage]:
+        """The claimed messages of a claim's rows, their leases recorded."""
         # report-and-claim's row of counts, when nothing was claimed, has no id
         rows = [row for row in rows if row["id"] is not None]
         self._leases.taken((row["id"] for row in rows), time.monotonic())
@@ -272,6 +301,38 @@ class Claims:
                 self._reporter.add(undecodable, Outcome.permanent(
                     f"the worker cannot decode this message's headers or metadata: {one_line(error)[:200]}"))
         return claimed
+
+
+SLOT_PAUSES = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+"""Most seconds between claims while an endpoint's claim slots are all taken, growing while
+they stay taken (the last repeats). A claim of a full batch commits within milliseconds."""
+SLOT_WAIT_LIMIT = 1.0
+"""Seconds a claim loop waits for a free claim slot before it claims once without one: slots
+taken for longer (a claim stuck behind a lock, a session squatting on them) are claimed past."""
+
+
+class _SlotWait:
+    """How long a claim loop has waited for a free claim slot, and how long to wait next."""
+
+    def __init__(self) -> None:
+        self._step = 0
+        self._since: float | None = None
+
+    @property
+    def exhausted(self) -> bool:
+        """Slots stayed taken for SLOT_WAIT_LIMIT: the next claim goes without one."""
+        return self._since is not None and time.monotonic() - self._since >= SLOT_WAIT_LIMIT
+
+    def next_pause(self) -> float:
+        if self._since is None:
+            self._since = time.monotonic()
+        pause = SLOT_PAUSES[min(self._step, len(SLOT_PAUSES) - 1)]
+        self._step += 1
+        return pause
+
+    def reset(self) -> None:
+        self._step = 0
+        self._since = None
 
 
 class _Linger:

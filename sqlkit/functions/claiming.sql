@@ -361,6 +361,20 @@ BEGIN
 END
 $$;
 
+-- Every endpoint has its claim slots (see report_and_claim), whichever way it was created.
+CREATE OR REPLACE FUNCTION courier._add_claim_slots() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    INSERT INTO courier.claim_slots (endpoint_id, slot) SELECT NEW.id, s FROM generate_series(0, 7) AS s;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER endpoints_claim_slots AFTER INSERT ON courier.endpoints
+    FOR EACH ROW EXECUTE FUNCTION courier._add_claim_slots();
+
 -- Claims up to p_batch_size deliverable messages, priority DESC then FIFO by id, for one
 -- endpoint or (p_endpoint_id NULL) across every enabled endpoint, with no circuit breaker or
 -- rate limit: the inside of claim_batch, never called by workers directly. A deliverable

@@ -598,6 +598,12 @@ $$;
 -- message with the report's counts; when nothing is claimed one row carries the counts and
 -- NULL message columns. A report the database refuses fails the whole call: the worker
 -- then reports through report_outcomes on its own, which isolates the bad outcome.
+--
+-- The claim first takes one of the endpoint's claim slots (see migration 0036_claim_slots),
+-- held to commit, so that however many processes and hosts serve an endpoint at most
+-- claim_slots of its claims scan its queue at once. With every slot taken it claims nothing
+-- and says busy: the worker tries again shortly. Slots spare work; fencing and SKIP LOCKED
+-- keep claims correct without them, so a claim made without a slot (claim_batch) is as safe.
 CREATE OR REPLACE FUNCTION courier.report_and_claim(
     p_worker_id text, p_batch_size integer, p_endpoint_id integer,
     p_ids bigint[], p_leases integer[], p_outcomes text[], p_errors text[],
@@ -606,13 +612,14 @@ RETURNS TABLE (id bigint, endpoint_id integer, endpoint_name text, protocol text
                metadata jsonb, priority smallint, retry_count integer, max_retries integer, correlation_id uuid,
                ordering_key text, idempotency_key text, scheduled_at timestamptz, expires_at timestamptz,
                created_at timestamptz, lease integer,
-               delivered integer, retried integer, dead_lettered integer, stale integer)
+               delivered integer, retried integer, dead_lettered integer, stale integer, busy boolean)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
 AS $$
 DECLARE
     v_report record;
+    v_slots integer;
 BEGIN
     IF coalesce(cardinality(p_ids), 0) > 0 THEN
         SELECT * INTO v_report
@@ -620,12 +627,22 @@ BEGIN
     ELSE
         SELECT 0 AS delivered, 0 AS retried, 0 AS dead_lettered, 0 AS stale INTO v_report;
     END IF;
+    v_slots := courier._setting_int('claim_slots');
+    IF v_slots > 0 THEN
+        PERFORM 1 FROM courier.claim_slots s WHERE s.endpoint_id = p_endpoint_id AND s.slot < v_slots
+        LIMIT 1 FOR UPDATE SKIP LOCKED;
+    END IF;
+    IF v_slots > 0 AND NOT FOUND THEN
+        RETURN QUERY SELECT (NULL::courier.claimed_message).*, v_report.delivered, v_report.retried,
+                            v_report.dead_lettered, v_report.stale, true;
+        RETURN;
+    END IF;
     RETURN QUERY
-        SELECT c.*, v_report.delivered, v_report.retried, v_report.dead_lettered, v_report.stale
+        SELECT c.*, v_report.delivered, v_report.retried, v_report.dead_lettered, v_report.stale, false
         FROM courier.claim_batch(p_worker_id, p_batch_size, p_endpoint_id) c;
     IF NOT FOUND THEN
         RETURN QUERY SELECT (NULL::courier.claimed_message).*, v_report.delivered, v_report.retried,
-                            v_report.dead_lettered, v_report.stale;
+                            v_report.dead_lettered, v_report.stale, false;
     END IF;
 END
 $$;
