@@ -1,7 +1,9 @@
-"""dispatch-redis, dispatch-amqp, dispatch-mqtt and dispatch-nats: the worker pool delivering
-preloaded messages to a broker on loopback, against a plain client of the same library
-publishing the same messages with the same acknowledgements, the same batch size and the
-same number of batches in flight (the ceiling).
+"""dispatch-redis, dispatch-amqp, dispatch-mqtt and dispatch-nats: `courier worker` with no
+flags delivering preloaded messages to a broker on loopback, against a plain client of the
+same library publishing the same messages with the same acknowledgements, in batches of 100,
+two in flight (the ceiling). The notes add the worker's CPU cost and what one pool in the
+bench's own process, claiming 100 at a time with two batches in flight, drains (this
+scenario's definition before issue 27).
 
 Brokers default to loopback (COURIER_BENCH_REDIS_URL, ..._AMQP_URL, ..._MQTT_URL and
 ..._NATS_URL override them). Each run uses a destination of its own, deleted afterwards.
@@ -18,11 +20,15 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from console.workers.pool import PoolSettings
+from console.workers.processes import default_processes
 
 from .delivery import _endpoint, _preload, _run_pool
+from .drain import WorkerDrain, drain_with_worker_process
 from .result import Measurement, ScenarioResult, measure_rounds
 
 BATCH = 100
+"""The plain client's batch: faster for it than the worker's claim of 500 (NATS 23.9k against
+17.5k msg/s, MQTT 4.4k against 3.6k, Redis 45k against 40k on two cores)."""
 IN_FLIGHT_BATCHES = 2
 
 URLS = {
@@ -166,24 +172,33 @@ ACKNOWLEDGEMENT = {"redis": "the XADD reply (pipelined)", "amqp": "publisher con
 
 
 def _dispatch(protocol: str, dsn: str, messages: int, rounds: int) -> ScenarioResult:
+    costs: list[WorkerDrain] = []
+
     def courier() -> Measurement:
-        async def measured() -> float:
+        async def measured() -> WorkerDrain:
             async with DESTINATIONS[protocol](messages) as (endpoint_config, _):
                 name = f"{protocol}-bench"
                 await asyncio.to_thread(_endpoint, dsn, name, protocol, endpoint_config)
                 await asyncio.to_thread(_preload, dsn, name, messages)
+                return await asyncio.to_thread(drain_with_worker_process, dsn, messages)
+
+        drained = asyncio.run(measured())
+        costs.append(drained)
+        return Measurement(drained.rate)
+
+    def one_pool() -> Measurement:
+        """One pool in this process claiming BATCH at a time with IN_FLIGHT_BATCHES batches in
+        flight, as the plain client publishes: what this scenario measured before issue 27."""
+        async def measured() -> float:
+            async with DESTINATIONS[protocol](messages) as (endpoint_config, _):
+                name = f"{protocol}-bench-pool"
+                await asyncio.to_thread(_endpoint, dsn, name, protocol, endpoint_config)
+                await asyncio.to_thread(_preload, dsn, name, messages)
                 pool, elapsed = await asyncio.to_thread(
-                    _run_pool, dsn, lambda p: p.stats.delivered >= messages, _settings())
+                    _run_pool, dsn, lambda p: p.stats.delivered >= messages, _one_pool_settings())
                 return pool.stats.delivered / elapsed
 
         return Measurement(asyncio.run(measured()))
-
-    def noop() -> Measurement:
-        """The same pool and settings on a noop endpoint: what the database path alone allows."""
-        _endpoint(dsn, "noop-bench", "noop", {})
-        _preload(dsn, "noop-bench", messages)
-        pool, elapsed = _run_pool(dsn, lambda p: p.stats.delivered >= messages, _settings())
-        return Measurement(pool.stats.delivered / elapsed)
 
     def ceiling() -> Measurement:
         async def measured() -> float:
@@ -192,19 +207,30 @@ def _dispatch(protocol: str, dsn: str, messages: int, rounds: int) -> ScenarioRe
 
         return Measurement(asyncio.run(measured()))
 
-    measured = measure_rounds({"ceiling": ceiling, "courier": courier, "noop": noop}, rounds)
+    measured = measure_rounds({"ceiling": ceiling, "courier": courier, "one pool": one_pool}, rounds)
+    worker_cpu = _median_per_thousand([c.worker_cpu_seconds for c in costs], messages)
+    database_cpu = _median_per_thousand([c.database_cpu_seconds for c in costs], messages)
     return ScenarioResult(
         scenario=f"dispatch-{protocol}",
-        variant=f"{messages:,} msgs, batches of {BATCH}, {IN_FLIGHT_BATCHES} in flight",
-        unit="msg/s", courier=measured["courier"], ceiling=measured["ceiling"], target_ratio=0.7,
-        notes=f"worker pool through the full lifecycle vs a plain client of the same library publishing the same "
-              f"payload and headers with the same acknowledgement ({ACKNOWLEDGEMENT[protocol]}), batch size and "
-              f"batches in flight, to a broker on loopback; the same pool on a noop endpoint (the database path "
-              f"alone) drained {measured['noop'].rate:,.0f} msg/s in this run")
+        variant=f"{messages:,} msgs, `courier worker` defaults", unit="msg/s",
+        courier=measured["courier"], ceiling=measured["ceiling"], target_ratio=0.7,
+        notes=f"`courier worker` with no flags, in its own processes ({default_processes()} pools), timed from the "
+              f"first delivery to the last, vs a plain client of the same library publishing the same payload and "
+              f"headers with the same acknowledgement ({ACKNOWLEDGEMENT[protocol]}) in batches of {BATCH}, "
+              f"{IN_FLIGHT_BATCHES} in flight, to a broker on loopback; CPU-seconds per 1,000 messages: worker "
+              f"{worker_cpu}, database {database_cpu}; one pool in the bench's process claiming {BATCH} at a "
+              f"time with {IN_FLIGHT_BATCHES} batches in flight (this scenario before issue 27) drained "
+              f"{measured['one pool'].rate:,.0f} msg/s")
 
 
-def _settings() -> PoolSettings:
-    return PoolSettings(concurrency=BATCH * IN_FLIGHT_BATCHES, batch_size=BATCH, poll_interval=0.05)
+def _one_pool_settings() -> PoolSettings:
+    return PoolSettings(concurrency=BATCH * IN_FLIGHT_BATCHES, batch_size=BATCH,
+                        poll_interval=0.05)
+
+
+def _median_per_thousand(seconds: list[float | None], messages: int) -> str:
+    known = sorted(s for s in seconds if s is not None)
+    return f"{known[len(known) // 2] / messages * 1000:.3f}" if known else "n/a"
 
 
 def dispatch_redis(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 50_000) -> ScenarioResult:

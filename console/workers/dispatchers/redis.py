@@ -52,8 +52,11 @@ class RedisDispatcher(BrokerDispatcher[aioredis.Redis]):
         if pinned is not None:
             options["connection_class"] = _pinned(options.get("connection_class", Connection), pinned)
         # No retries inside the client: a failure comes back as an outcome, and the pool's
-        # retry policy and circuit decide what follows.
-        pool = ConnectionPool(socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
+        # retry policy and circuit decide what follows. No socket_timeout (redis-py's default is
+        # 5 s): deliver_batch bounds each whole batch by the endpoint's timeout already, and
+        # redis-py would arm a timer of its own around every reply (8% of the worker's time
+        # delivering to a stream).
+        pool = ConnectionPool(socket_timeout=None, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
                               retry_on_timeout=False, client_name="courier-worker", **options)
         client = aioredis.Redis(connection_pool=pool)
         try:
