@@ -12,7 +12,7 @@ def test_bench_pull_drains_the_topic_through_sql_and_the_consumer(dsn, conn):
         "SQL dequeue(10) + ack", "Python Consumer", "SQL dequeue(100) + ack", "Python Consumer",
         "SQL receive(100)", "Python ReceiveLoop"]
     assert all(r.courier.rate > 0 and r.ceiling.rate > 0 for r in results)
-    assert [r.target_ratio for r in results] == [0.8, 0.5, 0.8, 0.5, 0.8, 0.5]
+    assert [r.target_ratio for r in results] == [0.95, 0.7, 0.95, 0.7, 0.95, 0.6]
     # Each dequeue+ack line is held to the leased ceiling of its own batch size, receive to the
     # single DELETE; the single DELETE's figure is named in the dequeue lines' notes.
     assert results[0].ceiling is results[1].ceiling and results[2].ceiling is results[3].ceiling

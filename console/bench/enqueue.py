@@ -71,7 +71,7 @@ def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> li
     return [
         ScenarioResult(scenario="enqueue-single", variant=f"{name}, {clients} clients", unit="msg/s",
                        courier=measured[name], ceiling=measured["ceiling"],
-                       target_ratio=None if name == "queue table only" else 0.7, notes=note)
+                       target_ratio=None if name == "queue table only" else 0.6, notes=note)
         for name, note in notes.items()
     ]
 

@@ -203,7 +203,7 @@ def pull(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int =
         ceiling = m[f"raw leased {batch}"]
         results.append(ScenarioResult(
             scenario="pull", variant=f"SQL dequeue({batch}) + ack, {messages:,} msgs", unit="msg/s",
-            courier=m[f"sql dequeue {batch}"], ceiling=ceiling, target_ratio=0.8,
+            courier=m[f"sql dequeue {batch}"], ceiling=ceiling, target_ratio=0.95,
             notes=f"pgbench ({clients} clients): courier.dequeue({batch}) then courier.ack of the batch, two "
                   f"transactions; ceiling: the same lease protocol as bare SQL on a bare table (claim {batch} "
                   f"with SKIP LOCKED setting lease and deadline, then DELETE by id and lease). Not the single "
@@ -211,19 +211,19 @@ def pull(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int =
                   f"so it does half the writes and no second transaction"))
         results.append(ScenarioResult(
             scenario="pull", variant=f"Python Consumer, batches of {batch}", unit="msg/s",
-            courier=m[f"consumer {batch}"], ceiling=ceiling, target_ratio=0.5,
+            courier=m[f"consumer {batch}"], ceiling=ceiling, target_ratio=0.7,
             notes=f"{clients} sqlkit.consumer.Consumer instances in one asyncio process, batches() + ack(batch); "
                   f"ceiling: the bare leased claim + delete of {batch} above"))
     delete = m["raw delete"]
     results.append(ScenarioResult(
         scenario="pull", variant=f"SQL receive({RECEIVE_BATCH}), {messages:,} msgs", unit="msg/s",
-        courier=m["sql receive"], ceiling=delete, target_ratio=0.8,
+        courier=m["sql receive"], ceiling=delete, target_ratio=0.95,
         notes=f"pgbench ({clients} clients): courier.receive({RECEIVE_BATCH}), one transaction; ceiling: one bare "
               f"DELETE ... WHERE id IN (SELECT ... ORDER BY due time FOR UPDATE SKIP LOCKED LIMIT "
               f"{RECEIVE_BATCH}) RETURNING"))
     results.append(ScenarioResult(
         scenario="pull", variant=f"Python ReceiveLoop, 1 per transaction, {singles:,} msgs", unit="msg/s",
-        courier=m["receive loop"], ceiling=m["raw delete 1"], target_ratio=0.5,
+        courier=m["receive loop"], ceiling=m["raw delete 1"], target_ratio=0.6,
         notes=f"sqlkit.consumer.ReceiveLoop, concurrency {clients}: peek, then courier.receive(1) per transaction "
               f"around the handler (NServiceBus); ceiling: the bare single DELETE of 1 row per transaction, "
               f"pgbench with {clients} clients"))
