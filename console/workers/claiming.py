@@ -257,7 +257,7 @@ class Claims:
         (and the same commit). If that fails, the outcomes go back to the reporter, which
         retries them or isolates a bad one, and the claim goes alone. Also says whether the
         claim found the endpoint's claim slots all taken (and so claimed nothing); `unslotted`
-        claims without one (claim_batch), after slots stayed taken for a whole SlotWait."""
+        claims without one (claim_batch), once slots stayed taken for SLOT_WAIT_LIMIT."""
         params = {"worker_id": self._settings.worker_id, "batch_size": room, "endpoint_id": endpoint_id}
         if unslotted:
             self._stats.round_trips += 1
