@@ -11,9 +11,11 @@ import tempfile
 import time
 
 from console.bench import cpu
+from console.bench.brokers import dispatch_redis
 from console.bench.drain import WorkerProcess, drain_noop
 from console.bench.enqueue import enqueue_batch, enqueue_single
 from console.bench.scratch import with_dbname
+from tests.brokers import require_broker
 from tests.helpers import scalar
 
 
@@ -71,3 +73,16 @@ def test_cpu_seconds_of_a_process_tree():
         busy.kill()
         busy.wait()
     assert cpu.tree_seconds(2 ** 22 + 12345) is None  # no such process
+
+
+def test_bench_dispatch_redis_runs_the_default_worker_against_the_plain_client(dsn, conn):
+    """The broker benches run `courier worker` as shipped (its own processes, timed from the
+    first delivery), report its CPU cost, and keep the one-pool figure they measured before."""
+    require_broker("redis")
+    result = dispatch_redis(dsn, clients=2, seconds=1, rounds=1, messages=400)
+    assert result.variant == "400 msgs, `courier worker` defaults"
+    assert result.courier.rate > 0 and result.ceiling.rate > 0 and result.target_ratio == 0.7
+    assert re.search(r"CPU-seconds per 1,000 messages: worker \d+\.\d{3}, database (\d+\.\d{3}|n/a)", result.notes)
+    assert re.search(r"one pool in the bench's process claiming 100 at a time .* drained [\d,]+ msg/s", result.notes)
+    # Every message of every run was delivered and archived: nothing is left in the queue.
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0

@@ -23,7 +23,7 @@ from console.workers.pool import PoolSettings
 from console.workers.processes import default_processes
 
 from .delivery import _endpoint, _preload, _run_pool
-from .drain import WorkerDrain, drain_with_worker_process
+from .drain import WorkerDrain, cost_note, drain_with_worker_process
 from .result import Measurement, ScenarioResult, measure_rounds
 
 BATCH = 100
@@ -208,8 +208,6 @@ def _dispatch(protocol: str, dsn: str, messages: int, rounds: int) -> ScenarioRe
         return Measurement(asyncio.run(measured()))
 
     measured = measure_rounds({"ceiling": ceiling, "courier": courier, "one pool": one_pool}, rounds)
-    worker_cpu = _median_per_thousand([c.worker_cpu_seconds for c in costs], messages)
-    database_cpu = _median_per_thousand([c.database_cpu_seconds for c in costs], messages)
     return ScenarioResult(
         scenario=f"dispatch-{protocol}",
         variant=f"{messages:,} msgs, `courier worker` defaults", unit="msg/s",
@@ -217,8 +215,8 @@ def _dispatch(protocol: str, dsn: str, messages: int, rounds: int) -> ScenarioRe
         notes=f"`courier worker` with no flags, in its own processes ({default_processes()} pools), timed from the "
               f"first delivery to the last, vs a plain client of the same library publishing the same payload and "
               f"headers with the same acknowledgement ({ACKNOWLEDGEMENT[protocol]}) in batches of {BATCH}, "
-              f"{IN_FLIGHT_BATCHES} in flight, to a broker on loopback; CPU-seconds per 1,000 messages: worker "
-              f"{worker_cpu}, database {database_cpu}; one pool in the bench's process claiming {BATCH} at a "
+              f"{IN_FLIGHT_BATCHES} in flight, to a broker on loopback; {cost_note(costs, messages)}; one pool "
+              f"in the bench's process claiming {BATCH} at a "
               f"time with {IN_FLIGHT_BATCHES} batches in flight (this scenario before issue 27) drained "
               f"{measured['one pool'].rate:,.0f} msg/s")
 
@@ -226,11 +224,6 @@ def _dispatch(protocol: str, dsn: str, messages: int, rounds: int) -> ScenarioRe
 def _one_pool_settings() -> PoolSettings:
     return PoolSettings(concurrency=BATCH * IN_FLIGHT_BATCHES, batch_size=BATCH,
                         poll_interval=0.05)
-
-
-def _median_per_thousand(seconds: list[float | None], messages: int) -> str:
-    known = sorted(s for s in seconds if s is not None)
-    return f"{known[len(known) // 2] / messages * 1000:.3f}" if known else "n/a"
 
 
 def dispatch_redis(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 50_000) -> ScenarioResult:
