@@ -3,7 +3,8 @@
 -- restarts at 1. Applied to a scratch database only: it truncates Courier's tables.
 
 TRUNCATE courier.queue, courier.dlq, courier.event_log, courier.workers, courier.delivery_totals,
-         courier.endpoints, courier.replays, courier.subscriptions, courier.event_types, courier.api_tokens
+         courier.endpoints, courier.claim_slots, courier.replays, courier.subscriptions, courier.event_types,
+         courier.api_tokens
          RESTART IDENTITY;
 
 SELECT courier.create_endpoint('billing', 'http', '{"url": "https://billing.example.com/hooks/courier",

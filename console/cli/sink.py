@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Callable
 
@@ -32,6 +33,10 @@ def sink(listen: str, as_json: bool) -> None:
         error_console.print(f"error: cannot listen on {listen}: {error.strerror or error}", highlight=False)
         sys.exit(1)
     error_console.print(f"receiving webhooks on {receiver.url} (Ctrl-C stops)", highlight=False)
+    # Ctrl-C and SIGTERM stop it cleanly, as they do `courier worker`, even when it was started
+    # with SIGINT ignored (a background job of a script).
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, signal.default_int_handler)
     try:
         receiver.serve_forever()
     except KeyboardInterrupt:
