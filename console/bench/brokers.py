@@ -18,6 +18,7 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from console.workers.pool import PoolSettings
 from console.workers.processes import default_processes
@@ -30,6 +31,7 @@ BATCH = 100
 """The plain client's batch: faster for it than the worker's claim of 500 (NATS 23.9k against
 17.5k msg/s, MQTT 4.4k against 3.6k, Redis 45k against 40k on two cores)."""
 IN_FLIGHT_BATCHES = 2
+T = TypeVar("T")
 
 URLS = {
     "redis": os.environ.get("COURIER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
@@ -174,31 +176,27 @@ ACKNOWLEDGEMENT = {"redis": "the XADD reply (pipelined)", "amqp": "publisher con
 def _dispatch(protocol: str, dsn: str, messages: int, rounds: int) -> ScenarioResult:
     costs: list[WorkerDrain] = []
 
-    def courier() -> Measurement:
-        async def measured() -> WorkerDrain:
+    def loaded_then(name: str, drain: Callable[[], T]) -> T:
+        """A fresh destination, endpoint `name` on it with `messages` preloaded, then drain()."""
+        async def measured() -> T:
             async with DESTINATIONS[protocol](messages) as (endpoint_config, _):
-                name = f"{protocol}-bench"
                 await asyncio.to_thread(_endpoint, dsn, name, protocol, endpoint_config)
                 await asyncio.to_thread(_preload, dsn, name, messages)
-                return await asyncio.to_thread(drain_with_worker_process, dsn, messages)
+                return await asyncio.to_thread(drain)
 
-        drained = asyncio.run(measured())
+        return asyncio.run(measured())
+
+    def courier() -> Measurement:
+        drained = loaded_then(f"{protocol}-bench", lambda: drain_with_worker_process(dsn, messages))
         costs.append(drained)
         return Measurement(drained.rate)
 
     def one_pool() -> Measurement:
         """One pool in this process claiming BATCH at a time with IN_FLIGHT_BATCHES batches in
         flight, as the plain client publishes: what this scenario measured before issue 27."""
-        async def measured() -> float:
-            async with DESTINATIONS[protocol](messages) as (endpoint_config, _):
-                name = f"{protocol}-bench-pool"
-                await asyncio.to_thread(_endpoint, dsn, name, protocol, endpoint_config)
-                await asyncio.to_thread(_preload, dsn, name, messages)
-                pool, elapsed = await asyncio.to_thread(
-                    _run_pool, dsn, lambda p: p.stats.delivered >= messages, _one_pool_settings())
-                return pool.stats.delivered / elapsed
-
-        return Measurement(asyncio.run(measured()))
+        pool, elapsed = loaded_then(f"{protocol}-bench-pool", lambda: _run_pool(
+            dsn, lambda p: p.stats.delivered >= messages, _one_pool_settings()))
+        return Measurement(pool.stats.delivered / elapsed)
 
     def ceiling() -> Measurement:
         async def measured() -> float:
@@ -222,8 +220,7 @@ def _dispatch(protocol: str, dsn: str, messages: int, rounds: int) -> ScenarioRe
 
 
 def _one_pool_settings() -> PoolSettings:
-    return PoolSettings(concurrency=BATCH * IN_FLIGHT_BATCHES, batch_size=BATCH,
-                        poll_interval=0.05)
+    return PoolSettings(concurrency=BATCH * IN_FLIGHT_BATCHES, batch_size=BATCH, poll_interval=0.05)
 
 
 def dispatch_redis(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 50_000) -> ScenarioResult:

@@ -138,11 +138,12 @@ class Claims:
             if wake.is_set():
                 linger.start()
             wake.clear()
-            if busy_for.exhausted:
+            unslotted = busy_for.exhausted
+            if unslotted:
                 log.warning("claim slots taken for a while; claiming without one",
                             extra={"endpoint": target.name})
             try:
-                claimed, slotless = await self._claim(target.id, room, unslotted=busy_for.exhausted)
+                claimed, slotless = await self._claim(target.id, room, unslotted=unslotted)
                 failures = 0
             except asyncio.CancelledError:
                 raise

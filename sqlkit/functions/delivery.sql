@@ -620,6 +620,7 @@ AS $$
 DECLARE
     v_report record;
     v_slots integer;
+    v_busy boolean := false;
 BEGIN
     IF coalesce(cardinality(p_ids), 0) > 0 THEN
         SELECT * INTO v_report
@@ -631,19 +632,18 @@ BEGIN
     IF v_slots > 0 THEN
         PERFORM 1 FROM courier.claim_slots s WHERE s.endpoint_id = p_endpoint_id AND s.slot < v_slots
         LIMIT 1 FOR UPDATE SKIP LOCKED;
+        v_busy := NOT FOUND;
     END IF;
-    IF v_slots > 0 AND NOT FOUND THEN
-        RETURN QUERY SELECT (NULL::courier.claimed_message).*, v_report.delivered, v_report.retried,
-                            v_report.dead_lettered, v_report.stale, true;
-        RETURN;
+    IF NOT v_busy THEN
+        RETURN QUERY
+            SELECT c.*, v_report.delivered, v_report.retried, v_report.dead_lettered, v_report.stale, false
+            FROM courier.claim_batch(p_worker_id, p_batch_size, p_endpoint_id) c;
+        IF FOUND THEN
+            RETURN;
+        END IF;
     END IF;
-    RETURN QUERY
-        SELECT c.*, v_report.delivered, v_report.retried, v_report.dead_lettered, v_report.stale, false
-        FROM courier.claim_batch(p_worker_id, p_batch_size, p_endpoint_id) c;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT (NULL::courier.claimed_message).*, v_report.delivered, v_report.retried,
-                            v_report.dead_lettered, v_report.stale, false;
-    END IF;
+    RETURN QUERY SELECT (NULL::courier.claimed_message).*, v_report.delivered, v_report.retried,
+                        v_report.dead_lettered, v_report.stale, v_busy;
 END
 $$;
 
