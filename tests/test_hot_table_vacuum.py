@@ -64,20 +64,21 @@ def test_the_leader_keeps_the_queue_small_while_a_worker_drains_it(dsn, conn):
     conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")
     worker = start_worker_process(dsn)
     try:
-        sizes = []
+        one_round = None  # the table's size holding one round, before any of it is delivered
         for _ in range(2):
             started = scalar(conn, "SELECT clock_timestamp()")
             conn.execute("SELECT courier.send_batch('hook', ARRAY(SELECT jsonb_build_object('n', g) "
                          "FROM generate_series(1, %s) g))", (ROUND,))
+            one_round = one_round or queue_bytes(conn)
             wait_for(lambda: scalar(conn, "SELECT count(*) FROM courier.queue") == 0, timeout=60)
             # Only the leader vacuums this table; the dead-row count alone can read low while the
             # worker's backends have not reported their deletes yet.
             wait_for(lambda since=started: vacuumed_since(conn, since), timeout=30)
             wait_for(lambda: dead_queue_rows(conn) < DEAD_ROWS_THRESHOLD, timeout=30)
-            sizes.append(queue_bytes(conn))
-        # A vacuum during a round frees only what was dead by then, so the second round may
-        # take some new space, but not grow the table without bound.
-        assert sizes[1] <= 2 * max(sizes[0], 8192)
+        # A vacuum may truncate the empty table or run while part of a round is still queued, so
+        # the size left varies; without it, the second round would have added a whole round's
+        # pages after the first one's dead rows.
+        assert queue_bytes(conn) <= one_round * 5 // 4
     finally:
         worker.terminate()
         worker.wait(30)
