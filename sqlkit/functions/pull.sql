@@ -889,24 +889,25 @@ BEGIN
         IF v_keyed IS NOT NULL THEN  -- delivered keys keep turning duplicates away, as ack's do
             PERFORM courier._keep_delivered_keys(v_keyed);
         END IF;
+        -- The counters _add_delivery_totals keeps, both outcomes, in the DELETE's statement:
+        -- a statement of their own was 6% of a receive(1).
         RETURN QUERY
         WITH gone AS (
             DELETE FROM courier.queue q WHERE q.ctid = ANY (v_tids)
             RETURNING q.id, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.created_at, q.visible_at,
-                      q.expires_at, q.priority
+                      q.priority, q.expires_at IS NULL OR q.expires_at > now() AS live
+        ),
+        counted AS (
+            INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
+            SELECT v_topic.id, CASE WHEN g.live THEN 'delivered' ELSE 'expired' END, pg_backend_pid(), count(*)
+            FROM gone g GROUP BY g.live
+            ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
         )
         SELECT g.id, g.payload, g.payload_binary, g.body, g.metadata, g.key, g.created_at
         FROM gone g
-        WHERE g.expires_at IS NULL OR g.expires_at > now()
+        WHERE g.live
         ORDER BY g.priority DESC, g.visible_at, g.id;
         GET DIAGNOSTICS v_got = ROW_COUNT;
-        -- The counters _add_delivery_totals keeps, both outcomes in one statement instead of a
-        -- call (and a statement) for each.
-        INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
-        SELECT v_topic.id, o.outcome, pg_backend_pid(), o.n
-        FROM (VALUES ('delivered', v_got), ('expired', cardinality(v_tids) - v_got)) AS o(outcome, n)
-        WHERE o.n > 0
-        ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total;
         v_left := v_left - v_got;
         EXIT WHEN v_got = cardinality(v_tids);  -- nothing expired: nothing more is due
     END LOOP;
