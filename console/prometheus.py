@@ -24,6 +24,8 @@ HELP = {
     "messages_failed_total": "Pull messages past their retries on a topic without a DLQ (dlq_threshold 0).",
     "messages_expired_total": "Messages that expired before delivery.",
     "messages_replayed_total": "Messages enqueued again from the archive.",
+    "claims_busy_total": "Worker claims that found every claim slot of the endpoint taken, and waited "
+                         "(courier config set claim_slots N allows more at once).",
     "stale_reports_total": "Reports and releases refused because their claim's lease had been recovered.",
     "workers_alive": "Worker processes with a recent heartbeat.",
     "maintenance_leader_present": "1 if a live worker leads maintenance.",

@@ -26,6 +26,11 @@ def report_and_claim(conn, endpoint: int, ids=(), leases=()) -> list[tuple]:
     return conn.execute(REPORT_AND_CLAIM, (endpoint, ids, leases, ["success"] * len(ids), [None] * len(ids))).fetchall()
 
 
+def claims_busy(conn) -> dict[str, float]:
+    return dict(conn.execute("SELECT labels ->> 'endpoint', metric_value FROM courier.metrics() "
+                             "WHERE metric_name = 'claims_busy_total'").fetchall())
+
+
 def hold_slots(dsn: str, endpoint: int, count: int = 2) -> psycopg.Connection:
     """A session (of the owner's) in a transaction holding `count` of the endpoint's slots."""
     holder = psycopg.connect(dsn)
@@ -58,11 +63,13 @@ def test_a_claim_with_both_slots_taken_reports_and_says_busy(dsn, conn):
         assert busy == [(None, None, 10, True)]
         assert archived(conn) == 10
         assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'pending'") == 5
+        assert claims_busy(conn) == {"hook": 1}  # what tells an operator to allow more slots
         # One slot free again: claims go on (and with one held, another claim still can).
         holder.rollback()
         holder.execute("SELECT 1 FROM courier.claim_slots WHERE endpoint_id = %s AND slot = 0 FOR UPDATE", (hook,))
         rest = report_and_claim(conn, hook)
         assert len(rest) == 5 and not any(row[3] for row in rest)
+        assert claims_busy(conn) == {"hook": 1}
     finally:
         holder.close()
 

@@ -602,8 +602,9 @@ $$;
 -- The claim first takes one of the endpoint's claim slots (see migration 0036_claim_slots),
 -- held to commit, so that however many processes and hosts serve an endpoint at most
 -- claim_slots of its claims scan its queue at once. With every slot taken it claims nothing
--- and says busy: the worker tries again shortly. Slots spare work; fencing and SKIP LOCKED
--- keep claims correct without them, so a claim made without a slot (claim_batch) is as safe.
+-- and says busy, counted in metrics() as claims_busy_total: the worker tries again shortly.
+-- Slots spare work; fencing and SKIP LOCKED keep claims correct without them, so a claim made
+-- without a slot (claim_batch) is as safe.
 CREATE OR REPLACE FUNCTION courier.report_and_claim(
     p_worker_id text, p_batch_size integer, p_endpoint_id integer,
     p_ids bigint[], p_leases integer[], p_outcomes text[], p_errors text[],
@@ -633,6 +634,9 @@ BEGIN
         PERFORM 1 FROM courier.claim_slots s WHERE s.endpoint_id = p_endpoint_id AND s.slot < v_slots
         LIMIT 1 FOR UPDATE SKIP LOCKED;
         v_busy := NOT FOUND;
+        IF v_busy THEN  -- for claims_busy_total: an endpoint often busy may want more slots
+            PERFORM courier._add_delivery_totals(p_endpoint_id, 'claim_busy', 1);
+        END IF;
     END IF;
     IF NOT v_busy THEN
         RETURN QUERY

@@ -177,7 +177,8 @@ AS $$
                        ('dead_lettered', 'messages_dead_lettered_total'),
                        ('failed', 'messages_failed_total'),
                        ('expired', 'messages_expired_total'),
-                       ('replayed', 'messages_replayed_total')) AS o(outcome, metric)
+                       ('replayed', 'messages_replayed_total'),
+                       ('claim_busy', 'claims_busy_total')) AS o(outcome, metric)
     LEFT JOIN courier.delivery_totals t ON t.endpoint_id = e.id AND t.outcome = o.outcome
     GROUP BY e.name, o.metric
     UNION ALL
