@@ -86,8 +86,8 @@ def test_the_leader_keeps_the_queue_small_while_a_worker_drains_it(dsn, conn):
         # A round's claims write a second version of most rows, so a round alone takes up to
         # about twice the pages its messages arrived in (1.8x measured). A vacuum that runs
         # mid-round leaves the rest of that round's dead rows (under DEAD_ROWS_THRESHOLD) for
-        # the next, which then takes some new pages too. Without reuse, each round would add
-        # its own 1.8x: a round sent onto unvacuumed dead rows reached 3.6x, three 5x and more.
+        # the next, which then takes some new pages too. Without reuse, each round adds its
+        # own 1.8x: a second round sent onto unvacuumed dead rows reached 3.6x.
         assert largest <= one_round * 7 // 2
     finally:
         worker.terminate()
