@@ -37,6 +37,7 @@ EXTRAS: dict[str, Extra] = {extra.name: extra for extra in (
     Extra("amqp", ("aio_pika",), "delivery to amqp (RabbitMQ) endpoints"),
     Extra("mqtt", ("aiomqtt", "paho"), "delivery to mqtt endpoints"),
     Extra("nats", ("nats",), "delivery to nats endpoints"),
+    Extra("peers", ("pgmq",), "the peer queues `courier bench` measures Courier against (pgmq)"),
 )}
 
 # Which extra an endpoint protocol needs; http and noop need none.

@@ -1,4 +1,5 @@
-"""`courier bench pull` runs end to end on a small topic: every path drains it all."""
+"""`courier bench pull` runs end to end on a small topic: every path drains it all, Courier's and
+pgmq's."""
 
 from __future__ import annotations
 
@@ -9,15 +10,24 @@ from tests.helpers import scalar
 def test_bench_pull_drains_the_topic_through_sql_and_the_consumer(dsn, conn):
     results = pull(dsn, clients=2, seconds=1, rounds=1, messages=2_000)
     assert [r.variant.split(",")[0] for r in results] == [
-        "SQL dequeue(10) + ack", "Python Consumer", "SQL dequeue(100) + ack", "Python Consumer",
-        "SQL receive(100)", "Python ReceiveLoop"]
+        "SQL dequeue(10) + ack", "SQL dequeue(10) + ack vs pgmq read(10) + delete", "Python Consumer",
+        "SQL dequeue(100) + ack", "SQL dequeue(100) + ack vs pgmq read(100) + delete", "Python Consumer",
+        "SQL receive(100)", "SQL receive(100) vs pgmq pop(100)", "SQL receive(1) vs pgmq pop(1)",
+        "Python ReceiveLoop"]
     assert all(r.courier.rate > 0 and r.ceiling.rate > 0 for r in results)
-    assert [r.target_ratio for r in results] == [0.95, 0.7, 0.95, 0.7, 0.95, 0.6]
+    assert [r.target_ratio for r in results] == [0.95, 0.95, 0.7, 0.95, 0.95, 0.7, 0.95, 0.95, 0.95, 0.6]
     # Each dequeue+ack line is held to the leased ceiling of its own batch size, receive to the
     # single DELETE; the single DELETE's figure is named in the dequeue lines' notes.
-    assert results[0].ceiling is results[1].ceiling and results[2].ceiling is results[3].ceiling
-    assert results[0].ceiling is not results[2].ceiling and results[4].ceiling is not results[0].ceiling
+    assert results[0].ceiling is results[2].ceiling and results[3].ceiling is results[5].ceiling
+    assert results[0].ceiling is not results[3].ceiling and results[6].ceiling is not results[0].ceiling
     assert "single DELETE" in results[0].notes
+    # Beside them, the same SQL path against pgmq's: the same Courier figure, pgmq's as the other.
+    for courier_line, pgmq_line in ((0, 1), (3, 4), (6, 7)):
+        assert results[pgmq_line].courier is results[courier_line].courier
+        assert results[pgmq_line].ceiling is not results[courier_line].ceiling
+        assert "pgmq 1." in results[pgmq_line].notes
+    # pgmq drained its queue too, every time.
+    assert scalar(conn, "SELECT count(*) FROM pgmq.q_bench_pull") == 0
     # The last run (the ReceiveLoop's) took every message: none left, none in the DLQ.
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status IN ('pending', 'processing')") == 0
     assert scalar(conn, "SELECT count(*) FROM courier.dlq") == 0

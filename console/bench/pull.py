@@ -17,6 +17,11 @@ The ReceiveLoop receives one message per transaction (its handler runs inside it
 ceiling is the raw single DELETE of one row per transaction, and both drain a tenth of the
 messages: a transaction per message is commit-bound.
 
+With pgmq installed (the `peers` extra), the SQL paths are also measured against pgmq's own,
+in the same database and the same rounds: dequeue + ack against pgmq's read + delete of the
+same batch, receive against its pop. pgmq is the peer a user would weigh Courier's pull
+topics against; unlike the bare ceilings it is a queue as shipped.
+
 Every figure is messages drained per second; a Courier figure and its ceiling drain the same
 number of preloaded messages from a table of the same size."""
 
@@ -25,9 +30,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+from console import extras
 from sqlkit.connection import connect
 from sqlkit.consumer import Consumer, ReceiveLoop
 
+from . import pgmq
 from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
 
@@ -116,6 +123,15 @@ def _drain_with_pgbench(dsn: str, table: str, script: str, batch: int, messages:
     return Measurement((messages - _left(dsn, table)) / elapsed, run.latency_ms)
 
 
+def _drain_pgmq(dsn: str, script: str, batch: int, messages: int, clients: int) -> Measurement:
+    pgmq.preload(dsn, messages)
+    per_client = -(-messages // (batch * clients)) + 1
+    started = time.perf_counter()
+    run = run_script(dsn, script, clients=clients, transactions=per_client)
+    elapsed = time.perf_counter() - started
+    return Measurement((messages - pgmq.left(dsn)) / elapsed, run.latency_ms)
+
+
 def _drain_with_consumer(dsn: str, batch: int, messages: int, clients: int) -> Measurement:
     _preload(dsn, "courier.queue", messages)
     drained = 0
@@ -195,6 +211,15 @@ def pull(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int =
         dsn, queue, sql_receive_script(RECEIVE_BATCH), RECEIVE_BATCH, messages, clients)
     runs["raw delete 1"] = lambda: _drain_with_pgbench(dsn, bare, raw_delete_script(1), 1, singles, clients)
     runs["receive loop"] = lambda: _drain_with_receive_loop(dsn, singles, clients)
+    with_pgmq = pgmq.available()
+    if with_pgmq:
+        pgmq.install(dsn)
+        for batch in BATCHES:
+            runs[f"pgmq read {batch}"] = (
+                lambda b=batch: _drain_pgmq(dsn, pgmq.read_delete_script(b), b, messages, clients))
+        runs["pgmq pop"] = lambda: _drain_pgmq(dsn, pgmq.pop_script(RECEIVE_BATCH), RECEIVE_BATCH, messages, clients)
+        runs["sql receive 1"] = lambda: _drain_with_pgbench(dsn, queue, sql_receive_script(1), 1, singles, clients)
+        runs["pgmq pop 1"] = lambda: _drain_pgmq(dsn, pgmq.pop_script(1), 1, singles, clients)
     m = measure_rounds(runs, rounds)
 
     single_delete = f"{m['raw delete'].rate:,.0f}"
@@ -209,6 +234,13 @@ def pull(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int =
                   f"with SKIP LOCKED setting lease and deadline, then DELETE by id and lease). Not the single "
                   f"DELETE of {RECEIVE_BATCH} (receive's ceiling, {single_delete} msg/s): that takes no lease, "
                   f"so it does half the writes and no second transaction"))
+        if with_pgmq:
+            results.append(_against_pgmq(
+                f"SQL dequeue({batch}) + ack vs pgmq read({batch}) + delete, {messages:,} msgs",
+                m[f"sql dequeue {batch}"], m[f"pgmq read {batch}"],
+                f"pgbench ({clients} clients), both in this database, alternating rounds: courier.dequeue({batch}) "
+                f"+ courier.ack against pgmq.read(queue, 60, {batch}) + pgmq.delete(queue, ids). pgmq's delete "
+                f"is by id alone: a consumer whose visibility timeout ran out deletes a message another now holds"))
         results.append(ScenarioResult(
             scenario="pull", variant=f"Python Consumer, batches of {batch}", unit="msg/s",
             courier=m[f"consumer {batch}"], ceiling=ceiling, target_ratio=0.7,
@@ -220,7 +252,17 @@ def pull(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int =
         courier=m["sql receive"], ceiling=delete, target_ratio=0.95,
         notes=f"pgbench ({clients} clients): courier.receive({RECEIVE_BATCH}), one transaction; ceiling: one bare "
               f"DELETE ... WHERE id IN (SELECT ... ORDER BY due time FOR UPDATE SKIP LOCKED LIMIT "
-              f"{RECEIVE_BATCH}) RETURNING"))
+              f"{RECEIVE_BATCH}) RETURNING"
+              + ("" if with_pgmq else f"; pgmq's rows left out: {extras.EXTRAS['peers'].install}")))
+    if with_pgmq:
+        results.append(_against_pgmq(
+            f"SQL receive({RECEIVE_BATCH}) vs pgmq pop({RECEIVE_BATCH}), {messages:,} msgs", m["sql receive"],
+            m["pgmq pop"], f"pgbench ({clients} clients), both in this database, alternating rounds: "
+                           f"courier.receive({RECEIVE_BATCH}) against pgmq.pop(queue, {RECEIVE_BATCH})"))
+        results.append(_against_pgmq(
+            f"SQL receive(1) vs pgmq pop(1), {singles:,} msgs", m["sql receive 1"], m["pgmq pop 1"],
+            f"pgbench ({clients} clients), one message per call and transaction, both in this database: what "
+            f"the ReceiveLoop below is capped by, against pgmq's pop(queue, 1)"))
     results.append(ScenarioResult(
         scenario="pull", variant=f"Python ReceiveLoop, 1 per transaction, {singles:,} msgs", unit="msg/s",
         courier=m["receive loop"], ceiling=m["raw delete 1"], target_ratio=0.6,
@@ -228,3 +270,8 @@ def pull(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int =
               f"around the handler (NServiceBus); ceiling: the bare single DELETE of 1 row per transaction, "
               f"pgbench with {clients} clients"))
     return results
+
+
+def _against_pgmq(variant: str, courier: Measurement, peer: Measurement, notes: str) -> ScenarioResult:
+    return ScenarioResult(scenario="pull", variant=variant, unit="msg/s", courier=courier, ceiling=peer,
+                          target_ratio=0.95, notes=f"{notes} (pgmq {pgmq.version()}, its SQL-only install)")

@@ -1,0 +1,65 @@
+"""pgmq, the peer `courier bench pull` measures beside Courier's pull paths, in the same database
+and the same run: its read + delete (leased, like dequeue + ack) and its pop (destructive, like
+receive).
+
+pgmq is installed from the SQL-only script its Python package (the `peers` extra) pins, into
+the bench's scratch database, as schema `pgmq` next to `courier`. Its messages are rows of
+`pgmq.q_<queue>`, preloaded the way the Courier topic is, with one INSERT.
+"""
+
+from __future__ import annotations
+
+from console import extras
+from sqlkit.connection import connect
+
+QUEUE = "bench_pull"
+
+
+def available() -> bool:
+    return extras.EXTRAS["peers"].installed()
+
+
+def version() -> str:
+    from pgmq.install import get_embedded_sql_version
+
+    return get_embedded_sql_version()
+
+
+def install(dsn: str) -> None:
+    """pgmq's schema (unless the database has it already) and the bench's queue."""
+    from pgmq.install import get_embedded_install_sql
+
+    with connect(dsn) as conn:
+        if conn.execute("SELECT to_regnamespace('pgmq') IS NULL").fetchone()[0]:
+            with conn.transaction():
+                conn.execute(get_embedded_install_sql())
+        conn.execute("SELECT pgmq.drop_queue(%s) WHERE EXISTS (SELECT FROM pgmq.list_queues() WHERE queue_name = %s)",
+                     (QUEUE, QUEUE))
+        conn.execute("SELECT pgmq.create(%s)", (QUEUE,))
+
+
+def preload(dsn: str, messages: int) -> None:
+    """The queue holds exactly `messages` messages, all visible now, with the Courier topic's payloads."""
+    with connect(dsn) as conn:
+        conn.execute(f"TRUNCATE pgmq.q_{QUEUE}")
+        conn.execute(f"INSERT INTO pgmq.q_{QUEUE} (vt, message) "
+                     "SELECT now(), jsonb_build_object('n', g) FROM generate_series(1, %s::int) g", (messages,))
+        conn.execute(f"VACUUM ANALYZE pgmq.q_{QUEUE}")
+
+
+def left(dsn: str) -> int:
+    with connect(dsn) as conn:
+        return conn.execute(f"SELECT count(*) FROM pgmq.q_{QUEUE}").fetchone()[0]
+
+
+def read_delete_script(batch: int) -> str:
+    """pgmq's lease protocol: read a batch under a visibility timeout, then delete it by id."""
+    return f"""
+SELECT coalesce(array_agg(msg_id), '{{}}') AS ids FROM pgmq.read('{QUEUE}', 60, {batch}) \\gset
+SELECT count(*) FROM pgmq.delete('{QUEUE}', :ids::bigint[]);
+"""
+
+
+def pop_script(batch: int) -> str:
+    """pgmq's destructive take: read and delete in one call."""
+    return f"SELECT msg_id, message FROM pgmq.pop('{QUEUE}', {batch});\n"
