@@ -11,6 +11,7 @@ import json
 
 from sqlkit.connection import connect
 
+from . import pgmq
 from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
 from .scratch import backpressure_out_of_reach
@@ -36,6 +37,16 @@ def _reset(dsn: str) -> None:
     with connect(dsn) as conn:
         conn.execute("TRUNCATE courier.queue, public.bench_raw_queue")
         conn.execute("VACUUM ANALYZE courier.queue_depth")
+        if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"pgmq.q_{pgmq.QUEUE}",)).fetchone()[0]:
+            pgmq.empty(dsn)
+
+
+def _with_pgmq(dsn: str) -> bool:
+    """pgmq installed in the database and its queue made, if the peers extra is there."""
+    if not pgmq.available():
+        return False
+    pgmq.install(dsn)
+    return True
 
 
 def _set_notify(dsn: str, on: bool) -> None:
@@ -56,28 +67,40 @@ def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> li
         result = run_script(dsn, script, clients=clients, seconds=seconds)
         return Measurement(result.transactions_per_second, result.latency_ms)
 
-    measured = measure_rounds({
-        "ceiling": lambda: run(ceiling_sql),
+    with_pgmq = _with_pgmq(dsn)
+    runs = {"ceiling": lambda: run(ceiling_sql)}
+    if with_pgmq:
+        runs["pgmq"] = lambda: run(pgmq.send_script(payload))
+    runs |= {
         "send": lambda: run(send_sql),
         "send, notify off": lambda: run(send_sql, notify=False),
         "queue table only": lambda: run(table_sql),
-    }, rounds)
+    }
+    measured = measure_rounds(runs, rounds)
     _set_notify(dsn, True)
     notes = {
         "send": "courier.send() per transaction, NOTIFY on (default)",
         "send, notify off": "notify_on_send = false: workers poll instead",
         "queue table only": "reference: raw INSERT into courier.queue (its indexes and depth trigger, no function)",
     }
-    return [
+    results = [
         ScenarioResult(scenario="enqueue-single", variant=f"{name}, {clients} clients", unit="msg/s",
                        courier=measured[name], ceiling=measured["ceiling"],
                        target_ratio=None if name == "queue table only" else 0.6, notes=note)
         for name, note in notes.items()
     ]
+    if with_pgmq:
+        results.append(ScenarioResult(
+            scenario="enqueue-single", variant=f"send vs pgmq send, {clients} clients", unit="msg/s",
+            courier=measured["send"], ceiling=measured["pgmq"], target_ratio=0.95,
+            notes=f"courier.send() as shipped (NOTIFY on) against pgmq.send(), which notifies no one unless a "
+                  f"queue asks for it ({pgmq.note()})"))
+    return results
 
 
 def enqueue_batch(dsn: str, *, clients: int, seconds: float, rounds: int) -> list[ScenarioResult]:
     _prepare(dsn)
+    with_pgmq = _with_pgmq(dsn)
     results = []
     for size in (100, 1000):
         array = "ARRAY[" + ",".join(
@@ -91,11 +114,19 @@ def enqueue_batch(dsn: str, *, clients: int, seconds: float, rounds: int) -> lis
             result = run_script(dsn, script, clients=clients, seconds=seconds)
             return Measurement(result.transactions_per_second * size, result.latency_ms)
 
-        measured = measure_rounds({"ceiling": lambda c=ceiling_sql: run(c),
-                                   "courier": lambda c=courier_sql: run(c)}, rounds)
+        runs = {"ceiling": lambda c=ceiling_sql: run(c)}
+        if with_pgmq:
+            runs["pgmq"] = lambda a=array: run(pgmq.send_batch_script(a))
+        runs["courier"] = lambda c=courier_sql: run(c)  # last: its messages stay for a look afterwards
+        measured = measure_rounds(runs, rounds)
         results.append(ScenarioResult(
             scenario="enqueue-batch", variant=f"batch {size}, {clients} clients", unit="msg/s",
             courier=measured["courier"], ceiling=measured["ceiling"], target_ratio=0.7, target_absolute=100_000,
             notes="send_batch vs raw INSERT ... SELECT unnest(...)",
         ))
+        if with_pgmq:
+            results.append(ScenarioResult(
+                scenario="enqueue-batch", variant=f"batch {size} vs pgmq send_batch, {clients} clients",
+                unit="msg/s", courier=measured["courier"], ceiling=measured["pgmq"], target_ratio=0.95,
+                notes=f"courier.send_batch() against pgmq.send_batch() of the same payloads ({pgmq.note()})"))
     return results

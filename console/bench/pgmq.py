@@ -1,6 +1,6 @@
-"""pgmq, the peer `courier bench pull` measures beside Courier's pull paths, in the same database
-and the same run: its read + delete (leased, like dequeue + ack) and its pop (destructive, like
-receive).
+"""pgmq, the peer `courier bench` measures beside Courier in the same database and the same
+rounds: its send and send_batch (enqueue-single, enqueue-batch), its read + delete (leased,
+like dequeue + ack) and its pop (destructive, like receive) in `pull`.
 
 pgmq is installed from the SQL-only script its Python package (the `peers` extra) pins, into
 the bench's scratch database, as schema `pgmq` next to `courier`. Its messages are rows of
@@ -12,7 +12,7 @@ from __future__ import annotations
 from console import extras
 from sqlkit.connection import connect
 
-QUEUE = "bench_pull"
+QUEUE = "bench"
 
 
 def available() -> bool:
@@ -36,6 +36,11 @@ def install(dsn: str) -> None:
         conn.execute("SELECT pgmq.drop_queue(%s) WHERE EXISTS (SELECT FROM pgmq.list_queues() WHERE queue_name = %s)",
                      (QUEUE, QUEUE))
         conn.execute("SELECT pgmq.create(%s)", (QUEUE,))
+
+
+def empty(dsn: str) -> None:
+    with connect(dsn) as conn:
+        conn.execute(f"TRUNCATE pgmq.q_{QUEUE}")
 
 
 def preload(dsn: str, messages: int) -> None:
@@ -63,3 +68,16 @@ SELECT count(*) FROM pgmq.delete('{QUEUE}', :ids::bigint[]);
 def pop_script(batch: int) -> str:
     """pgmq's destructive take: read and delete in one call."""
     return f"SELECT msg_id, message FROM pgmq.pop('{QUEUE}', {batch});\n"
+
+
+def send_script(payload: str) -> str:
+    return f"SELECT pgmq.send('{QUEUE}', '{payload}'::jsonb);\n"
+
+
+def send_batch_script(array: str) -> str:
+    """`array`: a jsonb[] literal of the batch's payloads."""
+    return f"SELECT pgmq.send_batch('{QUEUE}', {array});\n"
+
+
+def note() -> str:
+    return f"pgmq {version()}, its SQL-only install, in this database"

@@ -274,4 +274,4 @@ def pull(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int =
 
 def _against_pgmq(variant: str, courier: Measurement, peer: Measurement, notes: str) -> ScenarioResult:
     return ScenarioResult(scenario="pull", variant=variant, unit="msg/s", courier=courier, ceiling=peer,
-                          target_ratio=0.95, notes=f"{notes} (pgmq {pgmq.version()}, its SQL-only install)")
+                          target_ratio=0.95, notes=f"{notes} ({pgmq.note()})")
