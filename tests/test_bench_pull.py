@@ -27,7 +27,7 @@ def test_bench_pull_drains_the_topic_through_sql_and_the_consumer(dsn, conn):
         assert results[pgmq_line].ceiling is not results[courier_line].ceiling
         assert "pgmq 1." in results[pgmq_line].notes
     # pgmq drained its queue too, every time.
-    assert scalar(conn, "SELECT count(*) FROM pgmq.q_bench_pull") == 0
+    assert scalar(conn, "SELECT count(*) FROM pgmq.q_bench") == 0
     # The last run (the ReceiveLoop's) took every message: none left, none in the DLQ.
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status IN ('pending', 'processing')") == 0
     assert scalar(conn, "SELECT count(*) FROM courier.dlq") == 0
