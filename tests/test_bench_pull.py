@@ -3,6 +3,8 @@ pgmq's."""
 
 from __future__ import annotations
 
+import sys
+
 from console.bench.pull import pull
 from tests.helpers import scalar
 
@@ -31,3 +33,11 @@ def test_bench_pull_drains_the_topic_through_sql_and_the_consumer(dsn, conn):
     # The last run (the ReceiveLoop's) took every message: none left, none in the DLQ.
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status IN ('pending', 'processing')") == 0
     assert scalar(conn, "SELECT count(*) FROM courier.dlq") == 0
+
+
+def test_without_pgmq_the_bench_leaves_its_rows_out_and_says_how_to_get_them(dsn, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pgmq", None)  # as if the peers extra were not installed
+    results = pull(dsn, clients=2, seconds=1, rounds=1, messages=1_000)
+    assert not any("pgmq" in r.variant for r in results)
+    assert "pgmq's rows left out: pip install 'courier[peers]'" in results[4].notes
+    assert all(r.courier.rate > 0 and r.ceiling.rate > 0 for r in results)
