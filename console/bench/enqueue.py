@@ -33,12 +33,12 @@ def _prepare(dsn: str) -> None:
         backpressure_out_of_reach(conn)
 
 
-def _reset(dsn: str) -> None:
+def _reset(dsn: str, with_pgmq: bool) -> None:
     with connect(dsn) as conn:
         conn.execute("TRUNCATE courier.queue, public.bench_raw_queue")
         conn.execute("VACUUM ANALYZE courier.queue_depth")
-        if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"pgmq.q_{pgmq.QUEUE}",)).fetchone()[0]:
-            pgmq.empty(dsn)
+    if with_pgmq:
+        pgmq.empty(dsn)
 
 
 def _with_pgmq(dsn: str) -> bool:
@@ -61,13 +61,14 @@ def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> li
     ceiling_sql = f"INSERT INTO public.bench_raw_queue (endpoint_id, payload) VALUES (1, '{payload}'::jsonb);\n"
     table_sql = f"INSERT INTO courier.queue (endpoint_id, payload) VALUES (1, '{payload}'::jsonb);\n"
 
+    with_pgmq = _with_pgmq(dsn)
+
     def run(script: str, notify: bool = True) -> Measurement:
-        _reset(dsn)
+        _reset(dsn, with_pgmq)
         _set_notify(dsn, notify)
         result = run_script(dsn, script, clients=clients, seconds=seconds)
         return Measurement(result.transactions_per_second, result.latency_ms)
 
-    with_pgmq = _with_pgmq(dsn)
     runs = {"ceiling": lambda: run(ceiling_sql)}
     if with_pgmq:
         runs["pgmq"] = lambda: run(pgmq.send_script(payload))
@@ -110,7 +111,7 @@ def enqueue_batch(dsn: str, *, clients: int, seconds: float, rounds: int) -> lis
                        f"SELECT 1, p FROM unnest({array}) AS p;\n")
 
         def run(script: str, size: int = size) -> Measurement:
-            _reset(dsn)
+            _reset(dsn, with_pgmq)
             result = run_script(dsn, script, clients=clients, seconds=seconds)
             return Measurement(result.transactions_per_second * size, result.latency_ms)
 

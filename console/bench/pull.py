@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from console import extras
 from sqlkit.connection import connect
@@ -116,20 +117,22 @@ def _left(dsn: str, table: str) -> int:
 
 def _drain_with_pgbench(dsn: str, table: str, script: str, batch: int, messages: int, clients: int) -> Measurement:
     _preload(dsn, table, messages)
-    per_client = -(-messages // (batch * clients)) + 1
-    started = time.perf_counter()
-    run = run_script(dsn, script, clients=clients, transactions=per_client)
-    elapsed = time.perf_counter() - started
-    return Measurement((messages - _left(dsn, table)) / elapsed, run.latency_ms)
+    return _timed_drain(dsn, script, batch, messages, clients, lambda: _left(dsn, table))
 
 
 def _drain_pgmq(dsn: str, script: str, batch: int, messages: int, clients: int) -> Measurement:
     pgmq.preload(dsn, messages)
+    return _timed_drain(dsn, script, batch, messages, clients, lambda: pgmq.left(dsn))
+
+
+def _timed_drain(dsn: str, script: str, batch: int, messages: int, clients: int,
+                 left: Callable[[], int]) -> Measurement:
+    """pgbench runs `script` until the preloaded messages are gone; `left` counts what remains."""
     per_client = -(-messages // (batch * clients)) + 1
     started = time.perf_counter()
     run = run_script(dsn, script, clients=clients, transactions=per_client)
     elapsed = time.perf_counter() - started
-    return Measurement((messages - pgmq.left(dsn)) / elapsed, run.latency_ms)
+    return Measurement((messages - left()) / elapsed, run.latency_ms)
 
 
 def _drain_with_consumer(dsn: str, batch: int, messages: int, clients: int) -> Measurement:
