@@ -18,6 +18,7 @@ period, and anything not acked (or not committed) comes back to the topic.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -35,7 +36,7 @@ from psycopg.rows import args_row, dict_row
 
 from . import queries
 from .connection import NEW_MESSAGE_CHANNEL, AsyncDatabase
-from .errors import CourierError, InvalidInput, translated
+from .errors import CourierError, DatabaseUnavailable, InvalidInput, translated
 from .pull import ReceivedMessage
 from .stopping import answer_within, cancel_within, within
 
@@ -131,9 +132,11 @@ class Consumer:
 
     Iterating (`async for`, `batches()`) prefetches: while one batch is being worked on, the
     next is already being dequeued, so the work and the database round trips overlap (as an
-    AMQP prefetch does). A prefetched batch is leased and heartbeated like any other; one
-    that is never handed out (the loop ends first) is given back on close(), due again within
-    a second. `prefetch=False` dequeues only when the next batch is asked for.
+    AMQP prefetch does). The ack that settles everything handed out takes the batch after
+    that in the same statement, so a batch costs one transaction rather than two (a dequeue's
+    and an ack's). A prefetched batch is leased and heartbeated like any other; one that is
+    never handed out (the loop ends first) is given back on close(), due again within a
+    second. `prefetch=False` dequeues only when the next batch is asked for.
 
     Every database call (dequeue, ack, nack, release, a heartbeat's lease extension) that gets
     no answer within `call_timeout` seconds is cancelled and fails with DatabaseUnavailable,
@@ -175,7 +178,11 @@ class Consumer:
         self._db = AsyncDatabase(dsn, min_size=2, max_size=3 if prefetch else 2,
                                  application_name="courier-consumer", configure=_configure)
         self._in_flight: dict[int, PulledMessage] = {}
-        self._ahead: asyncio.Task[list[PulledMessage]] | None = None
+        self._handed_out: set[int] = set()  # by batches(), and not yet settled
+        # Batches leased ahead, in the order they are handed out; None where an ack's dequeue
+        # failed with it, for the loop to dequeue afresh.
+        self._ahead: collections.deque[asyncio.Future[list[PulledMessage] | None]] = collections.deque()
+        self._iterating = False
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self.heartbeats = 0
@@ -224,40 +231,46 @@ class Consumer:
     async def batches(self) -> AsyncIterator[list[PulledMessage]]:
         """Each non-empty dequeue as one list, for consumers that work and ack in batches;
         between empty dequeues it waits for a new-message notification or poll_interval."""
+        self._iterating = True
         try:
             while True:
                 self._wake.clear()
-                if self._ahead is not None:
+                if self._ahead:
                     # Shielded: a consumer cancelled here leaves the prefetch to finish, so that
                     # the finally below can give its batch back rather than strand its leases.
-                    batch = await asyncio.shield(self._ahead)
-                    self._ahead = None
+                    batch = await asyncio.shield(self._ahead[0])
+                    self._ahead.popleft()
+                    if batch is None:
+                        batch = await self.dequeue()
                 else:
                     batch = await self.dequeue()
                 if batch:
-                    if self.prefetch:
-                        self._ahead = asyncio.create_task(self.dequeue(), name=f"courier-prefetch-{self.topic}")
+                    if self.prefetch and not self._ahead:  # else an ack already took the next
+                        self._ahead.append(asyncio.create_task(self.dequeue(), name=f"courier-prefetch-{self.topic}"))
+                    self._handed_out.update(m.id for m in batch)
                     yield batch
+                    continue
+                if self._ahead:  # an ack's dequeue, behind a prefetch that found the topic empty
                     continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_interval)
         finally:
+            self._iterating = False
             # Bounded: a database that stopped answering holds neither the prefetch nor its
             # release for long. The leases of a batch not given back run out instead.
             await within(self.shutdown_timeout, self._give_back_prefetched(), "giving back the prefetched batch")
 
     async def _give_back_prefetched(self) -> None:
-        """A batch dequeued ahead and never handed out goes back as it was (courier.release):
+        """Batches dequeued ahead and never handed out go back as they were (courier.release):
         due again at once, no attempt counted, rather than after the visibility timeout."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return
-        try:
-            batch = await ahead
-        except Exception:  # the prefetch failed: nothing was leased, nothing to give back
-            return
-        if batch:
-            await self.release(batch)
+        while self._ahead:
+            ahead = self._ahead.popleft()
+            try:
+                batch = await ahead
+            except Exception:  # the prefetch failed: nothing was leased, nothing to give back
+                continue
+            if batch:  # None: an ack's failed dequeue, which leased nothing
+                await self.release(batch)
 
     async def release(self, messages: PulledMessage | Iterable[PulledMessage]) -> dict[int, str]:
         """Give messages back untouched (never worked on): due again at once, no attempt
@@ -269,7 +282,44 @@ class Consumer:
         'lease_lost' (redelivered to someone else: not applied) or 'not_found'."""
         # The query returns only the ids that were not acked: a batch's worth of 'acked' rows
         # is most of what an ack would otherwise send back and decode.
-        return await self._settle("consumer_ack", messages, {}, assumed="acked")
+        batch = [messages] if isinstance(messages, PulledMessage) else list(messages)
+        if self._carries_a_dequeue(batch):
+            return await self._ack_and_dequeue_ahead(batch)
+        return await self._settle("consumer_ack", batch, {}, assumed="acked")
+
+    def _carries_a_dequeue(self, batch: list[PulledMessage]) -> bool:
+        """Whether this ack takes the batch after the next one in its own statement: it settles
+        everything handed out, while the loop has at most the next batch ahead. Acks of single
+        messages carry none until the batch's last."""
+        return (self.prefetch and self._iterating and bool(batch) and len(self._ahead) <= 1
+                and self._handed_out <= {m.id for m in batch})
+
+    async def _ack_and_dequeue_ahead(self, batch: list[PulledMessage]) -> dict[int, str]:
+        """The ack and a dequeue in one statement; the dequeued batch joins those ahead."""
+        carried: asyncio.Future[list[PulledMessage] | None] = asyncio.get_running_loop().create_future()
+        self._ahead.append(carried)
+        self._forget(batch)
+        params = {**_held(batch), "topic": self.topic, "count": self.batch_size,
+                  "visibility_timeout": self.visibility_timeout}
+        try:
+            rows = await self._fetch("consumer_ack_and_dequeue", params, binary=True)
+        except DatabaseUnavailable:
+            carried.set_result(None)
+            raise
+        except (CourierError, psycopg.Error) as error:
+            # The statement rolled back as a whole: the ack on its own, so that it never fails
+            # for the dequeue's sake.
+            carried.set_result(None)
+            log.debug("%s: ack with the next dequeue failed (%s); acking on its own", self.topic, error)
+            return await self._settle("consumer_ack", batch, {}, assumed="acked")
+        except BaseException:
+            carried.set_result(None)
+            raise
+        dequeued = [PulledMessage(*row[1:]) for row in rows if row[0] is None]
+        for message in dequeued:
+            self._in_flight[message.id] = message
+        carried.set_result(dequeued)
+        return self._results(batch, [(row[1], row[0]) for row in rows if row[0] is not None], "acked")
 
     async def nack(self, messages: PulledMessage | Iterable[PulledMessage], error: str | None = None) -> dict[int, str]:
         """Give messages back for a retry (or the DLQ once out of retries), with the error."""
@@ -280,9 +330,18 @@ class Consumer:
         batch = [messages] if isinstance(messages, PulledMessage) else list(messages)
         if not batch:
             return {}
-        for message in batch:  # no more heartbeats for these, whatever the outcome
-            self._in_flight.pop(message.id, None)
+        self._forget(batch)
         returned: list[tuple[int, str]] = await self._fetch(query, {**_held(batch), **extra})
+        return self._results(batch, returned, assumed)
+
+    def _forget(self, batch: list[PulledMessage]) -> None:
+        """No more heartbeats for these, whatever the outcome of settling them."""
+        for message in batch:
+            self._in_flight.pop(message.id, None)
+            self._handed_out.discard(message.id)
+
+    def _results(self, batch: list[PulledMessage], returned: list[tuple[int, str]],
+                 assumed: str | None) -> dict[int, str]:
         results = dict.fromkeys((m.id for m in batch), assumed) if assumed else {}
         results.update(returned)
         lost = [i for i, result in results.items() if result == "lease_lost"]
@@ -316,6 +375,7 @@ class Consumer:
             if row["result"] == "extended":
                 message.visible_until = row["visible_until"]
             elif self._in_flight.pop(row["id"], None) is not None:
+                self._handed_out.discard(row["id"])
                 message.lease_lost = True
                 log.warning("%s: message %d lost its lease (%s); it is another consumer's now",
                             self.topic, row["id"], row["result"])

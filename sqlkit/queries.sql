@@ -85,6 +85,21 @@ FROM courier.dequeue(%(topic)s, %(count)s, %(visibility_timeout)s);
 -- Only what was not acked: the caller takes every other id as acked.
 SELECT id, result FROM courier.ack(%(ids)s::bigint[], %(leases)s::integer[]) WHERE result <> 'acked';
 
+-- name: consumer_ack_and_dequeue
+-- An ack and the next prefetch in one statement: one transaction and one commit per batch
+-- rather than two. The ack's rows (only those not acked, marked by ack_result) come first: an
+-- Append runs its inputs in order, so a message whose lease ran out is acked, or found lost,
+-- before the dequeue could take it again.
+SELECT a.result AS ack_result, a.id, NULL::integer AS lease, NULL::jsonb AS payload,
+       NULL::bytea AS payload_binary, NULL::text AS body, NULL::jsonb AS metadata, NULL::text AS key,
+       NULL::integer AS retry_count, NULL::integer AS max_retries, NULL::timestamptz AS created_at,
+       NULL::timestamptz AS visible_until
+FROM courier.ack(%(ids)s::bigint[], %(leases)s::integer[]) a WHERE a.result <> 'acked'
+UNION ALL
+SELECT NULL, id, lease, payload, payload_binary, body, metadata, key, retry_count, max_retries, created_at,
+       visible_until
+FROM courier.dequeue(%(topic)s, %(count)s, %(visibility_timeout)s);
+
 -- name: consumer_nack
 SELECT id, result FROM courier.nack(%(ids)s::bigint[], %(leases)s::integer[], %(error)s);
 

@@ -17,6 +17,7 @@ import time
 import psycopg
 import pytest
 
+from sqlkit import queries
 from sqlkit.consumer import Consumer, PulledMessage, ReceivedMessage, ReceiveLoop
 from sqlkit.errors import DatabaseUnavailable, InvalidInput
 from tests import test_roles_and_psql
@@ -200,6 +201,140 @@ def test_without_prefetch_nothing_is_leased_beyond_the_batch_in_hand(dsn, conn, 
         raise AssertionError("no batch")
 
     assert asyncio.run(run()) == ids  # its own two, and the other two still there for anyone
+
+
+def _wait_for(condition, what: str):
+    async def waited():
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.02)
+    return waited()
+
+
+def test_an_ack_takes_the_batch_after_next_in_its_own_statement(dsn, conn, topic):
+    """Iterating, an ack that settles the batch in hand also dequeues the batch after the one
+    already prefetched: when it returns, both are leased. close() gives both back."""
+    ids = enqueue(conn, *({"n": n} for n in range(6)))
+
+    async def run() -> tuple[dict[int, str], list[int]]:
+        async with Consumer(dsn, TOPIC, batch_size=2, visibility_timeout=60) as consumer:
+            async for batch in consumer.batches():
+                await _wait_for(lambda: len(consumer.in_flight) == 4, "the next batch was never prefetched")
+                results = await consumer.ack(batch)
+                return results, sorted(m.id for m in consumer.in_flight)  # no wait: the ack took them
+        raise AssertionError("no batch")
+
+    results, held = asyncio.run(run())
+    assert results == dict.fromkeys(ids[:2], "acked")
+    assert held == ids[2:]
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'") == 0  # given back
+    assert conn.execute("SELECT DISTINCT retry_count FROM courier.queue").fetchall() == [(0,)]
+
+
+def test_acks_of_single_messages_carry_a_dequeue_only_with_the_last_of_the_batch(dsn, conn, topic):
+    ids = enqueue(conn, *({"n": n} for n in range(9)))
+
+    async def run() -> list[int]:
+        held_after_each = []
+        async with Consumer(dsn, TOPIC, batch_size=3, visibility_timeout=60) as consumer:
+            async for batch in consumer.batches():
+                await _wait_for(lambda: len(consumer.in_flight) == 6, "the next batch was never prefetched")
+                for message in batch:
+                    assert await consumer.ack(message) == {message.id: "acked"}
+                    held_after_each.append(len(consumer.in_flight))
+                return held_after_each
+        raise AssertionError("no batch")
+
+    # The first two acks leave the batch's last message and the prefetched three; the third
+    # takes three more.
+    assert asyncio.run(run()) == [5, 4, 6]
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == len(ids) - 3
+
+
+def test_an_ack_never_fails_for_the_dequeue_it_carries(dsn, conn, topic, caplog):
+    """The ack and the carried dequeue share a statement. When the dequeue fails (here every
+    UPDATE of the queue does, and an ack DELETEs), the ack is sent again on its own and stands;
+    the loop dequeues afresh once the fault is gone."""
+    ids = enqueue(conn, *({"n": n} for n in range(6)))
+    conn.execute("""CREATE FUNCTION public.refuse_updates() RETURNS trigger LANGUAGE plpgsql AS $$
+                    BEGIN RAISE EXCEPTION 'injected: no updates'; END $$""")
+
+    async def run() -> tuple[dict[int, str], list[int]]:
+        async with Consumer(dsn, TOPIC, batch_size=2, visibility_timeout=60, poll_interval=0.1) as consumer:
+            acked: dict[int, str] = {}
+            handed_out: list[int] = []
+            async for batch in consumer.batches():
+                handed_out += [m.id for m in batch]
+                if len(handed_out) == 2:
+                    await _wait_for(lambda: len(consumer.in_flight) == 4, "the next batch was never prefetched")
+                    conn.execute("CREATE TRIGGER refuse_updates BEFORE UPDATE ON courier.queue "
+                                 "FOR EACH ROW EXECUTE FUNCTION public.refuse_updates()")
+                    with caplog.at_level(logging.DEBUG, logger="courier.consumer"):
+                        acked.update(await consumer.ack(batch))
+                    conn.execute("DROP TRIGGER refuse_updates ON courier.queue")
+                else:
+                    acked.update(await consumer.ack(batch))
+                if len(handed_out) == len(ids):
+                    return acked, handed_out
+        raise AssertionError("no batch")
+
+    acked, handed_out = asyncio.run(run())
+    assert acked == dict.fromkeys(ids, "acked")
+    assert handed_out == ids
+    assert "injected: no updates" in caplog.text
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0
+
+
+def test_many_consumers_take_every_message_once_however_they_ack(dsn, conn, topic):
+    """Eight consumers at once, half acking each message, half each batch, with the carried
+    dequeues racing the prefetches: every message is handed out once and acked once."""
+    ids = [scalar(conn, "SELECT courier.enqueue(%s, %s::jsonb)", (TOPIC, json.dumps({"n": n})))
+           for n in range(600)]
+    handed_out: list[int] = []
+    results: list[str] = []
+
+    async def consume(per_message: bool, done: asyncio.Event) -> None:
+        async with Consumer(dsn, TOPIC, batch_size=7, visibility_timeout=60, poll_interval=0.05) as consumer:
+            async for batch in consumer.batches():
+                handed_out.extend(m.id for m in batch)
+                await asyncio.sleep(0.001 * (len(handed_out) % 3))
+                if per_message:
+                    for message in batch:
+                        results.extend((await consumer.ack(message)).values())
+                else:
+                    results.extend((await consumer.ack(batch)).values())
+                if len(results) >= len(ids):
+                    done.set()
+
+    async def run() -> None:
+        done = asyncio.Event()
+        consumers = [asyncio.create_task(consume(n % 2 == 0, done)) for n in range(8)]
+        try:
+            await asyncio.wait_for(done.wait(), 60)
+            await asyncio.sleep(0.3)  # time for a message handed out twice to show
+        finally:
+            for task in consumers:
+                task.cancel()
+            await asyncio.gather(*consumers, return_exceptions=True)
+
+    asyncio.run(run())
+    assert sorted(handed_out) == ids
+    assert results == ["acked"] * len(ids)
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0
+
+
+def test_the_carried_statement_acks_a_lapsed_lease_before_its_dequeue_could_take_it(conn, topic):
+    """A message whose lease ran out is due again; the ack in the same statement as a dequeue
+    runs first, so the ack stands and the dequeue does not hand the message out again."""
+    lapsed, waiting = enqueue(conn, {"n": 1}, {"n": 2})
+    lease = scalar(conn, "SELECT lease FROM courier.dequeue(%s, 1, 1)", (TOPIC,))
+    time.sleep(1.2)
+    rows = conn.execute(queries.query("consumer_ack_and_dequeue"),
+                        {"ids": f"{{{lapsed}}}", "leases": f"{{{lease}}}", "topic": TOPIC, "count": 10,
+                         "visibility_timeout": 30}).fetchall()
+    assert [(row[0], row[1]) for row in rows] == [(None, waiting)]  # acked (no row), and the other taken
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE id = %s", (lapsed,)) == 0
 
 
 # The peek/receive loop -----------------------------------------------------------------------
