@@ -12,19 +12,25 @@ from tests.helpers import scalar
 def test_bench_pull_drains_the_topic_through_sql_and_the_consumer(dsn, conn):
     results = pull(dsn, clients=2, seconds=1, rounds=1, messages=2_000)
     assert [r.variant.split(",")[0] for r in results] == [
-        "SQL dequeue(10) + ack", "SQL dequeue(10) + ack vs pgmq read(10) + delete", "Python Consumer",
-        "SQL dequeue(100) + ack", "SQL dequeue(100) + ack vs pgmq read(100) + delete", "Python Consumer",
+        "SQL dequeue(10) + ack", "SQL dequeue(10) + ack vs pgmq read(10) + delete",
+        "SQL ack + dequeue(10) in one statement", "Python Consumer",
+        "SQL dequeue(100) + ack", "SQL dequeue(100) + ack vs pgmq read(100) + delete",
+        "SQL ack + dequeue(100) in one statement", "Python Consumer",
         "SQL receive(100)", "SQL receive(100) vs pgmq pop(100)", "SQL receive(1) vs pgmq pop(1)",
         "Python ReceiveLoop"]
     assert all(r.courier.rate > 0 and r.ceiling.rate > 0 for r in results)
-    assert [r.target_ratio for r in results] == [0.95, 0.95, 0.7, 0.95, 0.95, 0.7, 0.95, 0.95, 0.95, 0.6]
+    assert [r.target_ratio for r in results] == [0.95, 0.95, 0.95, 0.7] * 2 + [0.95, 0.95, 0.95, 0.6]
     # Each dequeue+ack line is held to the leased ceiling of its own batch size, receive to the
-    # single DELETE; the single DELETE's figure is named in the dequeue lines' notes.
-    assert results[0].ceiling is results[2].ceiling and results[3].ceiling is results[5].ceiling
-    assert results[0].ceiling is not results[3].ceiling and results[6].ceiling is not results[0].ceiling
+    # single DELETE; the single DELETE's figure is named in the dequeue lines' notes. The
+    # Consumer, which acks and dequeues in one statement, is held to that protocol's ceiling,
+    # and its notes name the two-transaction one.
+    assert results[2].ceiling is results[3].ceiling and results[6].ceiling is results[7].ceiling
+    assert results[0].ceiling is not results[2].ceiling and results[0].ceiling is not results[4].ceiling
+    assert results[8].ceiling is not results[0].ceiling
     assert "single DELETE" in results[0].notes
+    assert f"{results[0].ceiling.rate:,.0f} msg/s as two transactions" in results[3].notes
     # Beside them, the same SQL path against pgmq's: the same Courier figure, pgmq's as the other.
-    for courier_line, pgmq_line in ((0, 1), (3, 4), (6, 7)):
+    for courier_line, pgmq_line in ((0, 1), (4, 5), (8, 9)):
         assert results[pgmq_line].courier is results[courier_line].courier
         assert results[pgmq_line].ceiling is not results[courier_line].ceiling
         assert "pgmq 1." in results[pgmq_line].notes
@@ -39,5 +45,5 @@ def test_without_pgmq_the_bench_leaves_its_rows_out_and_says_how_to_get_them(dsn
     monkeypatch.setitem(sys.modules, "pgmq", None)  # as if the peers extra were not installed
     results = pull(dsn, clients=2, seconds=1, rounds=1, messages=1_000)
     assert not any("pgmq" in r.variant for r in results)
-    assert "pgmq's rows left out: pip install 'courier[peers]'" in results[4].notes
+    assert "pgmq's rows left out: pip install 'courier[peers]'" in results[6].notes
     assert all(r.courier.rate > 0 and r.ceiling.rate > 0 for r in results)
