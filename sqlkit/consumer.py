@@ -173,9 +173,9 @@ class Consumer:
         self.shutdown_timeout = shutdown_timeout
         self.call_timeout = call_timeout
         self.prefetch = prefetch
-        # One connection acks (and dequeues), one prefetches the next batch meanwhile, one
-        # heartbeats (never queued behind a dequeue).
-        self._db = AsyncDatabase(dsn, min_size=2, max_size=3 if prefetch else 2,
+        # One connection acks (and dequeues), kept between calls; one prefetches the next batch
+        # meanwhile, one heartbeats (never queued behind a dequeue), one more for acks at once.
+        self._db = AsyncDatabase(dsn, min_size=2, max_size=4 if prefetch else 3,
                                  application_name="courier-consumer", configure=_configure)
         self._in_flight: dict[int, PulledMessage] = {}
         self._handed_out: set[int] = set()  # by batches(), and not yet settled
@@ -183,6 +183,7 @@ class Consumer:
         # failed with it, for the loop to dequeue afresh.
         self._ahead: collections.deque[asyncio.Future[list[PulledMessage] | None]] = collections.deque()
         self._iterating = False
+        self._giving_back = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self.heartbeats = 0
@@ -262,15 +263,17 @@ class Consumer:
 
     async def _give_back_prefetched(self) -> None:
         """Batches dequeued ahead and never handed out go back as they were (courier.release):
-        due again at once, no attempt counted, rather than after the visibility timeout."""
-        while self._ahead:
-            ahead = self._ahead.popleft()
-            try:
-                batch = await ahead
-            except Exception:  # the prefetch failed: nothing was leased, nothing to give back
-                continue
-            if batch:  # None: an ack's failed dequeue, which leased nothing
-                await self.release(batch)
+        due again at once, no attempt counted, rather than after the visibility timeout. Held
+        under a lock: close() waits for a loop that is giving its batches back as it ends."""
+        async with self._giving_back:
+            while self._ahead:
+                ahead = self._ahead.popleft()
+                try:
+                    batch = await ahead
+                except Exception:  # the prefetch failed: nothing was leased, nothing to give back
+                    continue
+                if batch:  # None: an ack's failed dequeue, which leased nothing
+                    await self.release(batch)
 
     async def release(self, messages: PulledMessage | Iterable[PulledMessage]) -> dict[int, str]:
         """Give messages back untouched (never worked on): due again at once, no attempt
@@ -383,7 +386,7 @@ class Consumer:
     async def _fetch(self, query: str, params: dict[str, Any], **cursor_options: Any) -> list[Any]:
         """The rows of one named query, or DatabaseUnavailable after call_timeout."""
         async def rows() -> list[Any]:
-            async with self._db.connection() as conn, conn.cursor(**cursor_options) as cur:
+            async with self._db.kept_connection() as conn, conn.cursor(**cursor_options) as cur:
                 with translated():
                     await cur.execute(queries.query(query), params)
                     return await cur.fetchall()
