@@ -87,8 +87,11 @@ class AsyncDatabase:
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8,
                  application_name: str = APPLICATION_NAME,
-                 configure: Callable[[psycopg.AsyncConnection], Awaitable[None]] | None = None) -> None:
-        """`configure` runs on each new connection of the pool (to register loaders, say)."""
+                 configure: Callable[[psycopg.AsyncConnection], Awaitable[None]] | None = None,
+                 check: bool = False) -> None:
+        """`configure` runs on each new connection of the pool (to register loaders, say). With
+        `check`, a connection is tried (one round trip) before it is lent: one that died idle
+        (a restart, pg_terminate_backend) is replaced rather than fail its borrower's call."""
         self.dsn = dsn
         self._application_name = application_name
         self._configure = configure
@@ -98,6 +101,7 @@ class AsyncDatabase:
             max_size=max_size,
             kwargs={"autocommit": True},
             configure=configure,
+            check=AsyncConnectionPool.check_connection if check else None,
             open=False,
         )
         self._kept: psycopg.AsyncConnection | None = None

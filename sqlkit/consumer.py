@@ -176,7 +176,8 @@ class Consumer:
         # One connection acks (and dequeues), kept between calls; one prefetches the next batch
         # meanwhile, one heartbeats (never queued behind a dequeue), one more for acks at once.
         self._db = AsyncDatabase(dsn, min_size=2, max_size=4 if prefetch else 3,
-                                 application_name="courier-consumer", configure=_configure)
+                                 application_name="courier-consumer", configure=_configure,
+                                 check=True)  # cheap: borrowed only beside the kept connection
         self._in_flight: dict[int, PulledMessage] = {}
         self._handed_out: set[int] = set()  # by batches(), and not yet settled
         # Batches leased ahead, in the order they are handed out; None where an ack's dequeue

@@ -19,7 +19,7 @@ import pytest
 
 from sqlkit import queries
 from sqlkit.consumer import Consumer, PulledMessage, ReceivedMessage, ReceiveLoop
-from sqlkit.errors import DatabaseUnavailable, InvalidInput
+from sqlkit.errors import CourierError, DatabaseUnavailable, InvalidInput
 from tests import test_roles_and_psql
 from tests.helpers import scalar
 from tests.tcp_proxy import PostgresProxy
@@ -322,6 +322,27 @@ def test_many_consumers_take_every_message_once_however_they_ack(dsn, conn, topi
     assert sorted(handed_out) == ids
     assert results == ["acked"] * len(ids)
     assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0
+
+
+def test_a_consumer_whose_connections_are_killed_fails_that_call_and_goes_on(dsn, conn, topic):
+    """A database restart or pg_terminate_backend kills the connection the consumer keeps
+    between calls: the call on it fails, and the next takes a new one."""
+    ids = enqueue(conn, *({"n": n} for n in range(4)))
+
+    async def run() -> tuple[list[int], dict[int, str]]:
+        async with Consumer(dsn, TOPIC, batch_size=2, visibility_timeout=60, prefetch=False) as consumer:
+            first = await consumer.dequeue()
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE application_name = 'courier-consumer' AND datname = current_database()")
+            with pytest.raises(CourierError):
+                await consumer.ack(first)
+            second = await consumer.dequeue()
+            return [m.id for m in first + second], await consumer.ack(second)
+
+    taken, acked = asyncio.run(run())
+    assert taken == ids
+    assert acked == dict.fromkeys(ids[2:], "acked")
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'") == 2  # the failed ack's
 
 
 def test_the_carried_statement_acks_a_lapsed_lease_before_its_dequeue_could_take_it(conn, topic):
