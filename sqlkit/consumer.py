@@ -301,11 +301,16 @@ class Consumer:
     async def _ack_and_dequeue_ahead(self, batch: list[PulledMessage]) -> dict[int, str]:
         """The ack and a dequeue in one statement; the dequeued batch joins those ahead."""
         carried: asyncio.Future[list[PulledMessage] | None] = asyncio.get_running_loop().create_future()
+        before = self._ahead[-1] if self._ahead else None
         self._ahead.append(carried)
         self._forget(batch)
         params = {**_held(batch), "topic": self.topic, "count": self.batch_size,
                   "visibility_timeout": self.visibility_timeout}
         try:
+            if before is not None and not before.done():
+                # The batch ahead is handed out first, so it is dequeued first: the carried one
+                # would otherwise take the messages at the head of the topic from under it.
+                await asyncio.wait([before])
             rows = await self._fetch("consumer_ack_and_dequeue", params, binary=True)
         except DatabaseUnavailable:
             carried.set_result(None)

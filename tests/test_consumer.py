@@ -252,6 +252,32 @@ def test_acks_of_single_messages_carry_a_dequeue_only_with_the_last_of_the_batch
     assert scalar(conn, "SELECT count(*) FROM courier.queue") == len(ids) - 3
 
 
+def test_a_carried_dequeue_never_overtakes_the_prefetch_ahead_of_it(dsn, conn, topic):
+    """A consumer hands out its batches in the topic's order even when it acks before the
+    prefetch of the next batch has reached the database: the ack's dequeue waits for it.
+    Here every plain dequeue (whose transaction has written nothing yet) is held up for half a
+    second, so a carried dequeue sent at once would take the head of the topic first."""
+    ids = enqueue(conn, *({"n": n} for n in range(6)))
+
+    async def run() -> list[list[int]]:
+        async with Consumer(dsn, TOPIC, batch_size=2, visibility_timeout=60) as consumer:
+            batches = consumer.batches()
+            first = await anext(batches)  # the second's prefetch is scheduled, not yet sent
+            conn.execute("""CREATE FUNCTION public.hold_plain_dequeues() RETURNS trigger LANGUAGE plpgsql AS $$
+                            BEGIN
+                                IF pg_current_xact_id_if_assigned() IS NULL THEN PERFORM pg_sleep(0.5); END IF;
+                                RETURN NULL;
+                            END $$""")
+            conn.execute("CREATE TRIGGER hold_plain_dequeues BEFORE UPDATE ON courier.queue "
+                         "FOR EACH STATEMENT EXECUTE FUNCTION public.hold_plain_dequeues()")
+            await consumer.ack(first)
+            handed_out = [first, await anext(batches), await anext(batches)]
+            await batches.aclose()
+            return [[m.id for m in batch] for batch in handed_out]
+
+    assert asyncio.run(run()) == [ids[:2], ids[2:4], ids[4:]]
+
+
 def test_an_ack_never_fails_for_the_dequeue_it_carries(dsn, conn, topic, caplog):
     """The ack and the carried dequeue share a statement. When the dequeue fails (here every
     UPDATE of the queue does, and an ack DELETEs), the ack is sent again on its own and stands;
