@@ -474,8 +474,10 @@ class ReceiveLoop:
         self.concurrency = concurrency
         self.shutdown_timeout = shutdown_timeout
         self.call_timeout = call_timeout
+        # Checked before lending: a slot holds its connection for a whole round, so the check
+        # is one round trip a round, and a connection that died idle never fails a round.
         self._db = AsyncDatabase(dsn, min_size=1, max_size=concurrency + 1, application_name="courier-receiver",
-                                 configure=_configure)
+                                 configure=_configure, check=True)
         self._stopping = asyncio.Event()
         # Messages whose handler failed, by id, until their failure is recorded: set then.
         self._recording: dict[int, asyncio.Event] = {}

@@ -441,6 +441,34 @@ def test_receive_loop_takes_every_message_once_within_its_concurrency(dsn, conn,
     assert scalar(conn, "SELECT courier.peek(%s)", (TOPIC,)) == 0
 
 
+def test_a_receive_loop_whose_idle_connections_are_killed_fails_no_call(dsn, conn, topic, caplog):
+    """Between rounds the loop's connections sit idle in its pool; a restart or
+    pg_terminate_backend kills them there. The next peek and round are lent live ones."""
+    seen: list[int] = []
+
+    async def handler(message: ReceivedMessage) -> None:
+        seen.append(message.id)
+
+    async def run() -> ReceiveLoop:
+        loop = ReceiveLoop(dsn, TOPIC, handler, peek_interval=0.1, concurrency=2)
+        task = asyncio.create_task(loop.run())
+        first = enqueue(conn, {"n": 1}, {"n": 2})
+        await _wait_for(lambda: len(seen) == 2, "the first messages were never received")
+        killed = scalar(conn, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                              "WHERE application_name = 'courier-receiver' AND datname = current_database()")
+        assert killed >= 1
+        then = enqueue(conn, {"n": 3}, {"n": 4})
+        await _wait_for(lambda: len(seen) == 4, "the messages after the kill were never received")
+        loop.stop()
+        await asyncio.wait_for(task, 15)
+        assert sorted(seen) == first + then
+        return loop
+
+    with caplog.at_level(logging.WARNING, logger="courier.consumer"):
+        assert asyncio.run(run()).failed == 0
+    assert not [r.getMessage() for r in caplog.records if r.name == "courier.consumer"]
+
+
 def test_a_failing_handler_never_blocks_the_topic_and_its_message_ends_in_the_dlq(dsn, conn):
     conn.execute("""SELECT courier.create_endpoint(%s, 'pull', '{"max_retries": 1}')""", (TOPIC,))
     ids = enqueue(conn, {"n": 1, "poison": True}, {"n": 2}, {"n": 3})
