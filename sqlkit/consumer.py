@@ -312,23 +312,23 @@ class Consumer:
                 # would otherwise take the messages at the head of the topic from under it.
                 await asyncio.wait([before])
             rows = await self._fetch("consumer_ack_and_dequeue", params, binary=True)
-        except DatabaseUnavailable:
-            carried.set_result(None)
-            raise
         except (CourierError, psycopg.Error) as error:
+            carried.set_result(None)
+            if isinstance(error, DatabaseUnavailable):  # it may have landed: not sent again
+                raise
             # The statement rolled back as a whole: the ack on its own, so that it never fails
             # for the dequeue's sake.
-            carried.set_result(None)
             log.debug("%s: ack with the next dequeue failed (%s); acking on its own", self.topic, error)
             return await self._settle("consumer_ack", batch, {}, assumed="acked")
-        except BaseException:
-            carried.set_result(None)
-            raise
-        dequeued = [PulledMessage(*row[1:]) for row in rows if row[0] is None]
-        for message in dequeued:
-            self._in_flight[message.id] = message
-        carried.set_result(dequeued)
-        return self._results(batch, [(row[1], row[0]) for row in rows if row[0] is not None], "acked")
+        else:
+            dequeued = [PulledMessage(*row[1:]) for row in rows if row[0] is None]
+            for message in dequeued:
+                self._in_flight[message.id] = message
+            carried.set_result(dequeued)
+            return self._results(batch, [(row[1], row[0]) for row in rows if row[0] is not None], "acked")
+        finally:
+            if not carried.done():  # cancelled: the loop dequeues afresh
+                carried.set_result(None)
 
     async def nack(self, messages: PulledMessage | Iterable[PulledMessage], error: str | None = None) -> dict[int, str]:
         """Give messages back for a retry (or the DLQ once out of retries), with the error."""

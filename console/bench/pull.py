@@ -134,17 +134,10 @@ def _left(dsn: str, table: str) -> int:
         return conn.execute("SELECT count(*) FROM public.bench_pull").fetchone()[0]
 
 
-def _drain_with_pgbench(dsn: str, table: str, script: str, batch: int, messages: int, clients: int) -> Measurement:
+def _drain_with_pgbench(dsn: str, table: str, script: str, batch: int, messages: int, clients: int,
+                        defines: dict[str, str] | None = None) -> Measurement:
     _preload(dsn, table, messages)
-    return _timed_drain(dsn, script, batch, messages, clients, lambda: _left(dsn, table))
-
-
-def _drain_carried(dsn: str, table: str, script: str, batch: int, messages: int, clients: int) -> Measurement:
-    """As _drain_with_pgbench, for a script that acks the batch its last run leased. Each
-    client's last batch stays leased, and counts as not drained."""
-    _preload(dsn, table, messages)
-    return _timed_drain(dsn, script, batch, messages, clients, lambda: _left(dsn, table),
-                        defines={"ids": "{}", "leases": "{}"})
+    return _timed_drain(dsn, script, batch, messages, clients, lambda: _left(dsn, table), defines)
 
 
 def _drain_pgmq(dsn: str, script: str, batch: int, messages: int, clients: int) -> Measurement:
@@ -235,7 +228,9 @@ def pull(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int =
         runs[f"sql dequeue {batch}"] = (
             lambda b=batch: _drain_with_pgbench(dsn, queue, sql_dequeue_script(b), b, messages, clients))
         runs[f"sql carried {batch}"] = (
-            lambda b=batch: _drain_carried(dsn, queue, sql_carried_script(b), b, messages, clients))
+            # Each client starts with nothing to ack; its last batch stays leased, counted as not drained.
+            lambda b=batch: _drain_with_pgbench(dsn, queue, sql_carried_script(b), b, messages, clients,
+                                                {"ids": "{}", "leases": "{}"}))
         runs[f"consumer {batch}"] = lambda b=batch: _drain_with_consumer(dsn, b, messages, clients)
     runs["raw delete"] = lambda: _drain_with_pgbench(
         dsn, bare, raw_delete_script(RECEIVE_BATCH), RECEIVE_BATCH, messages, clients)
