@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from sqlkit import queries
 from sqlkit.connection import AsyncDatabase
+from sqlkit.linger import Linger
 from sqlkit.messages import ClaimedMessage, claimed_from_row
 
 from .capacity import Capacity
@@ -124,7 +125,7 @@ class Claims:
     async def _claim_loop(self, target: Target, busy: asyncio.Event, eager: bool) -> None:
         wake = self._wakeups.wake_event(target.id)
         failures = 0
-        linger = _Linger(self._settings.linger, self._settings.linger_limit)
+        linger = Linger(self._settings.linger, self._settings.linger_limit)
         busy_for = _SlotWait()
         while self._current(target):
             if eager and not busy.is_set():
@@ -190,11 +191,10 @@ class Claims:
                 self._prefetch.add(target.id, claimed)
                 self._deliveries.pump(target)
 
-    async def _linger_pause(self, target: Target, linger: _Linger) -> float | None:
+    async def _linger_pause(self, target: Target, linger: Linger) -> float | None:
         """After an empty claim: the pause before the linger's next claim, or None if the
         loop is not lingering (any more) and waits for a wake-up or the poll."""
-        if not linger.active or linger.final:
-            linger.stop()
+        if not linger.asks():
             return None
         try:
             self._stats.round_trips += 1
@@ -334,39 +334,3 @@ class _SlotWait:
     def reset(self) -> None:
         self._step = 0
         self._since = None
-
-
-class _Linger:
-    """One claim loop's linger after a wake-up. A claim that comes back empty asks whether
-    producers of the endpoint are still committing: while some are, claim again after the next
-    pause; once none is, one more claim at once sees every commit that was under way, and an
-    empty claim after that ends the linger."""
-
-    def __init__(self, pauses: tuple[float, ...], limit: float) -> None:
-        self._pauses = pauses
-        self._limit = limit
-        self._step = 0
-        self._until = 0.0
-        self.active = False
-        self.final = False
-
-    def start(self) -> None:
-        self.active = bool(self._pauses)
-        self.final = False
-        self._step = 0
-        self._until = time.monotonic() + self._limit
-
-    def stop(self) -> None:
-        self.active = False
-
-    def next_pause(self, committing: bool) -> float | None:
-        """Seconds to wait before the next claim, or None when the linger is over."""
-        if not committing:
-            self.final = True
-            return 0.0
-        if time.monotonic() > self._until:
-            self.active = False
-            return None
-        pause = self._pauses[min(self._step, len(self._pauses) - 1)]
-        self._step += 1
-        return pause

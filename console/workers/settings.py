@@ -8,6 +8,8 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
+from sqlkit import linger as linger_defaults
+
 from .maintenance import MaintenanceSchedule
 
 MAX_CONCURRENCY = 10_000
@@ -55,14 +57,14 @@ class PoolSettings:
     """Most messages one claim takes."""
     poll_interval: float = 1.0
     """Seconds between claims of an idle endpoint when no notification arrives."""
-    linger: tuple[float, ...] = (0.0005, 0.001, 0.002, 0.004, 0.008)
+    linger: tuple[float, ...] = linger_defaults.PAUSES
     """Pauses (seconds) between the claims of an endpoint's linger: after a wake-up, while a
     claim comes back empty and producers that sent to it are still committing, it claims again
     after the next pause (the last one repeats, for at most linger_limit seconds). Of the
-    producers committing together, only one NOTIFYs (see sqlkit/functions/sending.sql); the
-    others may become visible just after the claim that NOTIFY set off, and the linger picks
-    their messages up instead of the poll a poll_interval later."""
-    linger_limit: float = 0.5
+    producers committing together, only one NOTIFYs (see sqlkit/linger.py); the others may
+    become visible just after the claim that NOTIFY set off, and the linger picks their
+    messages up instead of the poll a poll_interval later."""
+    linger_limit: float = linger_defaults.LIMIT
     """Most seconds one linger lasts: producers that take longer to commit wait for the poll."""
     report_interval: float = 0.005
     """Seconds outcomes may wait for an endpoint's next claim to carry them (report_and_claim)
