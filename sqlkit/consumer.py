@@ -37,6 +37,7 @@ from psycopg.rows import args_row, dict_row
 from . import queries
 from .connection import NEW_MESSAGE_CHANNEL, AsyncDatabase
 from .errors import CourierError, DatabaseUnavailable, InvalidInput, translated
+from .linger import Linger
 from .pull import ReceivedMessage
 from .stopping import answer_within, cancel_within, within
 
@@ -232,10 +233,15 @@ class Consumer:
 
     async def batches(self) -> AsyncIterator[list[PulledMessage]]:
         """Each non-empty dequeue as one list, for consumers that work and ack in batches;
-        between empty dequeues it waits for a new-message notification or poll_interval."""
+        between empty dequeues it waits for a new-message notification or poll_interval. An
+        empty dequeue after a notification lingers (sqlkit/linger.py): it looks again within
+        milliseconds while producers of the topic are still committing."""
         self._iterating = True
+        linger = Linger()
         try:
             while True:
+                if self._wake.is_set():
+                    linger.start()
                 self._wake.clear()
                 if self._ahead:
                     # Shielded: a consumer cancelled here leaves the prefetch to finish, so that
@@ -254,13 +260,27 @@ class Consumer:
                     continue
                 if self._ahead:  # an ack's dequeue, behind a prefetch that found the topic empty
                     continue
+                pause = await self._linger_pause(linger)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+                    await asyncio.wait_for(self._wake.wait(), self.poll_interval if pause is None else pause)
         finally:
             self._iterating = False
             # Bounded: a database that stopped answering holds neither the prefetch nor its
             # release for long. The leases of a batch not given back run out instead.
             await within(self.shutdown_timeout, self._give_back_prefetched(), "giving back the prefetched batch")
+
+    async def _linger_pause(self, linger: Linger) -> float | None:
+        """After an empty dequeue: the pause before the linger's next one, or None if the loop
+        is not lingering (any more) and waits for a wake-up or the poll."""
+        if not linger.asks():
+            return None
+        try:
+            rows = await self._fetch("topic_sends_committing", {"topic": self.topic})
+        except CourierError as error:  # the poll still finds whatever the linger would have
+            log.debug("%s: linger check failed: %s", self.topic, error)
+            linger.stop()
+            return None
+        return linger.next_pause(bool(rows[0][0]))
 
     async def _give_back_prefetched(self) -> None:
         """Batches dequeued ahead and never handed out go back as they were (courier.release):

@@ -81,6 +81,10 @@ SELECT courier.publish_batch(%(event_type)s, %(payloads)s::jsonb[]);
 SELECT id, lease, payload, payload_binary, body, metadata, key, retry_count, max_retries, created_at, visible_until
 FROM courier.dequeue(%(topic)s, %(count)s, %(visibility_timeout)s);
 
+-- name: topic_sends_committing
+-- After a wake-up found nothing: whether producers of the topic are still committing (sqlkit/linger.py).
+SELECT courier.topic_sends_committing(%(topic)s) AS committing;
+
 -- name: consumer_ack
 -- Only what was not acked: the caller takes every other id as acked.
 SELECT id, result FROM courier.ack(%(ids)s::bigint[], %(leases)s::integer[]) WHERE result <> 'acked';

@@ -109,6 +109,7 @@ async def _poll(server: Server, topic: str, params: dict[str, Any], wait: float)
     rows: list[dict[str, Any]] = []
     waiter: asyncio.Future[None] | None = None
     unanswered = fresh = False  # a wake-up no dequeue has begun after; the last dequeue began after one
+    first = True
     try:
         while True:
             waiter = server.wakeups.join(topic_id) if topic_id is not None else None
@@ -118,6 +119,9 @@ async def _poll(server: Server, topic: str, params: dict[str, Any], wait: float)
             left = deadline - loop.time()
             if rows or waiter is None or left <= 0 or server.closing:
                 return rows
+            if first and topic_id is not None:  # it may have looked just before commits left unnotified
+                server.wakeups.came_back_empty(topic_id)
+            first = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(waiter), left)
             if not waiter.done():

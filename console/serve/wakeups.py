@@ -7,7 +7,13 @@ so a burst reaches the waiting polls in a few rounds. A woken poll never drops i
 if it leaves before a dequeue that began after the wake-up (it timed out, its client went
 away, the server is stopping), or the wake-up came while it was dequeuing, it wakes the next
 in line. A poll joins the line before it dequeues, so a message enqueued between an empty
-dequeue and the wait still wakes it."""
+dequeue and the wait still wakes it.
+
+Of the producers committing to a topic together only one NOTIFYs (sqlkit/linger.py); the
+others become visible a little later. So after a NOTIFY, while polls wait on the topic, the
+topic lingers: it asks courier.sends_committing until no producer of it is committing any
+more, then wakes one more poll to look. A poll that comes back empty shortly after a NOTIFY
+starts that linger too, since it may have looked before those producers' commits were visible."""
 
 from __future__ import annotations
 
@@ -16,8 +22,11 @@ import contextlib
 import logging
 from collections import deque
 
+from sqlkit import linger as linger_defaults
+from sqlkit import queries
 from sqlkit.connection import AsyncDatabase
 from sqlkit.errors import CourierError
+from sqlkit.linger import Linger
 
 log = logging.getLogger("courier.serve")
 
@@ -30,6 +39,8 @@ class TopicWakeups:
         self._db = db
         self._lines: dict[int, deque[asyncio.Future[None]]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._notified_at: dict[int, float] = {}
+        self._lingering: dict[int, tuple[Linger, asyncio.Task[None]]] = {}
         self.woken_total = 0
         """Polls woken so far, for /metrics."""
 
@@ -37,10 +48,12 @@ class TopicWakeups:
         self._task = asyncio.create_task(self._listen(), name="listen")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        tasks = [task for task in (self._task, *(task for _, task in self._lingering.values())) if task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         self._wake_all()
 
     @property
@@ -73,6 +86,55 @@ class TopicWakeups:
         if line is not None and not line:
             del self._lines[topic_id]
 
+    def came_back_empty(self, topic_id: int) -> None:
+        """A poll's first dequeue found nothing. If the topic was notified within a linger's
+        length, producers that left their NOTIFY to another may still be committing: linger,
+        and wake a poll to look once they are done."""
+        notified_at = self._notified_at.get(topic_id)
+        if (notified_at is not None and topic_id not in self._lingering
+                and asyncio.get_running_loop().time() - notified_at < linger_defaults.LIMIT):
+            self._start_linger(topic_id, owed=False)
+
+    def _notified(self, topic_id: int) -> None:
+        self._notified_at[topic_id] = asyncio.get_running_loop().time()
+        if not self._lines.get(topic_id):
+            return
+        if topic_id in self._lingering:  # it wakes a poll once more when the commits are done
+            self.wake(topic_id)
+            self._lingering[topic_id][0].start()
+        else:
+            self._start_linger(topic_id, owed=True)
+
+    def _start_linger(self, topic_id: int, owed: bool) -> None:
+        linger = Linger()
+        linger.start()
+        task = asyncio.create_task(self._lingered(topic_id, linger, owed), name=f"linger-{topic_id}")
+        self._lingering[topic_id] = (linger, task)
+
+    async def _lingered(self, topic_id: int, linger: Linger, owed: bool) -> None:
+        """Ask whether producers of the topic are committing until none is, then wake a poll.
+        `owed` is a NOTIFY's wake-up, given after the first answer: if that says no producer is
+        committing, the poll it wakes sees every commit, and no second wake-up is needed."""
+        try:
+            while self._lines.get(topic_id):
+                async with self._db.connection() as conn:
+                    committing = await queries.fetch_value_async(conn, "sends_committing", {"endpoint_id": topic_id})
+                pause = linger.next_pause(bool(committing))
+                if owed or linger.final:
+                    self.wake(topic_id)
+                    owed = False
+                    if linger.final:
+                        return
+                if pause is None:
+                    return
+                await asyncio.sleep(pause)
+        except CourierError as error:  # the polls still wake at the next NOTIFY, or time out
+            log.info("linger check failed", extra={"topic_id": topic_id, "error": error.one_line()})
+        finally:
+            if owed:
+                self.wake(topic_id)
+            self._lingering.pop(topic_id, None)
+
     async def _listen(self) -> None:
         while True:
             try:
@@ -80,7 +142,7 @@ class TopicWakeups:
                     self._wake_all()  # anything sent while nobody listened
                     async for payload in notifications:
                         if payload.isdigit():
-                            self.wake(int(payload))
+                            self._notified(int(payload))
                         else:
                             self._wake_all()
             except CourierError as error:

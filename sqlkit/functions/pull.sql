@@ -208,6 +208,7 @@ DECLARE
     v_status text;
     v_lapsed boolean;
     v_exhausted boolean;
+    v_replaced boolean := false;
 BEGIN
     -- As a send does: a drop of the topic waits for this enqueue (read the topic after it).
     PERFORM courier._hold_endpoint_for_send(p_topic);
@@ -238,6 +239,11 @@ BEGIN
         PERFORM courier._send_refusal(p_topic, 1, v_size);
     END IF;
 
+    -- Consumers waiting on the topic (a long poll, a Consumer) are woken at commit, as a send's
+    -- workers are (sending.sql): a NOTIFY here would make concurrent enqueues commit one at a time.
+    PERFORM set_config('courier.wake_at_commit',
+                       CASE WHEN v_due <= now() AND (SELECT l.notify_on_send FROM courier.send_limits l)
+                            THEN 'on' ELSE 'off' END, true);
     LOOP
         IF p_key IS NOT NULL THEN
             UPDATE courier.queue q
@@ -252,6 +258,7 @@ BEGIN
             WHERE q.endpoint_id = v_topic.id AND q.key = p_key AND q.status = 'pending'
             RETURNING q.id INTO v_id;
             IF v_id IS NOT NULL THEN
+                v_replaced := true;
                 EXIT;
             END IF;
         END IF;
@@ -303,8 +310,9 @@ BEGIN
         END IF;
         -- It went to pending (nacked) or away (acked) meanwhile: go round again.
     END LOOP;
-    -- Consumers waiting on the topic (a long poll, a Consumer) look now, as after a send to it.
-    IF v_due <= now() AND (SELECT l.notify_on_send FROM courier.send_limits l) THEN
+    -- Replaced in place, the message changed no depth counter, so nothing wakes at commit. It may
+    -- have been scheduled for later and be due now: a rare path, woken here.
+    IF v_replaced AND current_setting('courier.wake_at_commit') = 'on' THEN
         PERFORM pg_notify('courier_new_msg', v_topic.id::text);
     END IF;
     RETURN v_id;

@@ -92,7 +92,8 @@ GRANT EXECUTE ON FUNCTION
     courier.receive(text, integer),
     courier.lock_received(text, bigint),
     courier.receive_failed(text, bigint, text),
-    courier.peek(text)
+    courier.peek(text),
+    courier.topic_sends_committing(text)
 TO courier_application;
 
 -- Monitors see counts, states and health: the counter tables whole, and of the tables that

@@ -18,8 +18,8 @@
 -- The setting stays 'on' for the rest of the transaction: a later write that adds pending
 -- messages queues a wake-up too, which costs a worker at most one empty claim.
 --
--- Pull topics keep their NOTIFY at send: their consumers wake on any notification and do
--- not linger.
+-- Pull topics are woken the same way. Their consumers (a Consumer, a long poll of `courier
+-- serve`) linger as workers do, asking topic_sends_committing() by the topic's name.
 -- A transaction that runs SET CONSTRAINTS ALL IMMEDIATE takes the wake lock at its send and
 -- holds it until it commits: other producers' wake-ups wait for that commit (or the poll).
 
@@ -69,6 +69,16 @@ AS $$
     SELECT CASE WHEN pg_try_advisory_lock(hashtext('courier.sends_committing'), p_endpoint_id)
                 THEN NOT pg_advisory_unlock(hashtext('courier.sends_committing'), p_endpoint_id)
                 ELSE true END
+$$;
+
+-- The same for a pull topic, by name: its consumers run as courier_application, which reads
+-- no topic ids. False for a name that is not a pull topic.
+CREATE OR REPLACE FUNCTION courier.topic_sends_committing(p_topic text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT coalesce((SELECT courier.sends_committing(e.id) FROM courier.endpoints e
+                     WHERE e.name = p_topic AND e.protocol = 'pull'), false)
 $$;
 
 -- Rewrites courier.send_limits, the settings a send reads as one row, after
@@ -258,8 +268,6 @@ DECLARE
     v_size bigint := octet_length(p_payload::text);
     v_hash text;
     v_id bigint;
-    v_endpoint_id integer;
-    v_pull boolean;
     v_existing_hash text;
     v_existing_id bigint;
 BEGIN
@@ -326,8 +334,7 @@ BEGIN
               AND set_config('courier.wake_at_commit',
                              CASE WHEN (p_scheduled_at IS NULL OR p_scheduled_at <= now()) AND l.notify_on_send
                                   THEN 'on' ELSE 'off' END, true) IS NOT NULL
-            RETURNING id, endpoint_id, visible_at IS NOT NULL
-            INTO v_id, v_endpoint_id, v_pull;
+            RETURNING id INTO v_id;
         ELSE
             INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, scheduled_at,
                                        idempotency_key, payload_hash, correlation_id, expires_at, ordering_key,
@@ -349,8 +356,7 @@ BEGIN
             ON CONFLICT (endpoint_id, idempotency_key)
                 WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')
             DO NOTHING
-            RETURNING id, endpoint_id, visible_at IS NOT NULL
-            INTO v_id, v_endpoint_id, v_pull;
+            RETURNING id INTO v_id;
 
             IF v_id IS NULL THEN
                 -- Keys are per endpoint: only this endpoint's message holding it counts.
@@ -384,9 +390,6 @@ BEGIN
         END IF;
     END IF;
 
-    IF v_pull AND current_setting('courier.wake_at_commit') = 'on' THEN
-        PERFORM pg_notify('courier_new_msg', v_endpoint_id::text);  -- a pull topic's, at once
-    END IF;
     RETURN v_id;
 END
 $$;
@@ -500,9 +503,6 @@ BEGIN
     )
     SELECT array_agg(id ORDER BY id) INTO v_ids FROM inserted;
 
-    IF v_visible_at IS NOT NULL THEN
-        PERFORM pg_notify('courier_new_msg', v_endpoint_id::text);  -- a pull topic's, at once
-    END IF;
     RETURN v_ids;
 END
 $$;
@@ -569,7 +569,6 @@ DECLARE
     v_new bigint[];
     v_done integer[];
     v_done_ids bigint[];
-    v_sent boolean := false;
     v_held record;
     v_kept record;
     v_delivered bigint;
@@ -683,7 +682,6 @@ BEGIN
         v_ids := ARRAY(SELECT coalesce(d.id, v_ids[n]) FROM generate_series(1, v_count) n
                        LEFT JOIN unnest(v_done, v_done_ids) AS d(ord, id) ON d.ord = n ORDER BY n);
         v_inserted := v_inserted || coalesce(v_done_ids, '{}');
-        v_sent := v_sent OR cardinality(v_left) < cardinality(v_new);
         IF cardinality(v_left) = 0 THEN
             EXIT;
         END IF;
@@ -731,9 +729,6 @@ BEGIN
         END IF;
     END LOOP;
 
-    IF v_sent AND v_protocol = 'pull' AND current_setting('courier.wake_at_commit') = 'on' THEN
-        PERFORM pg_notify('courier_new_msg', v_endpoint_id::text);  -- a pull topic's, at once
-    END IF;
     RETURN v_ids;
 END
 $$;

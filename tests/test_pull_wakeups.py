@@ -1,0 +1,261 @@
+"""Sends and enqueues to a pull topic wake its consumers at commit, with one NOTIFY per topic among
+the producers committing together (a NOTIFY in the transaction made them commit one at a time).
+A Consumer and `courier serve`'s long polls linger after a wake-up, so the messages of producers
+that left their NOTIFY to another arrive without waiting for the poll."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import aiohttp
+import psycopg
+import pytest
+
+from sqlkit.consumer import Consumer
+from tests import test_roles_and_psql
+from tests.helpers import scalar
+from tests.test_serve import start_server, stop_server, token
+
+login_as = test_roles_and_psql.login_as  # the fixture: logs in as a new member of a role
+
+FALLBACK_POLL = 60.0
+"""The Consumer's poll interval here: a message that waited for it would fail the test."""
+
+PROMPTLY = 5.0
+"""Seconds a message may take to arrive: generous, and far below the poll and the long poll."""
+
+
+@pytest.fixture
+def topic(conn: psycopg.Connection) -> int:
+    return scalar(conn, "SELECT courier.create_endpoint('orders', 'pull', '{}')")
+
+
+@pytest.fixture
+def listener(dsn):
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute("LISTEN courier_new_msg")
+        yield connection
+
+
+def payloads(listener: psycopg.Connection, timeout: float = 0.5) -> list[str]:
+    return [note.payload for note in listener.notifies(timeout=timeout)]
+
+
+@pytest.fixture
+def slow_commits(conn: psycopg.Connection):
+    """produce(n): a producer that sends {"n": n} to the topic, then spends 0.3 s in commit-time
+    work of the application's own (a deferred trigger), as a slow disk or a synchronous standby
+    would. Started 0.1 s apart, the first NOTIFYs, and the second skips its NOTIFY and becomes
+    visible only after the first's wake-up was answered."""
+    conn.execute("CREATE TABLE public.outbox_audit (n int)")
+    conn.execute("CREATE FUNCTION public.slow_audit() RETURNS trigger LANGUAGE plpgsql AS "
+                 "'BEGIN PERFORM pg_sleep(0.3); RETURN NULL; END'")
+    conn.execute("CREATE CONSTRAINT TRIGGER slow_audit AFTER INSERT ON public.outbox_audit "
+                 "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.slow_audit()")
+    dsn = conn.info.dsn
+
+    def produce(n: int) -> None:
+        with psycopg.connect(dsn) as producer:
+            producer.execute("SELECT courier.send('orders', %s::jsonb)", (f'{{"n": {n}}}',))
+            producer.execute("INSERT INTO public.outbox_audit VALUES (%s)", (n,))
+            producer.commit()
+
+    def two_producers() -> None:
+        first = threading.Thread(target=produce, args=(1,))
+        second = threading.Thread(target=produce, args=(2,))
+        first.start()
+        time.sleep(0.1)
+        second.start()
+        first.join()
+        second.join()
+
+    return two_producers
+
+
+def test_sends_and_enqueues_to_a_pull_topic_notify_once_at_commit(dsn, topic, listener):
+    with psycopg.connect(dsn) as producer:
+        producer.execute("SELECT courier.send('orders', '{}')")
+        producer.execute("SELECT courier.send_batch('orders', ARRAY['{}', '{}']::jsonb[])")
+        producer.execute("SELECT courier.send_batch_with_options('orders', ARRAY['{}']::jsonb[])")
+        producer.execute("SELECT courier.enqueue('orders', '{}')")
+        assert payloads(listener) == []  # nothing yet: a NOTIFY here would serialise the commits
+        producer.commit()
+    assert payloads(listener) == [str(topic)]
+
+
+def test_a_pull_send_committing_while_another_producer_notifies_leaves_the_notify_to_it(dsn, conn, topic,
+                                                                                      listener):
+    with psycopg.connect(dsn, autocommit=True) as notifier:
+        notifier.execute("SELECT pg_advisory_lock(hashtext('courier.wake_workers'), %s)", (topic,))
+        conn.execute("SELECT courier.enqueue('orders', '{}')")
+        assert payloads(listener) == []
+        notifier.execute("SELECT pg_advisory_unlock(hashtext('courier.wake_workers'), %s)", (topic,))
+    conn.execute("SELECT courier.enqueue('orders', '{}')")
+    assert payloads(listener) == [str(topic)]
+
+
+def test_scheduled_enqueues_do_not_notify_until_a_keyed_one_brings_them_forward(conn, topic, listener):
+    conn.execute("SELECT courier.enqueue('orders', '{\"v\": 1}', p_key := 'k', "
+                 "p_scheduled_at := now() + interval '1 hour')")
+    assert payloads(listener) == []
+    # Replaced in place: no depth counter moves, so the enqueue itself wakes the consumers.
+    conn.execute("SELECT courier.enqueue('orders', '{\"v\": 2}', p_key := 'k', p_scheduled_at := now())")
+    assert payloads(listener) == [str(topic)]
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 1
+
+
+def test_topic_sends_committing_answers_the_application_role_for_pull_topics_only(dsn, conn, topic, login_as):
+    conn.execute("SELECT courier.create_endpoint('sink', 'noop', '{}')")
+    app = login_as("courier_application")
+    committing = "SELECT courier.topic_sends_committing(%s)"
+    assert scalar(app, committing, ("orders",)) is False
+    with psycopg.connect(dsn, autocommit=True) as producer:  # what a committing producer holds
+        producer.execute("SELECT pg_advisory_lock_shared(hashtext('courier.sends_committing'), %s)", (topic,))
+        assert scalar(app, committing, ("orders",)) is True
+        assert scalar(app, committing, ("no-such-topic",)) is False
+        assert scalar(app, committing, ("sink",)) is False  # a push endpoint is not a topic
+    assert scalar(app, committing, ("orders",)) is False
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        app.execute("SELECT courier.sends_committing(%s)", (topic,))  # ids are not the application's
+
+
+def consume(dsn: str, expected: int, ready: threading.Event, started: threading.Event | None = None
+            ) -> tuple[list[Any], float]:
+    """A Consumer polling only every FALLBACK_POLL seconds takes `expected` messages (after one
+    message that proves it listens), acking each; returns their payloads and the seconds from
+    `started` to the last."""
+    async def run() -> tuple[list[Any], float]:
+        got: list[Any] = []
+        async with Consumer(dsn, "orders", poll_interval=FALLBACK_POLL) as consumer:
+            async for message in consumer:
+                await consumer.ack(message)
+                if not ready.is_set():
+                    ready.set()
+                    continue
+                got.append(message.payload)
+                if len(got) == expected:
+                    return got, time.monotonic()
+        return got, time.monotonic()
+
+    return asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_a_consumer_takes_the_message_of_a_producer_that_left_its_notify_to_another(dsn, conn, topic,
+                                                                                  slow_commits):
+    ready = threading.Event()
+    result: list[Any] = []
+    consumer = threading.Thread(target=lambda: result.append(consume(dsn, 2, ready)))
+    consumer.start()
+    conn.execute("SELECT courier.send('orders', '{}')")
+    assert ready.wait(10)
+    started = time.monotonic()
+    slow_commits()
+    consumer.join(30)
+    got, finished = result[0]
+    assert sorted(p["n"] for p in got) == [1, 2]
+    assert finished - started < PROMPTLY, "the second producer's message waited for the poll"
+
+
+def test_a_consumer_takes_every_message_of_many_producers_committing_at_once(dsn, conn, topic):
+    producers, rounds = 8, 12
+    ready = threading.Event()
+    result: list[Any] = []
+    consumer = threading.Thread(target=lambda: result.append(consume(dsn, producers * rounds, ready)))
+    consumer.start()
+    conn.execute("SELECT courier.send('orders', '{}')")
+    assert ready.wait(10)
+    connections = [psycopg.connect(dsn, autocommit=True) for _ in range(producers)]
+    try:
+        for round_ in range(rounds):
+            start = threading.Barrier(producers)
+
+            def produce(connection: psycopg.Connection, n: int, start: threading.Barrier = start) -> None:
+                start.wait()
+                connection.execute("SELECT courier.send('orders', %s::jsonb)", (f'{{"n": {n}}}',))
+
+            threads = [threading.Thread(target=produce, args=(c, round_ * producers + i))
+                       for i, c in enumerate(connections)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            time.sleep(0.05)
+        started = time.monotonic()
+        consumer.join(30)
+    finally:
+        for connection in connections:
+            connection.close()
+    got, finished = result[0]
+    assert sorted(p["n"] for p in got) == list(range(producers * rounds))
+    assert finished - started < PROMPTLY
+
+
+def test_long_polls_take_the_message_of_a_producer_that_left_its_notify_to_another(dsn, conn, topic,
+                                                                                 slow_commits):
+    """The first poll is woken by the first producer's NOTIFY; the client polls again at once, and
+    that poll looks before the second producer's commit is visible. The server's linger wakes it
+    when that commit is done, not the long poll's 20 s timeout."""
+    secret = token(conn, "app", ["consume"])
+    process, base = start_server(dsn)
+    try:
+        async def main() -> tuple[list[Any], float]:
+            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {secret}"}) as session:
+                async def poll() -> list[Any]:
+                    async with session.post(base + "/api/messages/dequeue",
+                                            json={"topic": "orders", "count": 10, "wait_seconds": 20}) as response:
+                        assert response.status == 200
+                        return (await response.json())["messages"]
+
+                got: list[Any] = []
+                first = asyncio.create_task(poll())
+                await asyncio.sleep(0.5)
+                started = time.monotonic()
+                producing = asyncio.create_task(asyncio.to_thread(slow_commits))
+                got += await first
+                while len(got) < 2 and time.monotonic() - started < 25:
+                    got += await poll()
+                await producing
+                return got, time.monotonic() - started
+
+        got, took = asyncio.run(main())
+    finally:
+        assert "Traceback" not in stop_server(process)
+    assert len(got) == 2
+    assert took < PROMPTLY, f"the second message took {took:.1f} s: it waited for the long poll's timeout"
+
+
+def test_a_long_poll_that_arrives_after_the_wakeup_takes_the_message_of_a_producer_still_committing(
+        dsn, conn, topic, slow_commits):
+    """No poll waits when the first producer's NOTIFY comes. A poll arriving just after it looks
+    before the second producer's commit is visible, and lingers because the topic was notified
+    a moment ago."""
+    secret = token(conn, "app", ["consume"])
+    process, base = start_server(dsn)
+    try:
+        async def main() -> tuple[list[Any], float]:
+            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {secret}"}) as session:
+                async def poll() -> list[Any]:
+                    async with session.post(base + "/api/messages/dequeue",
+                                            json={"topic": "orders", "count": 10, "wait_seconds": 20}) as response:
+                        assert response.status == 200
+                        return (await response.json())["messages"]
+
+                producing = asyncio.create_task(asyncio.to_thread(slow_commits))
+                with psycopg.connect(dsn, autocommit=True) as watcher:
+                    while scalar(watcher, "SELECT count(*) FROM courier.queue") == 0:
+                        await asyncio.sleep(0.005)
+                started = time.monotonic()
+                got: list[Any] = []
+                while len(got) < 2 and time.monotonic() - started < 25:
+                    got += await poll()
+                await producing
+                return got, time.monotonic() - started
+
+        got, took = asyncio.run(main())
+    finally:
+        assert "Traceback" not in stop_server(process)
+    assert len(got) == 2
+    assert took < PROMPTLY, f"the second message took {took:.1f} s: it waited for the long poll's timeout"
