@@ -154,7 +154,6 @@ DECLARE
     v_hash text;
     v_inserted integer;
     v_conflict record;
-    v_targets integer[];
     v_new_ids bigint[];
     v_new_endpoints integer[];
 BEGIN
@@ -219,6 +218,11 @@ BEGIN
         v_hash := md5(p_payloads[1]::text);
     END IF;
 
+    -- Each subscriber's workers or consumers are woken at commit, as a send's are (sending.sql):
+    -- a NOTIFY here would make concurrent publishers commit one at a time.
+    IF p_notify THEN
+        PERFORM set_config('courier.wake_at_commit', 'on', true);
+    END IF;
     -- As a send would: the endpoint's TTL, and for a pull topic the time it is due (now).
     WITH inserted AS (
     INSERT INTO courier.queue (endpoint_id, payload, metadata, correlation_id, idempotency_key, payload_hash,
@@ -264,10 +268,6 @@ BEGIN
         END LOOP;
     END IF;
 
-    IF v_inserted > 0 AND p_notify THEN
-        SELECT array_agg(DISTINCT t) INTO v_targets FROM unnest(v_endpoint_ids) t;
-        PERFORM pg_notify('courier_new_msg', CASE WHEN cardinality(v_targets) = 1 THEN v_targets[1]::text ELSE '' END);
-    END IF;
     RETURN v_projected;
 END
 $$;
@@ -286,7 +286,7 @@ BEGIN
 END
 $$;
 
--- One INSERT for the whole fan-out of every event, and one NOTIFY.
+-- One INSERT for the whole fan-out of every event, and at commit one NOTIFY per subscriber.
 CREATE OR REPLACE FUNCTION courier.publish_batch(p_event_type text, p_payloads jsonb[]) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
