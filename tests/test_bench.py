@@ -23,13 +23,14 @@ def test_bench_enqueue_sends_through_the_default_backpressure_check(dsn, conn):
     single = enqueue_single(dsn, clients=2, seconds=1, rounds=1)
     batch = enqueue_batch(dsn, clients=2, seconds=1, rounds=1)
     assert [r.variant for r in single] == ["send, 2 clients", "send, notify off, 2 clients",
-                                           "queue table only, 2 clients", "send vs pgmq send, 2 clients"]
+                                           "send to a pull topic, 2 clients", "queue table only, 2 clients",
+                                           "send vs pgmq send, 2 clients"]
     assert [r.variant for r in batch] == ["batch 100, 2 clients", "batch 100 vs pgmq send_batch, 2 clients",
                                           "batch 1000, 2 clients", "batch 1000 vs pgmq send_batch, 2 clients"]
     assert all(r.courier.rate > 0 and r.ceiling.rate > 0 for r in single + batch)
     # Beside the bare INSERT, pgmq's send of the same payloads, measured in the same rounds.
-    assert single[3].courier is single[0].courier and batch[1].courier is batch[0].courier
-    assert all("pgmq 1." in r.notes for r in (single[3], batch[1], batch[3]))
+    assert single[4].courier is single[0].courier and batch[1].courier is batch[0].courier
+    assert all("pgmq 1." in r.notes for r in (single[4], batch[1], batch[3]))
     # Raised out of reach, not switched off (0): a send still sums the depth counters.
     assert scalar(conn, "SELECT value FROM courier.settings WHERE name = 'max_queue_size'") == "2147483647"
     # The last run's messages are all there, counted.

@@ -27,9 +27,10 @@ ALTER TABLE public.bench_raw_queue ADD PRIMARY KEY (id);
 def _prepare(dsn: str) -> None:
     with connect(dsn) as conn:
         conn.execute(RAW_TABLE)
-        exists = conn.execute("SELECT 1 FROM courier.endpoints WHERE name = 'bench'").fetchone()
-        if not exists:
-            conn.execute("SELECT courier.create_endpoint('bench', 'noop', '{}')")
+        for name, protocol in (("bench", "noop"), ("bench-topic", "pull")):
+            exists = conn.execute("SELECT 1 FROM courier.endpoints WHERE name = %s", (name,)).fetchone()
+            if not exists:
+                conn.execute("SELECT courier.create_endpoint(%s, %s, '{}')", (name, protocol))
         backpressure_out_of_reach(conn)
 
 
@@ -58,6 +59,7 @@ def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> li
     _prepare(dsn)
     payload = json.dumps({"order_id": 1, "amount": 99.99, "customer": "c-789"})
     send_sql = f"SELECT courier.send('bench', '{payload}'::jsonb);\n"
+    topic_sql = f"SELECT courier.send('bench-topic', '{payload}'::jsonb);\n"
     ceiling_sql = f"INSERT INTO public.bench_raw_queue (endpoint_id, payload) VALUES (1, '{payload}'::jsonb);\n"
     table_sql = f"INSERT INTO courier.queue (endpoint_id, payload) VALUES (1, '{payload}'::jsonb);\n"
 
@@ -75,6 +77,7 @@ def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> li
     runs |= {
         "send": lambda: run(send_sql),
         "send, notify off": lambda: run(send_sql, notify=False),
+        "send to a pull topic": lambda: run(topic_sql),
         "queue table only": lambda: run(table_sql),
     }
     measured = measure_rounds(runs, rounds)
@@ -82,6 +85,7 @@ def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> li
     notes = {
         "send": "courier.send() per transaction, NOTIFY on (default)",
         "send, notify off": "notify_on_send = false: workers poll instead",
+        "send to a pull topic": "courier.send() to a pull topic, NOTIFY on: its consumers are woken at commit too",
         "queue table only": "reference: raw INSERT into courier.queue (its indexes and depth trigger, no function)",
     }
     results = [
