@@ -188,11 +188,13 @@ class Consumer:
         self._giving_back = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
+        self._topic_id: int | None = None  # the id its notifications carry, once known
         self.heartbeats = 0
         """Lease extensions sent so far (one per heartbeat that had messages to extend)."""
 
     async def __aenter__(self) -> Consumer:
         await self._db.open()
+        self._topic_id = (await self._fetch("consumer_topic_id", {"topic": self.topic}))[0][0]
         self._tasks = [asyncio.create_task(self._heartbeat(), name=f"courier-heartbeat-{self.topic}"),
                        asyncio.create_task(self._listen(), name=f"courier-listen-{self.topic}")]
         return self
@@ -420,13 +422,16 @@ class Consumer:
         return await answer_within(self.call_timeout, rows(), f"{self.topic}: {query.removeprefix('consumer_')}")
 
     async def _listen(self) -> None:
-        """Wake an idle iterator on new-message notifications (any endpoint's: the topic's id is
-        not the application's to read); polling every poll_interval covers any that are missed."""
+        """Wake an idle iterator on the topic's new-message notifications (on every endpoint's
+        while its id is unknown: the topic did not exist when the consumer opened); polling every
+        poll_interval covers any that are missed."""
+        mine = str(self._topic_id) if self._topic_id is not None else None
         while True:
             try:
                 async with self._db.listen(NEW_MESSAGE_CHANNEL) as notes:
-                    async for _ in notes:
-                        self._wake.set()
+                    async for payload in notes:
+                        if mine is None or payload == mine or not payload.isdigit():
+                            self._wake.set()
             except asyncio.CancelledError:
                 raise
             except Exception as error:

@@ -81,6 +81,10 @@ SELECT courier.publish_batch(%(event_type)s, %(payloads)s::jsonb[]);
 SELECT id, lease, payload, payload_binary, body, metadata, key, retry_count, max_retries, created_at, visible_until
 FROM courier.dequeue(%(topic)s, %(count)s, %(visibility_timeout)s);
 
+-- name: consumer_topic_id
+-- The id the topic's notifications carry (NULL: no such pull topic, yet).
+SELECT courier.topic_id(%(topic)s);
+
 -- name: topic_sends_committing
 -- After a wake-up found nothing: whether producers of the topic are still committing (sqlkit/linger.py).
 SELECT courier.topic_sends_committing(%(topic)s) AS committing;

@@ -107,7 +107,8 @@ def test_scheduled_enqueues_do_not_notify_until_a_keyed_one_brings_them_forward(
     assert scalar(conn, "SELECT count(*) FROM courier.queue") == 1
 
 
-def test_topic_sends_committing_answers_the_application_role_for_pull_topics_only(dsn, conn, topic, login_as):
+def test_topic_id_and_topic_sends_committing_answer_the_application_role_for_pull_topics_only(
+        dsn, conn, topic, login_as):
     conn.execute("SELECT courier.create_endpoint('sink', 'noop', '{}')")
     app = login_as("courier_application")
     committing = "SELECT courier.topic_sends_committing(%s)"
@@ -118,6 +119,8 @@ def test_topic_sends_committing_answers_the_application_role_for_pull_topics_onl
         assert scalar(app, committing, ("no-such-topic",)) is False
         assert scalar(app, committing, ("sink",)) is False  # a push endpoint is not a topic
     assert scalar(app, committing, ("orders",)) is False
+    assert scalar(app, "SELECT courier.topic_id('orders')") == topic  # what its notifications carry
+    assert scalar(app, "SELECT courier.topic_id('sink')") is None
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         app.execute("SELECT courier.sends_committing(%s)", (topic,))  # ids are not the application's
 
@@ -259,3 +262,38 @@ def test_a_long_poll_that_arrives_after_the_wakeup_takes_the_message_of_a_produc
         assert "Traceback" not in stop_server(process)
     assert len(got) == 2
     assert took < PROMPTLY, f"the second message took {took:.1f} s: it waited for the long poll's timeout"
+
+
+def test_a_consumer_sleeps_through_other_endpoints_notifications(dsn, conn, topic):
+    """An idle Consumer dequeues (and lingers) on its own topic's notifications only: a busy push
+    endpoint in the same database costs it nothing."""
+    conn.execute("SELECT courier.create_endpoint('sink', 'noop', '{}')")
+
+    class CountingConsumer(Consumer):
+        dequeues = 0
+
+        async def dequeue(self, count: int | None = None) -> list[Any]:
+            self.dequeues += 1
+            return await super().dequeue(count)
+
+    async def main() -> tuple[int, int, float]:
+        async with CountingConsumer(dsn, "orders", poll_interval=FALLBACK_POLL) as consumer:
+            messages = aiter(consumer)
+            first: asyncio.Future[Any] = asyncio.ensure_future(anext(messages))
+            await asyncio.sleep(0.5)  # its first dequeue found nothing: it waits now
+            idle = consumer.dequeues
+            for _ in range(20):  # each commits on its own, and NOTIFYs the sink's id
+                await asyncio.to_thread(conn.execute, "SELECT courier.send('sink', '{}')")
+            await asyncio.sleep(0.5)
+            after_others = consumer.dequeues
+            sent = time.monotonic()
+            await asyncio.to_thread(conn.execute, "SELECT courier.enqueue('orders', '{\"n\": 1}')")
+            message = await asyncio.wait_for(first, PROMPTLY)
+            took = time.monotonic() - sent
+            await consumer.ack(message)
+            await messages.aclose()
+            return idle, after_others, took
+
+    idle, after_others, took = asyncio.run(main())
+    assert after_others == idle == 1
+    assert took < PROMPTLY

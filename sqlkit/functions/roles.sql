@@ -93,6 +93,7 @@ GRANT EXECUTE ON FUNCTION
     courier.lock_received(text, bigint),
     courier.receive_failed(text, bigint, text),
     courier.peek(text),
+    courier.topic_id(text),
     courier.topic_sends_committing(text)
 TO courier_application;
 

@@ -71,8 +71,17 @@ AS $$
                 ELSE true END
 $$;
 
--- The same for a pull topic, by name: its consumers run as courier_application, which reads
--- no topic ids. False for a name that is not a pull topic.
+-- The id a pull topic's notifications carry, so that its consumers can leave other endpoints'
+-- alone; NULL for a name that is not a pull topic. courier_application reads no endpoints.
+CREATE OR REPLACE FUNCTION courier.topic_id(p_topic text) RETURNS integer
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    SELECT e.id FROM courier.endpoints e WHERE e.name = p_topic AND e.protocol = 'pull'
+$$;
+
+-- sends_committing for a pull topic, by name, for its consumers. False for a name that is not
+-- a pull topic.
 CREATE OR REPLACE FUNCTION courier.topic_sends_committing(p_topic text) RETURNS boolean
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
