@@ -310,9 +310,10 @@ BEGIN
         END IF;
         -- It went to pending (nacked) or away (acked) meanwhile: go round again.
     END LOOP;
-    -- Replaced in place, the message changed no depth counter, so nothing wakes at commit. It may
-    -- have been scheduled for later and be due now: a rare path, woken here.
-    IF v_replaced AND current_setting('courier.wake_at_commit') = 'on' THEN
+    -- Replaced in place, the message changed no depth counter, so nothing wakes at commit. Given a
+    -- due time, it may have been scheduled for later and be due now: a rare path, woken here.
+    -- Without one its due time stands, and whoever waits for it was woken when it was enqueued.
+    IF v_replaced AND p_scheduled_at IS NOT NULL AND current_setting('courier.wake_at_commit') = 'on' THEN
         PERFORM pg_notify('courier_new_msg', v_topic.id::text);
     END IF;
     RETURN v_id;
