@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -15,11 +16,13 @@ import psycopg
 import pytest
 
 from sqlkit.consumer import Consumer
-from tests import test_roles_and_psql
+from tests import test_roles_and_psql, test_send_wakeups
 from tests.helpers import scalar
 from tests.test_serve import start_server, stop_server, token
 
 login_as = test_roles_and_psql.login_as  # the fixture: logs in as a new member of a role
+listener = test_send_wakeups.listener  # the fixture: a connection LISTENing on courier_new_msg
+payloads = test_send_wakeups.payloads
 
 FALLBACK_POLL = 60.0
 """The Consumer's poll interval here: a message that waited for it would fail the test."""
@@ -34,45 +37,10 @@ def topic(conn: psycopg.Connection) -> int:
 
 
 @pytest.fixture
-def listener(dsn):
-    with psycopg.connect(dsn, autocommit=True) as connection:
-        connection.execute("LISTEN courier_new_msg")
-        yield connection
-
-
-def payloads(listener: psycopg.Connection, timeout: float = 0.5) -> list[str]:
-    return [note.payload for note in listener.notifies(timeout=timeout)]
-
-
-@pytest.fixture
-def slow_commits(conn: psycopg.Connection):
-    """produce(n): a producer that sends {"n": n} to the topic, then spends 0.3 s in commit-time
-    work of the application's own (a deferred trigger), as a slow disk or a synchronous standby
-    would. Started 0.1 s apart, the first NOTIFYs, and the second skips its NOTIFY and becomes
-    visible only after the first's wake-up was answered."""
-    conn.execute("CREATE TABLE public.outbox_audit (n int)")
-    conn.execute("CREATE FUNCTION public.slow_audit() RETURNS trigger LANGUAGE plpgsql AS "
-                 "'BEGIN PERFORM pg_sleep(0.3); RETURN NULL; END'")
-    conn.execute("CREATE CONSTRAINT TRIGGER slow_audit AFTER INSERT ON public.outbox_audit "
-                 "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.slow_audit()")
-    dsn = conn.info.dsn
-
-    def produce(n: int) -> None:
-        with psycopg.connect(dsn) as producer:
-            producer.execute("SELECT courier.send('orders', %s::jsonb)", (f'{{"n": {n}}}',))
-            producer.execute("INSERT INTO public.outbox_audit VALUES (%s)", (n,))
-            producer.commit()
-
-    def two_producers() -> None:
-        first = threading.Thread(target=produce, args=(1,))
-        second = threading.Thread(target=produce, args=(2,))
-        first.start()
-        time.sleep(0.1)
-        second.start()
-        first.join()
-        second.join()
-
-    return two_producers
+def slow_commits(dsn: str, conn: psycopg.Connection, topic: int) -> Callable[[], None]:
+    """Two producers to the topic, the second of which leaves its NOTIFY to the first and becomes
+    visible only after the first's wake-up was answered (test_send_wakeups.two_slow_producers)."""
+    return test_send_wakeups.two_slow_producers(dsn, conn, "orders")
 
 
 def test_sends_and_enqueues_to_a_pull_topic_notify_once_at_commit(dsn, topic, listener):
@@ -83,17 +51,6 @@ def test_sends_and_enqueues_to_a_pull_topic_notify_once_at_commit(dsn, topic, li
         producer.execute("SELECT courier.enqueue('orders', '{}')")
         assert payloads(listener) == []  # nothing yet: a NOTIFY here would serialise the commits
         producer.commit()
-    assert payloads(listener) == [str(topic)]
-
-
-def test_a_pull_send_committing_while_another_producer_notifies_leaves_the_notify_to_it(dsn, conn, topic,
-                                                                                      listener):
-    with psycopg.connect(dsn, autocommit=True) as notifier:
-        notifier.execute("SELECT pg_advisory_lock(hashtext('courier.wake_workers'), %s)", (topic,))
-        conn.execute("SELECT courier.enqueue('orders', '{}')")
-        assert payloads(listener) == []
-        notifier.execute("SELECT pg_advisory_unlock(hashtext('courier.wake_workers'), %s)", (topic,))
-    conn.execute("SELECT courier.enqueue('orders', '{}')")
     assert payloads(listener) == [str(topic)]
 
 
@@ -128,11 +85,10 @@ def test_topic_id_and_topic_sends_committing_answer_the_application_role_for_pul
         app.execute("SELECT courier.sends_committing(%s)", (topic,))  # ids are not the application's
 
 
-def consume(dsn: str, expected: int, ready: threading.Event, started: threading.Event | None = None
-            ) -> tuple[list[Any], float]:
-    """A Consumer polling only every FALLBACK_POLL seconds takes `expected` messages (after one
-    message that proves it listens), acking each; returns their payloads and the seconds from
-    `started` to the last."""
+def consume(dsn: str, expected: int, ready: threading.Event) -> tuple[list[Any], float]:
+    """A Consumer polling only every FALLBACK_POLL seconds takes `expected` messages after one
+    that proves it listens (then `ready` is set), acking each; returns their payloads and the
+    time.monotonic() of the last."""
     async def run() -> tuple[list[Any], float]:
         got: list[Any] = []
         async with Consumer(dsn, "orders", poll_interval=FALLBACK_POLL) as consumer:
@@ -199,11 +155,13 @@ def test_a_consumer_takes_every_message_of_many_producers_committing_at_once(dsn
     assert finished - started < PROMPTLY
 
 
-def test_long_polls_take_the_message_of_a_producer_that_left_its_notify_to_another(dsn, conn, topic,
-                                                                                 slow_commits):
-    """The first poll is woken by the first producer's NOTIFY; the client polls again at once, and
-    that poll looks before the second producer's commit is visible. The server's linger wakes it
-    when that commit is done, not the long poll's 20 s timeout."""
+@pytest.mark.parametrize("waiting_at_notify", [True, False], ids=["poll-waiting", "poll-arriving-after"])
+def test_long_polls_take_the_message_of_a_producer_that_left_its_notify_to_another(
+        dsn, conn, topic, slow_commits, waiting_at_notify):
+    """poll-waiting: the first producer's NOTIFY wakes a waiting poll, and the client polls again
+    at once, before the second producer's commit is visible. poll-arriving-after: no poll waits
+    at the NOTIFY, and the first poll arrives just after it. Either way the server's linger wakes
+    the poll when the second commit is done, not the long poll's 20 s timeout."""
     secret = token(conn, "app", ["consume"])
     process, base = start_server(dsn)
     try:
@@ -216,45 +174,17 @@ def test_long_polls_take_the_message_of_a_producer_that_left_its_notify_to_anoth
                         return (await response.json())["messages"]
 
                 got: list[Any] = []
-                first = asyncio.create_task(poll())
-                await asyncio.sleep(0.5)
-                started = time.monotonic()
+                if waiting_at_notify:
+                    first = asyncio.create_task(poll())
+                    await asyncio.sleep(0.5)
                 producing = asyncio.create_task(asyncio.to_thread(slow_commits))
-                got += await first
-                while len(got) < 2 and time.monotonic() - started < 25:
-                    got += await poll()
-                await producing
-                return got, time.monotonic() - started
-
-        got, took = asyncio.run(main())
-    finally:
-        assert "Traceback" not in stop_server(process)
-    assert len(got) == 2
-    assert took < PROMPTLY, f"the second message took {took:.1f} s: it waited for the long poll's timeout"
-
-
-def test_a_long_poll_that_arrives_after_the_wakeup_takes_the_message_of_a_producer_still_committing(
-        dsn, conn, topic, slow_commits):
-    """No poll waits when the first producer's NOTIFY comes. A poll arriving just after it looks
-    before the second producer's commit is visible, and lingers because the topic was notified
-    a moment ago."""
-    secret = token(conn, "app", ["consume"])
-    process, base = start_server(dsn)
-    try:
-        async def main() -> tuple[list[Any], float]:
-            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {secret}"}) as session:
-                async def poll() -> list[Any]:
-                    async with session.post(base + "/api/messages/dequeue",
-                                            json={"topic": "orders", "count": 10, "wait_seconds": 20}) as response:
-                        assert response.status == 200
-                        return (await response.json())["messages"]
-
-                producing = asyncio.create_task(asyncio.to_thread(slow_commits))
-                with psycopg.connect(dsn, autocommit=True) as watcher:
-                    while scalar(watcher, "SELECT count(*) FROM courier.queue") == 0:
-                        await asyncio.sleep(0.005)
                 started = time.monotonic()
-                got: list[Any] = []
+                if waiting_at_notify:
+                    got += await first
+                else:
+                    with psycopg.connect(dsn, autocommit=True) as watcher:  # until the first commit
+                        while scalar(watcher, "SELECT count(*) FROM courier.queue") == 0:
+                            await asyncio.sleep(0.005)
                 while len(got) < 2 and time.monotonic() - started < 25:
                     got += await poll()
                 await producing

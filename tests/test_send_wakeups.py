@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -86,13 +87,12 @@ def test_messages_of_many_producers_committing_at_once_are_delivered_without_the
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status IN ('pending', 'processing')") == 0
 
 
-def test_a_producer_whose_commit_ends_after_another_producers_wakeup_is_delivered_without_the_poll(
-        dsn, conn, noop):
-    # Each producer's commit runs a deferred trigger of the application's own that takes
-    # 0.3 s, as slow commit-time work (or a slow disk, or a synchronous standby) would. The
-    # second producer starts committing while the first is still at it, so the first
-    # NOTIFYs, the second skips its NOTIFY, and the second's message becomes visible only
-    # after the worker's claim for the first came back.
+def two_slow_producers(dsn: str, conn: psycopg.Connection, endpoint: str) -> Callable[[], None]:
+    """A function that runs two producers, each sending {"n": 1} or {"n": 2} to `endpoint` and
+    then spending 0.3 s in commit-time work of the application's own (a deferred trigger), as a
+    slow disk or a synchronous standby would. The second starts committing while the first is
+    still at it, so the first NOTIFYs, the second skips its NOTIFY, and the second's message
+    becomes visible only after the wake-up the first sent was answered."""
     conn.execute("CREATE TABLE public.outbox_audit (n int)")
     conn.execute("CREATE FUNCTION public.slow_audit() RETURNS trigger LANGUAGE plpgsql AS "
                  "'BEGIN PERFORM pg_sleep(0.3); RETURN NULL; END'")
@@ -101,13 +101,11 @@ def test_a_producer_whose_commit_ends_after_another_producers_wakeup_is_delivere
 
     def produce(n: int) -> None:
         with psycopg.connect(dsn) as producer:
-            producer.execute("SELECT courier.send('sink', %s::jsonb)", (f'{{"n": {n}}}',))
+            producer.execute("SELECT courier.send(%s, %s::jsonb)", (endpoint, f'{{"n": {n}}}'))
             producer.execute("INSERT INTO public.outbox_audit VALUES (%s)", (n,))
             producer.commit()
 
-    with RunningPool(dsn) as pool:
-        conn.execute("SELECT courier.send('sink', '{}')")
-        delivered(pool, 1)
+    def run() -> None:
         first = threading.Thread(target=produce, args=(1,))
         second = threading.Thread(target=produce, args=(2,))
         first.start()
@@ -115,6 +113,17 @@ def test_a_producer_whose_commit_ends_after_another_producers_wakeup_is_delivere
         second.start()
         first.join()
         second.join()
+
+    return run
+
+
+def test_a_producer_whose_commit_ends_after_another_producers_wakeup_is_delivered_without_the_poll(
+        dsn, conn, noop):
+    produce = two_slow_producers(dsn, conn, "sink")
+    with RunningPool(dsn) as pool:
+        conn.execute("SELECT courier.send('sink', '{}')")
+        delivered(pool, 1)
+        produce()
         delivered(pool, 3)
 
 
@@ -173,15 +182,18 @@ def test_notify_on_send_off_silences_single_sends_but_not_batches(conn, noop, li
     assert payloads(listener) == [str(noop)]
 
 
-def test_a_send_committing_while_another_producer_notifies_leaves_the_notify_to_it(dsn, conn, noop, listener):
+@pytest.mark.parametrize("protocol, produce", [("noop", "send"), ("pull", "enqueue")])
+def test_a_send_committing_while_another_producer_notifies_leaves_the_notify_to_it(dsn, conn, listener, protocol,
+                                                                                   produce):
+    endpoint = scalar(conn, "SELECT courier.create_endpoint('sink', %s, '{}')", (protocol,))
     # What a producer in the middle of its commit holds after taking the endpoint's wake lock.
     with psycopg.connect(dsn, autocommit=True) as notifier:
-        notifier.execute("SELECT pg_advisory_lock(hashtext('courier.wake_workers'), %s)", (noop,))
-        conn.execute("SELECT courier.send('sink', '{}')")
+        notifier.execute("SELECT pg_advisory_lock(hashtext('courier.wake_workers'), %s)", (endpoint,))
+        conn.execute(f"SELECT courier.{produce}('sink', '{{}}')")
         assert payloads(listener) == []
-        notifier.execute("SELECT pg_advisory_unlock(hashtext('courier.wake_workers'), %s)", (noop,))
-    conn.execute("SELECT courier.send('sink', '{}')")
-    assert payloads(listener) == [str(noop)]
+        notifier.execute("SELECT pg_advisory_unlock(hashtext('courier.wake_workers'), %s)", (endpoint,))
+    conn.execute(f"SELECT courier.{produce}('sink', '{{}}')")
+    assert payloads(listener) == [str(endpoint)]
 
 
 def test_the_application_role_gets_its_wakeup_at_commit(dsn, conn, noop, listener, login_as):
