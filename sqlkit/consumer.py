@@ -194,7 +194,11 @@ class Consumer:
 
     async def __aenter__(self) -> Consumer:
         await self._db.open()
-        self._topic_id = (await self._fetch("consumer_topic_id", {"topic": self.topic}))[0][0]
+        try:
+            self._topic_id = (await self._fetch("consumer_topic_id", {"topic": self.topic}))[0][0]
+        except BaseException:
+            await within(self.shutdown_timeout, self._db.close(), "closing the connections")
+            raise
         self._tasks = [asyncio.create_task(self._heartbeat(), name=f"courier-heartbeat-{self.topic}"),
                        asyncio.create_task(self._listen(), name=f"courier-listen-{self.topic}")]
         return self

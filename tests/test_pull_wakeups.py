@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from sqlkit.consumer import Consumer
+from sqlkit.errors import CourierError
 from tests import test_roles_and_psql, test_send_wakeups
 from tests.helpers import scalar
 from tests.test_serve import start_server, stop_server, token
@@ -230,3 +231,16 @@ def test_a_consumer_sleeps_through_other_endpoints_notifications(dsn, conn, topi
     idle, after_others, took = asyncio.run(main())
     assert after_others == idle == 1
     assert took < PROMPTLY
+
+
+def test_a_consumer_that_fails_to_open_leaves_no_connections_behind(dsn, conn, topic):
+    conn.execute("DROP FUNCTION courier.topic_id(text)")  # a schema older than the consumer
+
+    async def open_it() -> None:
+        async with Consumer(dsn, "orders"):
+            pass
+
+    with pytest.raises(CourierError, match="topic_id"):
+        asyncio.run(open_it())
+    assert scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'courier-consumer' "
+                        "AND datname = current_database()") == 0
