@@ -22,10 +22,10 @@ import contextlib
 import logging
 from collections import deque
 
-from sqlkit import linger as linger_defaults
 from sqlkit import queries
 from sqlkit.connection import AsyncDatabase
 from sqlkit.errors import CourierError
+from sqlkit.linger import LIMIT as LINGER_LIMIT
 from sqlkit.linger import Linger
 
 log = logging.getLogger("courier.serve")
@@ -92,7 +92,7 @@ class TopicWakeups:
         and wake a poll to look once they are done."""
         notified_at = self._notified_at.get(topic_id)
         if (notified_at is not None and topic_id not in self._lingering
-                and asyncio.get_running_loop().time() - notified_at < linger_defaults.LIMIT):
+                and asyncio.get_running_loop().time() - notified_at < LINGER_LIMIT):
             self._start_linger(topic_id, owed=False)
 
     def _notified(self, topic_id: int) -> None:
