@@ -10,9 +10,8 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from . import queries
+from . import exact_json, queries
 from .errors import InvalidInput, NotFound
 
 STATUSES = ("pending", "processing", "completed", "failed", "expired")
@@ -125,15 +124,15 @@ def send(conn: psycopg.Connection, endpoint: str, payload: Any,
     opts = options or SendOptions()
     return queries.fetch_value(conn, "send_with_options", {
         "endpoint": endpoint,
-        "payload": Jsonb(payload),
+        "payload": exact_json.jsonb(payload),
         "priority": opts.priority,
         "scheduled_at": opts.scheduled_at,
         "idempotency_key": opts.idempotency_key,
         "correlation_id": opts.correlation_id,
         "expires_at": opts.expires_at,
         "ordering_key": opts.ordering_key,
-        "headers": None if opts.headers is None else Jsonb(opts.headers),
-        "metadata": None if opts.metadata is None else Jsonb(opts.metadata),
+        "headers": None if opts.headers is None else exact_json.jsonb(opts.headers),
+        "metadata": None if opts.metadata is None else exact_json.jsonb(opts.metadata),
     })
 
 
@@ -141,7 +140,7 @@ def send_batch(conn: psycopg.Connection, endpoint: str, payloads: Sequence[Any],
                priority: int = 0) -> list[int]:
     """Enqueue many messages with one INSERT and one NOTIFY; returns their ids in order."""
     ids = queries.fetch_value(conn, "send_batch_with_priority", {
-        "endpoint": endpoint, "payloads": [Jsonb(p) for p in payloads], "priority": priority,
+        "endpoint": endpoint, "payloads": [exact_json.jsonb(p) for p in payloads], "priority": priority,
     })
     return list(ids or [])
 

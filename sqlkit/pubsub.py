@@ -11,7 +11,7 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-from . import queries
+from . import exact_json, queries
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,11 @@ def publish(conn: psycopg.Connection, event_type: str, payload: Any, idempotency
             correlation_id: UUID | None = None) -> int:
     """Fan the event out to every matching subscription; returns how many it is queued for."""
     return queries.fetch_value(conn, "publish", {
-        "event_type": event_type, "payload": Jsonb(payload), "idempotency_key": idempotency_key,
+        "event_type": event_type, "payload": exact_json.jsonb(payload), "idempotency_key": idempotency_key,
         "correlation_id": correlation_id})
 
 
 def publish_batch(conn: psycopg.Connection, event_type: str, payloads: Sequence[Any]) -> int:
     """Fan every event out with one INSERT and one NOTIFY; returns the number of messages queued."""
     return queries.fetch_value(conn, "publish_batch", {
-        "event_type": event_type, "payloads": [Jsonb(p) for p in payloads]})
+        "event_type": event_type, "payloads": [exact_json.jsonb(p) for p in payloads]})

@@ -12,6 +12,7 @@ import psycopg
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
+from . import exact_json
 from .errors import translated
 
 TOPIC_LIMITS = ("max_retries", "message_ttl_seconds", "max_depth", "throughput_limit", "visibility_timeout")
@@ -103,8 +104,8 @@ def enqueue(conn: psycopg.Connection, topic: str, payload: Any, *, key: str | No
     with translated():
         row = conn.execute(
             "SELECT courier.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)",
-            (topic, None if payload is None else Jsonb(payload), key,
-             None if metadata is None else Jsonb(metadata), payload_binary, body, scheduled_at, ttl_seconds),
+            (topic, None if payload is None else exact_json.jsonb(payload), key,
+             None if metadata is None else exact_json.jsonb(metadata), payload_binary, body, scheduled_at, ttl_seconds),
         ).fetchone()
     return int(row[0]) if row else 0
 

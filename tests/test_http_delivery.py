@@ -15,6 +15,8 @@ import pytest
 from console.sink import WebhookSink
 from console.workers.dispatchers.http import classify, parse_retry_after, standard_webhooks_signature
 from console.workers.outcome import OutcomeKind
+from sqlkit import exact_json
+from sqlkit.exact_json import JsonNumber
 from tests.helpers import global_id, message_status, scalar
 from tests.workers import run_pool_until
 
@@ -189,6 +191,19 @@ def test_cloudevents_binary_and_structured(dsn, conn, sink):
     envelope = json.loads(structured.body)
     assert envelope["source"] == "shop" and envelope["data"] == {"order": 2} and envelope["specversion"] == "1.0"
     assert envelope["id"] == global_id(conn, second)
+
+
+def test_structured_cloudevents_carry_the_payload_exactly_as_stored(dsn, conn, sink):
+    """The envelope's data is the stored payload's text: parsed and dumped again, the float
+    reader rounded 12345678901234567.89 to 12345678901234568.0 on its way to the receiver."""
+    create(conn, "ce-exact", f"{sink.url}/structured", cloudevents={"mode": "structured"})
+    stored = '{"amount": 12345678901234567.89, "id": 123456789012345678901234567890, "name": "Zoë"}'
+    scalar(conn, "SELECT courier.send('ce-exact', %s::jsonb)", (stored,))
+    deliver(dsn, conn)
+    (request,) = sink.received
+    data = exact_json.loads(request.body)["data"]
+    assert data == {"amount": JsonNumber("12345678901234567.89"), "id": JsonNumber("123456789012345678901234567890"),
+                    "name": "Zoë"}
 
 
 def test_response_capture_with_correlation_id(dsn, conn, sink):

@@ -202,7 +202,7 @@ CLI_CASES = [
     (["send", "hook", "{}", "--ttl", "nan"], 2, "not a finite number"),
     (["send", "hook", "{}", "--ttl", "1e300"], 2, "--ttl"),
     (["send", "hook", "{\"a\": NaN}"], 2, "NaN is not a JSON number"),
-    (["send", "hook", "{\"a\": 1e400}"], 2, "too large for a JSON number"),
+    (["send", "hook", "{\"a\": -Infinity}"], 2, "-Infinity is not a JSON number"),
     (["send", "hook", "--batch", "[{\"a\": Infinity}]"], 2, "Infinity is not a JSON number"),
     (["send", "hook", "{}", "--metadata", "{\"a\":" * 40 + "1" + "}" * 40], 1, "nested more than 32 levels"),
     (["worker", "--poll-interval", "nan"], 2, "not a finite number"),

@@ -21,7 +21,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from sqlkit import embedded
+from sqlkit import embedded, exact_json
 from sqlkit.connection import connect
 from sqlkit.dsn import resolve_dsn
 from sqlkit.errors import DatabaseUnavailable, SchemaMissing
@@ -330,27 +330,13 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
-class _NotJsonNumber(ValueError):
-    pass
-
-
-def _refuse_constant(name: str) -> Any:
-    raise _NotJsonNumber(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):
-        raise _NotJsonNumber(f"{text} is too large for a JSON number")
-    return number
-
-
 def parse_json(text: str, what: str) -> Any:
-    """Python's reader takes NaN, Infinity and 1e400 (as inf), which PostgreSQL's jsonb then
-    refused with an error that named no field; they are refused here, naming it."""
+    """JSON as jsonb reads it: numbers kept exactly (see sqlkit.exact_json), and NaN and the
+    infinities, which Python's reader takes and PostgreSQL refused with an error that named no
+    field, refused here, naming it."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except _NotJsonNumber as error:
+        return exact_json.loads(text)
+    except exact_json.NotJsonNumber as error:
         raise click.BadParameter(f"not valid JSON ({error})", param_hint=what) from None
     except json.JSONDecodeError as error:
         raise click.BadParameter(f"not valid JSON ({error.msg} at line {error.lineno} "

@@ -11,8 +11,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-import orjson
 from aiohttp import web
+
+from sqlkit import exact_json
+from sqlkit.exact_json import JsonNumber
 
 from .problems import ApiError, bad_request
 
@@ -51,7 +53,7 @@ async def json_object(request: web.Request, fields: dict[str, Callable[[str, Any
                        f"the request body is larger than the server takes ({request.client_max_size} bytes; "
                        "`courier serve --max-body`)") from None
     try:
-        body = orjson.loads(raw or b"{}")
+        body = exact_json.fast_loads(raw or b"{}")
     except (ValueError, RecursionError):
         raise ApiError(400, "invalid", "the body is not valid JSON") from None
     _check_depth(body)
@@ -105,6 +107,8 @@ def text(limit: int = 255) -> Callable[[str, Any], str]:
 def integer(low: int, high: int) -> Callable[[str, Any], int]:
     @described({"type": "integer", "minimum": low, "maximum": high})
     def check(name: str, value: Any) -> int:
+        if isinstance(value, JsonNumber) and value.text.lstrip("-").isdigit():
+            raise bad_request(name, f"must be between {low} and {high}, got {value}")
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad_request(name, "must be a whole number")
         if not low <= value <= high:
@@ -117,6 +121,10 @@ def number(low: float, high: float, what: str = "a number") -> Callable[[str, An
     """A JSON number in range, kept as given (an integer stays one)."""
     @described({"type": "number", "minimum": low, "maximum": high})
     def check(name: str, value: Any) -> float:
+        if isinstance(value, JsonNumber):  # more digits than a float holds: out of range, or rounded
+            if not low <= float(value) <= high:
+                raise bad_request(name, f"must be between {low:g} and {high:g}, got {value}")
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise bad_request(name, f"must be {what}")
         if not low <= value <= high:

@@ -10,9 +10,8 @@ import contextlib
 from typing import Any
 
 from aiohttp import web
-from psycopg.types.json import Jsonb
 
-from sqlkit import queries
+from sqlkit import exact_json, queries
 from sqlkit.tokens import Token
 
 from .auth import require
@@ -55,7 +54,7 @@ ENQUEUE = {"topic": text(), "payload": base64_bytes, "key": text(255), "metadata
 
 def _enqueue_params(body: dict[str, Any]) -> dict[str, Any]:
     return {"topic": body["topic"], "payload": body["payload"], "key": body["key"],
-            "metadata": Jsonb(body["metadata"]) if body["metadata"] is not None else None,
+            "metadata": exact_json.jsonb(body["metadata"]) if body["metadata"] is not None else None,
             "scheduled_at": body["scheduled_at"], "ttl_seconds": body["ttl_seconds"]}
 
 
@@ -139,7 +138,7 @@ async def _poll(server: Server, topic: str, params: dict[str, Any], wait: float)
 
 def _leased(row: dict[str, Any]) -> dict[str, Any]:
     return {"id": str(row["id"]), "receipt": str(row["lease"]), "payload": base64.b64encode(row["payload"]).decode(),
-            "metadata": row["metadata"], "key": row["key"], "retry_count": row["retry_count"],
+            "metadata": exact_json.fragment(row["metadata"]), "key": row["key"], "retry_count": row["retry_count"],
             "max_retries": row["max_retries"], "created_at": row["created_at"], "visible_until": row["visible_until"]}
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 from psycopg.types.json import Jsonb
 
-from sqlkit import queries
+from sqlkit import exact_json, queries
 from sqlkit.tokens import Token
 
 from .auth import require
@@ -62,8 +62,9 @@ async def send(request: web.Request, token: Token, body: dict[str, Any]) -> web.
     if await server.find_topic(endpoint) is not None:
         # A pull topic takes sends too (for priorities and ordering keys): in the topic's scope only.
         require(token, "enqueue", topic=endpoint)
-    params = {**body, "endpoint": endpoint, "payload": Jsonb(body["payload"]), "priority": body["priority"] or 0,
-              "headers": _jsonb(body["headers"]), "metadata": _jsonb(body["metadata"])}
+    params = {**body, "endpoint": endpoint, "payload": exact_json.jsonb(body["payload"]),
+              "priority": body["priority"] or 0, "headers": _jsonb(body["headers"]),
+              "metadata": _jsonb(body["metadata"])}
     async with server.session("application") as conn:
         new_id = await queries.fetch_value_async(conn, "send_to_endpoint", params)
     return web.json_response({"id": str(new_id)}, status=201)
@@ -76,11 +77,11 @@ async def publish(request: web.Request, token: Token, body: dict[str, Any]) -> w
     server = Server.of(request)
     event_type = request.match_info["type"]
     require(token, "publish", topic=event_type)
-    params = {**body, "event_type": event_type, "payload": Jsonb(body["payload"])}
+    params = {**body, "event_type": event_type, "payload": exact_json.jsonb(body["payload"])}
     async with server.session("application") as conn:
         fanned_out = await queries.fetch_value_async(conn, "publish_event", params)
     return web.json_response({"event_type": event_type, "messages": fanned_out}, status=201)
 
 
 def _jsonb(value: dict[str, Any] | None) -> Jsonb | None:
-    return Jsonb(value) if value is not None else None
+    return exact_json.jsonb(value) if value is not None else None

@@ -12,13 +12,13 @@ import asyncio
 import base64
 import hashlib
 import hmac
-import json
 import time
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import orjson
 
 from sqlkit.messages import ClaimedMessage
 
@@ -151,7 +151,8 @@ class HttpDispatcher(BaseDispatcher):
                 "datacontenttype": "application/json",
             }
             if cloudevents["mode"] == "structured":
-                body = json.dumps({**attributes, "data": message.payload}, separators=(",", ":")).encode()
+                # The payload's text as stored, not parsed and dumped: a float would round its numbers.
+                body = orjson.dumps({**attributes, "data": orjson.Fragment(message.payload_json)})
                 headers["content-type"] = "application/cloudevents+json"
             else:
                 headers.update({f"ce-{k}": v for k, v in attributes.items() if k != "datacontenttype"})

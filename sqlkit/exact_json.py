@@ -1,0 +1,116 @@
+"""JSON whose numbers keep the value they were written with, as PostgreSQL's jsonb keeps them.
+
+jsonb stores a number as numeric, exactly. Python's reader turns a number with more digits than
+a float holds into the nearest float (12345678901234567.89 became 12345678901234568), orjson's
+does that to an integer beyond 64 bits as well, and orjson cannot write such an integer at all:
+a producer's message was stored with another number than it sent, and a consumer's dequeue of
+it failed. Here such a number is read as a JsonNumber, which keeps its text, and is written
+back verbatim. Every other number reads as Python's int or float, as before."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import orjson
+from psycopg.types.json import Jsonb
+
+INT64_LOW, UINT64_HIGH = -(2**63), 2**64 - 1
+"""The integers orjson reads and writes exactly."""
+
+@dataclass(frozen=True, slots=True)
+class JsonNumber:
+    """A JSON number no Python float or 64-bit integer holds exactly, kept as its text."""
+
+    text: str
+
+    def __float__(self) -> float:
+        return float(self.text)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class NotJsonNumber(ValueError):
+    """NaN, Infinity or -Infinity: Python's reader takes them, JSON and jsonb do not."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise NotJsonNumber(f"{name} is not a JSON number")
+
+
+def _integer(text: str) -> int | JsonNumber:
+    if len(text) < 19:
+        return int(text)
+    number = int(text) if len(text) <= 4300 else None  # Python refuses to read longer ones
+    return number if number is not None and INT64_LOW <= number <= UINT64_HIGH else JsonNumber(text)
+
+
+def _fraction(text: str) -> float | JsonNumber:
+    number = float(text)
+    if math.isfinite(number) and Decimal(repr(number)) == Decimal(text):
+        return number
+    return JsonNumber(text)
+
+
+def loads(text: str | bytes) -> Any:
+    """Python's JSON reader, with numbers kept exactly; raises NotJsonNumber for NaN and the
+    infinities, and ValueError (json.JSONDecodeError) for text that is not JSON."""
+    return json.loads(text, parse_int=_integer, parse_float=_fraction, parse_constant=_refuse_constant)
+
+
+def fast_loads(raw: bytes) -> Any:
+    """loads() at orjson's speed where that is exact. orjson reads every number it cannot hold
+    exactly as a float (or refuses it), so a document with no float in it, as orjson read it, is
+    what loads() would have made; one with a float is read again by loads(). Raises ValueError
+    for text that is not JSON, or that holds NaN or an infinity."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return loads(raw)  # 1e400 is JSON, but not a double; anything else fails here too
+    return loads(raw) if _holds_a_float(value) else value
+
+
+def _holds_a_float(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _verbatim(value: Any) -> orjson.Fragment:
+    if isinstance(value, JsonNumber):
+        return orjson.Fragment(value.text)
+    if isinstance(value, Decimal) and value.is_finite():
+        return orjson.Fragment(str(value))
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def dumps(value: Any) -> str:
+    """JSON text of `value`: Python's writer, as psycopg's own, for plain Python values (NaN
+    left for PostgreSQL to refuse); orjson where JsonNumbers or Decimals need writing verbatim."""
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return orjson.dumps(value, default=_verbatim,
+                            option=orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS).decode()
+
+
+def jsonb(value: Any) -> Jsonb:
+    """A jsonb parameter of `value`, its JsonNumbers and Decimals written exactly."""
+    return Jsonb(value, dumps=dumps)
+
+
+def fragment(text: str | None) -> orjson.Fragment | None:
+    """JSON text from the database (a jsonb column cast to text), to be put into an orjson
+    answer as it is: never parsed, so never rounded."""
+    return None if text is None else orjson.Fragment(text)
