@@ -233,7 +233,7 @@ def test_workers_beside_the_server_deliver_and_stop_with_it(dsn, conn):
     assert children and not any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children)
 
 
-def test_a_slow_client_is_answered_408_and_holds_nothing(dsn, conn, orders):
+def test_a_slow_client_is_answered_408_or_cut_off_and_holds_nothing(dsn, conn, orders):
     process, base = start_server(dsn, "--client-timeout", "1")
     try:
         secret = token(conn, "app", ["enqueue"])
@@ -244,9 +244,31 @@ def test_a_slow_client_is_answered_408_and_holds_nothing(dsn, conn, orders):
             began = time.monotonic()
             answer = slow.recv(4096)
         assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - began < 5
+        # Headers sent a line at a time never end: the connection is closed at the client timeout.
+        assert _seconds_until_closed(port, b"X-Slow: 1\r\n") < 3
+        assert _seconds_until_closed(port, b"") < 3  # a connection that sends nothing at all
         assert call(base, "POST", "/api/messages", secret, {"topic": "orders", "payload": b64(1)})[0] == 201
     finally:
         assert "Traceback" not in stop_server(process)
+
+
+def _seconds_until_closed(port: int, trickle: bytes) -> float:
+    """Start a request and send `trickle` every 0.2 s for up to 10 s: how long the server took
+    to close the connection."""
+    began = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=0.2) as slow:
+        slow.sendall(b"GET /healthz HTTP/1.1\r\n" if trickle else b"")
+        while time.monotonic() - began < 10:
+            try:
+                if slow.recv(4096) == b"":
+                    return time.monotonic() - began
+            except TimeoutError:
+                pass
+            try:
+                slow.sendall(trickle)
+            except OSError:
+                return time.monotonic() - began
+    return time.monotonic() - began
 
 
 def test_200_long_polls_are_held_at_once_and_all_served_without_leaks(dsn, conn, orders):
