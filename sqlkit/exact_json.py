@@ -87,6 +87,33 @@ def _holds_a_float(value: Any) -> bool:
     return False
 
 
+def unstorable(value: Any, where: str = "") -> tuple[str, str] | None:
+    """The first string (or object key) in `value` that PostgreSQL cannot store, as (where it
+    is, why), or None. Text and jsonb refuse the NUL character, and a lone surrogate (what Python
+    makes of bytes that are not UTF-8, and of an unpaired \\ud83d escape) is not UTF-8: psycopg
+    failed to send either with a traceback, or jsonb refused it naming nothing."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return where, "holds a NUL character (\\u0000), which PostgreSQL cannot store"
+        if not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                return where, "is not UTF-8 text (it holds half of a surrogate pair)"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            named = f"{where}.{key[:64]}" if where else key[:64]
+            found = unstorable(key, named) or unstorable(item, named)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = unstorable(item, f"{where}[{index}]")
+            if found:
+                return found
+    return None
+
+
 def _verbatim(value: Any) -> orjson.Fragment:
     if isinstance(value, JsonNumber):
         return orjson.Fragment(value.text)

@@ -205,6 +205,11 @@ def test_batches_enqueue_together_and_settle_per_message(server, conn, orders):
     ({"topic": "orders", "payload": b64(1), "scheduled_at": "tomorrow"}, "scheduled_at"),
     ({"topic": "orders", "payload": b64(1), "ttl_seconds": 0}, "ttl_seconds"),
     ({"topic": 7, "payload": b64(1)}, "topic"),
+    # Text PostgreSQL cannot store: psycopg failed to send it (a 500), or jsonb refused it naming nothing.
+    ({"topic": "orders", "payload": b64(1), "key": "a\x00b"}, "key"),
+    ({"topic": "orders", "payload": b64(1), "metadata": {"note": ["ok", "\x00"]}}, "metadata.note[1]"),
+    ({"topic": "orders", "payload": b64(1), "metadata": {"k\x00": 1}}, "metadata.k\x00"),
+    ({"topic": "orders\ud83d", "payload": b64(1)}, "topic"),  # half of a surrogate pair: not UTF-8
 ])
 def test_bad_input_is_a_400_naming_the_field(server, conn, orders, body, field):
     secret = token(conn, "app", ["enqueue"])

@@ -207,6 +207,13 @@ CLI_CASES = [
     (["send", "hook", "{}", "--metadata", "{\"a\":" * 40 + "1" + "}" * 40], 1, "nested more than 32 levels"),
     (["worker", "--poll-interval", "nan"], 2, "not a finite number"),
     (["events", "--interval", "nan"], 2, "not a finite number"),
+    # Bytes that are not UTF-8 (Python makes surrogates of them) and NUL characters: psycopg failed
+    # to send them with a traceback, or PostgreSQL refused them naming nothing.
+    (["send", "hook", "{}", "--ordering-key", b"k\xff"], 2, "'k\\xff' is not UTF-8 text"),
+    (["send", "hook", b'{"a": "\xff"}'], 2, "a is not UTF-8 text"),
+    (["send", "hook", '{"a": {"b": "\\u0000"}}'], 2, "a.b holds a NUL character"),
+    (["send", "hook", '{"a": "\\ud83d"}'], 2, "a is not UTF-8 text"),
+    (["topic", "create", b"t\xff"], 2, "'t\\xff' is not UTF-8 text"),
 ]
 
 
@@ -217,4 +224,15 @@ def test_bad_cli_input_exits_with_one_clear_line(dsn, conn, hook, args, code, wo
     assert result.code == code, result
     text = (result.out + result.err).strip()
     assert words in text and "Traceback" not in text, text
+    assert _snapshot(conn) == before
+
+
+@pytest.mark.parametrize("args", [["send", "hook"], ["send", "hook", "--batch"], ["publish", "order.paid"]])
+def test_a_payload_file_that_is_not_utf8_exits_with_one_clear_line(dsn, conn, hook, tmp_path, args):
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes('{"name": "Zoë"}'.encode("latin-1"))
+    before = _snapshot(conn)
+    result = run(*args, "--file", str(latin1), dsn=dsn)
+    text = (result.out + result.err).strip()
+    assert result.code == 2 and "not UTF-8 text: byte 0xeb at position 12" in text and "Traceback" not in text, result
     assert _snapshot(conn) == before

@@ -10,7 +10,7 @@ import click
 import psycopg
 from rich.text import Text
 
-from sqlkit.errors import CourierError, from_psycopg
+from sqlkit.errors import CourierError, InvalidInput, from_psycopg
 
 from ..literal import printable
 from .context import dsn_option, error_console, wants_json
@@ -26,18 +26,34 @@ class CourierGroup(click.Group):
             self._fail(ctx, error)
         except psycopg.Error as error:  # a query outside sqlkit's translation: still one line
             self._fail(ctx, from_psycopg(error))
+        except UnicodeError as error:  # an argument or a file that is not UTF-8 text
+            self._fail(ctx, InvalidInput(_not_utf8(error)), exit_code=2)
         except KeyboardInterrupt:
             error_console.print("interrupted")
             sys.exit(130)
 
     @staticmethod
-    def _fail(ctx: click.Context, error: CourierError) -> None:
+    def _fail(ctx: click.Context, error: CourierError, exit_code: int = 1) -> None:
         if wants_json(ctx):
             sys.stdout.write(json.dumps(error.as_dict()) + "\n")
         else:
             error_console.print(Text.assemble(("error:", "bold red"), " ", printable(error.one_line())),
                                 highlight=False, soft_wrap=True)
-        sys.exit(1)
+        sys.exit(exit_code)
+
+
+def _not_utf8(error: UnicodeError) -> str:
+    """Bytes the locale could not decode: in a file (a decode error), or in an argument or on
+    stdin, which Python decodes with surrogates in their place (an encode error at the query)."""
+    if isinstance(error, UnicodeDecodeError):
+        return f"the input is not UTF-8 text: byte 0x{error.object[error.start]:02x} at position {error.start}"
+    if isinstance(error, UnicodeEncodeError):
+        try:  # the bytes as given: 'k\xff', not Python's 'k\udcff'
+            shown = error.object[:80].encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:
+            shown = error.object[:80].encode("utf-8", "backslashreplace").decode()
+        return f"'{shown}' is not UTF-8 text"
+    return f"the input is not UTF-8 text ({error})"
 
 
 @click.group(cls=CourierGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})

@@ -331,11 +331,11 @@ class FiniteFloatRange(click.FloatRange):
 
 
 def parse_json(text: str, what: str) -> Any:
-    """JSON as jsonb reads it: numbers kept exactly (see sqlkit.exact_json), and NaN and the
-    infinities, which Python's reader takes and PostgreSQL refused with an error that named no
-    field, refused here, naming it."""
+    """JSON as jsonb reads it: numbers kept exactly (see sqlkit.exact_json). What Python's reader
+    takes and PostgreSQL refused with an error that named nothing (NaN, the infinities, a NUL
+    character, text that is not UTF-8) is refused here, naming where it is."""
     try:
-        return exact_json.loads(text)
+        value = exact_json.loads(text)
     except exact_json.NotJsonNumber as error:
         raise click.BadParameter(f"not valid JSON ({error})", param_hint=what) from None
     except json.JSONDecodeError as error:
@@ -343,6 +343,10 @@ def parse_json(text: str, what: str) -> Any:
                                  f"column {error.colno})", param_hint=what) from None
     except RecursionError:
         raise click.BadParameter("nested too deeply to read", param_hint=what) from None
+    found = exact_json.unstorable(value)
+    if found:
+        raise click.BadParameter(" ".join(filter(None, found)), param_hint=what)
+    return value
 
 
 def parse_json_object(text: str, what: str) -> dict[str, Any]:

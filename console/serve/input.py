@@ -7,6 +7,7 @@ import asyncio
 import base64
 import binascii
 import math
+import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -57,6 +58,8 @@ async def json_object(request: web.Request, fields: dict[str, Callable[[str, Any
     except (ValueError, RecursionError):
         raise ApiError(400, "invalid", "the body is not valid JSON") from None
     _check_depth(body)
+    if MAY_NOT_STORE.search(raw) and (found := exact_json.unstorable(body)):
+        raise bad_request(found[0] or "body", found[1])
     return checked_object("", body, fields, required)
 
 
@@ -79,6 +82,12 @@ def checked_object(where: str, item: Any, fields: dict[str, Callable[[str, Any],
         else:
             checked[name] = check(where + name, value)
     return checked
+
+
+MAY_NOT_STORE = re.compile(rb"\\u0000|\\u[dD][89abAB]")
+"""What a body holds, escaped, before it may hold a string PostgreSQL cannot store
+(exact_json.unstorable): a NUL character, or half of a surrogate pair (\\ud83d\\ude00 is one
+emoji; \\ud83d alone is no character). Unescaped, neither is JSON."""
 
 
 def _check_depth(value: Any) -> None:
