@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 
@@ -80,6 +80,26 @@ class WorkerStatus:
     last_heartbeat: datetime
     alive: bool
     maintenance_leader: bool
+    connected: bool | None = None
+    """Whether one of its database sessions is still there (None: not known); a killed worker
+    has none, long before its heartbeat is old."""
+
+    HEARTBEAT_SECONDS: ClassVar[int] = 30
+    """A heartbeat older than this is a worker no longer heard from, as get_worker_status() says."""
+
+    def shown_state(self, now: datetime) -> str:
+        """The state as `now` sees it: 'lost' once its sessions are gone (or the database found
+        them gone), 'stale' once its heartbeat is old; else the state it reported. The console
+        asks with its own clock; `alive` is the same judgement by the database's."""
+        if self.state == "lost" or (self.connected is False and self.state in ("running", "draining")):
+            return "lost"
+        heard = (now - self.last_heartbeat).total_seconds()
+        if self.state in ("running", "draining") and heard > self.HEARTBEAT_SECONDS:
+            return "stale"
+        return self.state
+
+    def alive_at(self, now: datetime) -> bool:
+        return self.shown_state(now) in ("running", "draining")
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,23 @@ that goes away and comes back, and polls that stop behind modals and hidden pane
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
+
 import psycopg
 import pytest
 from textual.widgets import Input
 
 from console.app.panes.overview import OverviewPane
 from console.app.widgets.banner import ConnectionBanner
+from console.app.widgets.live_table import LiveTable
 from console.workers.supervisor import EmbeddedPool
 from tests.console_driver import open_pane, run_console, wait_for
 from tests.helpers import scalar
 from tests.tcp_proxy import PostgresProxy
+from tests.test_cli import COURIER
 
 
 def heartbeat(conn, worker_id: str):
@@ -113,3 +120,30 @@ def test_each_pane_loads_against_an_empty_database(dsn, pane):
         await open_pane(pilot, pane)
         assert app.pane.loaded
     run_console(dsn, scenario, size=(80, 24))
+
+
+def test_a_killed_worker_is_shown_lost_at_once_not_alive_for_its_heartbeats_30_s(dsn, conn):
+    worker = subprocess.Popen([str(COURIER), "worker", "--dsn", dsn, "--processes", "1", "--worker-id", "w-killed"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def shown(app) -> str:
+        table = app.pane.query_one(LiveTable)
+        return str(table.get_row("w-killed")[1]) if "w-killed" in table.rows else ""
+
+    async def scenario(pilot, app):
+        await open_pane(pilot, "workers")
+        await wait_for(pilot, lambda: shown(app) == "running", timeout=30, what="the worker to heartbeat")
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+        killed_at = time.monotonic()
+        await wait_for(pilot, lambda: shown(app) == "lost", timeout=15, what="the worker shown lost")
+        assert time.monotonic() - killed_at < 10, "its heartbeat was still fresh: its sessions said it was gone"
+        await open_pane(pilot, "overview")
+        await wait_for(pilot, lambda: "0" in str(app.pane.query_one("#tile-workers").render()), timeout=10,
+                       what="the workers tile to count it out")
+    try:
+        run_console(dsn, scenario)
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()

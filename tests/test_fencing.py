@@ -234,6 +234,42 @@ def test_a_dead_workers_claims_are_recovered_once_its_sessions_end_and_its_late_
     assert scalar(conn, "SELECT count(*) FROM courier.worker_sessions") == 0
 
 
+def heartbeat(session, worker: str) -> None:
+    session.execute("SELECT courier.worker_heartbeat(%s, 'host-1', 4242, 8, 0, 0, 0, 'running')", (worker,))
+
+
+def worker_shown(conn, worker: str) -> tuple:
+    return conn.execute("SELECT state, alive, connected FROM courier.get_worker_status() WHERE worker_id = %s",
+                        (worker,)).fetchone()
+
+
+def test_a_killed_worker_is_shown_dead_at_once_and_lost_once_recovered(conn, hook, login_as):
+    """Its heartbeat is seconds old, but its sessions are gone: before, it showed as alive (and
+    the health check counted it) until the heartbeat was 30 s old."""
+    session = worker_session(login_as, "w-killed", "run-1")
+    heartbeat(session, "w-killed")
+    assert worker_shown(conn, "w-killed") == ("running", True, True)
+    end_session(conn, session)
+    assert worker_shown(conn, "w-killed") == ("running", False, False)
+    assert "0 worker(s) alive" in scalar(conn, "SELECT detail FROM courier.health_check() WHERE check_name = 'workers'")
+    recover_dead(conn)  # forgets its sessions: it stays dead, as 'lost', not alive by its heartbeat again
+    assert worker_shown(conn, "w-killed") == ("lost", False, None)
+    assert scalar(conn, "SELECT details FROM courier.event_log WHERE event_type = 'worker.lost'") == {
+        "worker_id": "w-killed"}
+    heartbeat(worker_session(login_as, "w-killed", "run-2"), "w-killed")  # started again under its id
+    assert worker_shown(conn, "w-killed") == ("running", True, True)
+
+
+def test_after_a_database_restart_a_worker_is_judged_by_its_heartbeat_until_it_registers_again(conn, hook,
+                                                                                             login_as):
+    session = worker_session(login_as, "w-restart", "run-1")
+    heartbeat(session, "w-restart")
+    end_session(conn, session)
+    # As after a restart: every session it registered predates the server's start.
+    conn.execute("UPDATE courier.worker_sessions SET registered_at = pg_postmaster_start_time() - interval '1 s'")
+    assert worker_shown(conn, "w-restart") == ("running", True, None)
+
+
 def test_a_worker_is_alive_while_any_of_its_sessions_is_and_a_grace_covers_a_reconnect(conn, hook, login_as):
     send(conn)
     first = worker_session(login_as, "w-pool", "run-1")

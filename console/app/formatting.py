@@ -15,7 +15,7 @@ STATE_STYLES = {
     "pending": "$foreground", "processing": "$text-accent", "failed": "$text-error", "redriven": "$text-success",
     "completed": "$text-success", "expired": "$text-warning", "ok": "$text-success", "warning": "$text-warning",
     "critical": "$text-error", "running": "$text-success", "disabled": "dim", "draining": "$text-warning",
-    "stopped": "dim", "stale": "$text-error", "live": "$text-success", "revoked": "dim",
+    "stopped": "dim", "stale": "$text-error", "lost": "$text-error", "live": "$text-success", "revoked": "dim",
 }
 
 

@@ -253,6 +253,15 @@ BEGIN
             v_ids, 'Recovered from a dead worker (its database sessions ended)', 'recovered from a dead worker',
             'messages.dead_worker_recovered', jsonb_build_object('worker_id', v_dead.worker_id));
         DELETE FROM courier.worker_sessions WHERE (worker_id, incarnation) = (v_dead.worker_id, v_dead.incarnation);
+        -- No session of the worker left: it is lost (not stopped: it never said so) until a
+        -- heartbeat under its id says otherwise. Without this it showed as alive again, by its
+        -- heartbeat alone, once its sessions were forgotten.
+        UPDATE courier.workers w SET state = 'lost'
+        WHERE w.worker_id = v_dead.worker_id AND w.state IN ('running', 'draining')
+          AND NOT EXISTS (SELECT 1 FROM courier.worker_sessions s WHERE s.worker_id = w.worker_id);
+        IF FOUND THEN
+            PERFORM courier._log_event('worker.lost', NULL, jsonb_build_object('worker_id', v_dead.worker_id));
+        END IF;
     END LOOP;
     RETURN v_recovered;
 END

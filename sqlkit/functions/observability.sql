@@ -97,18 +97,31 @@ BEGIN
 END
 $$;
 
+-- alive: running or draining, heartbeating, and not known to be disconnected. connected: whether
+-- one of the worker's registered database sessions (worker_sessions) is still there; a process
+-- that is killed loses them all at once, long before its heartbeat is 30 s old. NULL when that is
+-- not known: the worker registered no session since the database last started (a restart ends
+-- every session; a live worker registers again at its next heartbeat), or none at all.
 CREATE OR REPLACE FUNCTION courier.get_worker_status()
 RETURNS TABLE (worker_id text, hostname text, pid integer, state text, concurrency integer, in_flight integer,
                delivered bigint, failed bigint, started_at timestamptz, last_heartbeat timestamptz, alive boolean,
-               maintenance_leader boolean)
+               maintenance_leader boolean, connected boolean)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
+    WITH sessions AS (
+        SELECT l.worker_id, bool_or(l.alive) AS connected
+        FROM courier._worker_session_liveness() l
+        WHERE l.registered_at >= pg_postmaster_start_time()
+        GROUP BY l.worker_id)
     SELECT w.worker_id, w.hostname, w.pid, w.state, w.concurrency, w.in_flight, w.delivered, w.failed,
            w.started_at, w.last_heartbeat,
-           w.state <> 'stopped' AND w.last_heartbeat > now() - interval '30 seconds',
-           coalesce(w.worker_id = leader.worker_id, false)
+           w.state IN ('running', 'draining') AND w.last_heartbeat > now() - interval '30 seconds'
+               AND s.connected IS NOT FALSE,
+           coalesce(w.worker_id = leader.worker_id, false),
+           s.connected
     FROM courier.workers w
+    LEFT JOIN sessions s ON s.worker_id = w.worker_id
     LEFT JOIN courier._maintenance_leader() leader ON true
     ORDER BY w.started_at
 $$;
@@ -250,8 +263,7 @@ BEGIN
     -- (no expiry, stale recovery, archiving or partition upkeep): a leader that stopped renewing
     -- its lease, or none elected. Just after workers start, an election is still due.
     SELECT l.maintained_at INTO v_maintained FROM courier.maintenance_lease l;
-    SELECT min(w.started_at) INTO v_oldest FROM courier.workers w
-    WHERE w.state <> 'stopped' AND w.last_heartbeat > now() - interval '30 seconds';
+    SELECT min(w.started_at) INTO v_oldest FROM courier.get_worker_status() w WHERE w.alive;
     check_name := 'maintenance_leader';
     value := v_leader::integer;
     status := CASE WHEN v_alive = 0 THEN 'ok'

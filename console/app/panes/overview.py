@@ -98,7 +98,7 @@ class OverviewPane(LivePane):
         dlq_style = f"bold {colors['text-error']}" if data.status.dlq_depth else "bold"
         dlq = Text(count(data.status.dlq_depth), style=dlq_style)
         self._tile("#tile-dlq", "DLQ", dlq)
-        alive = [w for w in data.status.workers if (now - w.last_heartbeat).total_seconds() < 30]
+        alive = [w for w in data.status.workers if w.alive_at(now)]
         leader = any(w.maintenance_leader for w in alive)
         self._tile("#tile-workers", "workers", f"{len(alive)}{' ★' if leader else ''}")
         self._draw_charts()

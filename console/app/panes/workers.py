@@ -21,7 +21,6 @@ from ..formatting import count, since, state_text
 from ..live import LivePane
 from ..widgets.live_table import LiveTable
 
-STALE_SECONDS = 30
 MAX_CONCURRENCY = 10_000
 
 
@@ -89,13 +88,13 @@ class WorkersPane(LivePane):
         embedded = self.courier.pool.state.worker_id if self.courier.pool is not None else None
         rows = []
         for w in sorted(workers, key=lambda w: w.last_heartbeat, reverse=True):
-            stale = (now - w.last_heartbeat).total_seconds() > STALE_SECONDS
+            shown = w.shown_state(now)
             name = literal(w.worker_id)
             if w.worker_id == embedded:
                 name.append(" (this console)", style="dim")
-            late = stale and w.state != "stopped"
+            late = shown in ("stale", "lost")
             seen = Text(since(w.last_heartbeat, now) + " ago", style=colors["text-error"] if late else "")
-            rows.append((w.worker_id, [name, state_text("stale" if stale and w.state == "running" else w.state, colors),
+            rows.append((w.worker_id, [name, state_text(shown, colors),
                                        "★" if w.maintenance_leader else "", count(w.concurrency),
                                        count(w.in_flight), count(w.delivered), count(w.failed), seen]))
         self.query_one(LiveTable).sync(rows)
