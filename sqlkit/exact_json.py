@@ -71,14 +71,15 @@ def fast_loads(raw: bytes) -> Any:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return loads(raw)  # 1e400 is JSON, but not a double; anything else fails here too
-    return loads(raw) if _holds_a_float(value) else value
+    return loads(raw) if _holds(value, float) else value
 
 
-def _holds_a_float(value: Any) -> bool:
+def _holds(value: Any, kinds: type | tuple[type, ...]) -> bool:
+    """Whether a value of one of `kinds` is anywhere in the JSON document `value`."""
     stack = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, float):
+        if isinstance(item, kinds):
             return True
         if isinstance(item, dict):
             stack.extend(item.values())
@@ -133,8 +134,9 @@ def dumps(value: Any) -> str:
 
 
 def jsonb(value: Any) -> Jsonb:
-    """A jsonb parameter of `value`, its JsonNumbers and Decimals written exactly."""
-    return Jsonb(value, dumps=dumps)
+    """A jsonb parameter of `value`, its JsonNumbers and Decimals written exactly. A document
+    with neither is written by the dumps psycopg is set to use (set_json_dumps), as before."""
+    return Jsonb(value, dumps=dumps) if _holds(value, (JsonNumber, Decimal)) else Jsonb(value)
 
 
 def fragment(text: str | None) -> orjson.Fragment | None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import base64
 import json
 import urllib.request
+from decimal import Decimal
 
 import pytest
+from psycopg.types.json import set_json_dumps
 
-from sqlkit import exact_json, tokens
+from sqlkit import exact_json, messages, tokens
 from sqlkit.exact_json import JsonNumber
 from tests.helpers import scalar
 from tests.test_cli import run
@@ -101,3 +103,18 @@ def test_a_number_field_given_more_digits_than_a_float_holds_is_checked_by_name(
                            raw=b'{"topic": "orders", "wait_seconds": 0.10000000000000000001}',
                            headers={"Content-Type": "application/json"})
     assert status == 200, body
+
+
+class Colour:
+    def __str__(self) -> str:
+        return "teal"
+
+
+def test_the_python_api_writes_decimals_exactly_and_keeps_the_dumps_psycopg_was_set_to_use(conn):
+    conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")
+    exact = messages.send(conn, "hook", {"amount": Decimal("12345678901234567.89"), "n": 1})
+    assert scalar(conn, "SELECT payload = '{\"amount\": 12345678901234567.89, \"n\": 1}'::jsonb FROM courier.queue "
+                        "WHERE id = %s", (exact,))
+    set_json_dumps(lambda value: json.dumps(value, default=str), context=conn)  # an application's own types
+    custom = messages.send(conn, "hook", {"colour": Colour()})
+    assert scalar(conn, "SELECT payload FROM courier.queue WHERE id = %s", (custom,)) == {"colour": "teal"}
