@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 INT64_LOW, UINT64_HIGH = -(2**63), 2**64 - 1
 """The integers orjson reads and writes exactly."""
 
+
 @dataclass(frozen=True, slots=True)
 class JsonNumber:
     """A JSON number no Python float or 64-bit integer holds exactly, kept as its text."""

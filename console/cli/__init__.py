@@ -26,7 +26,9 @@ class CourierGroup(click.Group):
             self._fail(ctx, error)
         except psycopg.Error as error:  # a query outside sqlkit's translation: still one line
             self._fail(ctx, from_psycopg(error))
-        except UnicodeError as error:  # an argument or a file that is not UTF-8 text
+        except (UnicodeDecodeError, UnicodeEncodeError) as error:
+            if error.encoding.replace("-", "").lower() != "utf8":
+                raise  # not the input: writing to a terminal that takes another encoding, say
             self._fail(ctx, InvalidInput(_not_utf8(error)), exit_code=2)
         except KeyboardInterrupt:
             error_console.print("interrupted")
@@ -42,18 +44,16 @@ class CourierGroup(click.Group):
         sys.exit(exit_code)
 
 
-def _not_utf8(error: UnicodeError) -> str:
-    """Bytes the locale could not decode: in a file (a decode error), or in an argument or on
+def _not_utf8(error: UnicodeDecodeError | UnicodeEncodeError) -> str:
+    """Input that is not UTF-8 text: bytes in a file (a decode error), or in an argument or on
     stdin, which Python decodes with surrogates in their place (an encode error at the query)."""
     if isinstance(error, UnicodeDecodeError):
         return f"the input is not UTF-8 text: byte 0x{error.object[error.start]:02x} at position {error.start}"
-    if isinstance(error, UnicodeEncodeError):
-        try:  # the bytes as given: 'k\xff', not Python's 'k\udcff'
-            shown = error.object[:80].encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        except UnicodeEncodeError:
-            shown = error.object[:80].encode("utf-8", "backslashreplace").decode()
-        return f"'{shown}' is not UTF-8 text"
-    return f"the input is not UTF-8 text ({error})"
+    try:  # the bytes as given: 'k\xff', not Python's 'k\udcff'
+        shown = error.object[:80].encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        shown = error.object[:80].encode("utf-8", "backslashreplace").decode()
+    return f"'{shown}' is not UTF-8 text"
 
 
 @click.group(cls=CourierGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
