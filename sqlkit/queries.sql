@@ -591,8 +591,8 @@ SELECT courier.enqueue(%(topic)s, NULL, %(key)s, %(metadata)s, %(payload)s, NULL
 -- name: pull_dequeue
 -- The payload as the bytes a client gets (a JSON payload as its text), and the metadata as its
 -- text: neither parsed and dumped again, so no number is rounded on the way.
-SELECT id, lease, coalesce(payload_binary, convert_to(payload::text, 'UTF8')) AS payload, metadata::text AS metadata, key,
-       retry_count, max_retries, created_at, visible_until
+SELECT id, lease, coalesce(payload_binary, convert_to(payload::text, 'UTF8')) AS payload,
+       metadata::text AS metadata, key, retry_count, max_retries, created_at, visible_until
 FROM courier.dequeue(%(topic)s, %(count)s, %(visibility_timeout)s);
 
 -- name: pull_settle
