@@ -23,6 +23,8 @@ class ScenarioResult:
     target_ratio: float | None = None
     target_absolute: float | None = None
     notes: str = ""
+    # A cost (bytes, buffers per message) rather than a rate: the target is a ratio at most target_ratio.
+    lower_is_better: bool = False
 
     @property
     def ratio(self) -> float | None:
@@ -34,7 +36,7 @@ class ScenarioResult:
     def meets_target(self) -> bool | None:
         checks = []
         if self.target_ratio is not None and self.ratio is not None:
-            checks.append(self.ratio >= self.target_ratio)
+            checks.append(self.ratio <= self.target_ratio if self.lower_is_better else self.ratio >= self.target_ratio)
         if self.target_absolute is not None:
             checks.append(self.courier.rate >= self.target_absolute)
         return all(checks) if checks else None
@@ -47,6 +49,7 @@ class ScenarioResult:
             "ceiling_latency_ms": self.ceiling.latency_ms if self.ceiling else None,
             "ratio": self.ratio, "target_ratio": self.target_ratio,
             "target_absolute": self.target_absolute, "meets_target": self.meets_target,
+            "lower_is_better": self.lower_is_better,
             "notes": self.notes,
         }
 

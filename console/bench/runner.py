@@ -9,6 +9,7 @@ from console import extras
 from .brokers import dispatch_amqp, dispatch_mqtt, dispatch_nats, dispatch_redis
 from .churn import churn
 from .console import console_panes
+from .cost import cost
 from .delivery import dispatch_http, latency, mixed
 from .depth import depth
 from .drain import drain_noop, multi_endpoint
@@ -22,6 +23,7 @@ from .spark import spark
 Scenario = Callable[..., ScenarioResult | list[ScenarioResult]]
 
 SCENARIOS: dict[str, Scenario] = {
+    "cost": cost,
     "enqueue-single": enqueue_single,
     "enqueue-batch": enqueue_batch,
     "drain-noop": drain_noop,

@@ -26,18 +26,23 @@ def _table(results: list[ScenarioResult]) -> Table:
     for r in results:
         target = []
         if r.target_ratio is not None:
-            target.append(f">= {r.target_ratio:.2g}")
+            target.append(f"{'<=' if r.lower_is_better else '>='} {r.target_ratio:.2g}")
         if r.target_absolute is not None:
             absolute = r.target_absolute
             target.append(f">= {absolute / 1000:.0f}k/s" if absolute >= 1000 else f">= {absolute:g}/s")
         verdict = {True: ("met", "green"), False: ("missed", "red"), None: ("", "")}[r.meets_target]
         table.add_row(
-            r.scenario, r.variant, f"{r.courier.rate:,.0f}",
-            f"{r.ceiling.rate:,.0f}" if r.ceiling else "-",
+            r.scenario, r.variant, _figure(r.courier.rate),
+            _figure(r.ceiling.rate) if r.ceiling else "-",
             f"{r.ratio:.2f}" if r.ratio is not None else "-",
             Text(f"{', '.join(target)} {verdict[0]}".strip(), style=verdict[1]),
         )
     return table
+
+
+def _figure(value: float) -> str:
+    """Rates as whole numbers; small costs per message (buffers, records) with a decimal."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
 
 
 def _notes(results: list[ScenarioResult]) -> str:

@@ -1,0 +1,250 @@
+"""cost: what each queue operation costs the database per message, in units no noisy machine can
+blur, for Courier and pgmq (the peer) side by side in one database.
+
+Per message, for every operation:
+- WAL bytes: pg_current_wal_insert_lsn() before and after the operation's transactions, commit
+  records and commit-time triggers included. This is what sizes a user's replication and disk.
+- WAL records and full-page images, and shared buffers touched (hit + read): EXPLAIN (ANALYZE,
+  BUFFERS, WAL) of each statement, which counts everything the statement ran, the functions it
+  called and their triggers included, but not work deferred to commit.
+- statements executed (nested ones included), where pg_stat_statements is loaded.
+
+Each operation is warmed up first (plans cached, the pages it touches read in), and its queue
+filled after a CHECKPOINT where the role may run one, so full-page images do not depend on when
+the server's last checkpoint happened. The counts then repeat run after run: one run is enough, which is why
+this scenario ignores --seconds and --rounds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg
+
+from sqlkit.connection import connect
+
+from . import pgmq
+from .result import Measurement, ScenarioResult
+from .scratch import backpressure_out_of_reach
+
+ENDPOINT = "bench-cost"
+TOPIC = "bench-cost-topic"
+PAYLOAD = json.dumps({"order_id": 1, "amount": 99.99, "customer": "c-789"})
+WARMUP_UNITS = 20
+
+
+@dataclass
+class Counts:
+    """What a run of statements cost, summed."""
+
+    wal_bytes: int = 0
+    wal_records: int = 0
+    wal_fpi: int = 0
+    buffers: int = 0
+    statements: int = 0
+    messages: int = 0
+
+    def per_message(self, name: str) -> float:
+        return getattr(self, name) / max(self.messages, 1)
+
+
+@dataclass
+class Meter:
+    """Runs statements, each in a transaction of its own, under EXPLAIN, adding up their counts."""
+
+    conn: psycopg.Connection
+    counts: Counts = field(default_factory=Counts)
+
+    def run(self, statement: str, params: tuple = ()) -> None:
+        plan = self.conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, WAL, COSTS OFF, TIMING OFF, FORMAT JSON) {statement}",
+                                 params).fetchone()[0]
+        self.conn.commit()
+        top = plan[0]["Plan"]
+        self.counts.buffers += top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0)
+        self.counts.wal_records += top.get("WAL Records", 0)
+        self.counts.wal_fpi += top.get("WAL FPI", 0)
+
+    def fetch(self, statement: str, params: tuple = ()) -> list[tuple]:
+        """Not counted: what the harness needs to know between measured statements."""
+        rows = self.conn.execute(f"/* cost harness */ {statement}", params).fetchall()
+        self.conn.commit()
+        return rows
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    messages: int                       # per unit
+    units: int                          # measured units
+    courier: Callable[[Meter], None]
+    pgmq: Callable[[Meter], None]
+    preload: int = 0                    # messages each side holds before it starts
+
+
+def _courier_send(endpoint: str) -> Callable[[Meter], None]:
+    return lambda m: m.run("SELECT courier.send(%s, %s::jsonb)", (endpoint, PAYLOAD))
+
+
+def _pgmq_send(m: Meter) -> None:
+    m.run("SELECT pgmq.send(%s, %s::jsonb)", (pgmq.QUEUE, PAYLOAD))
+
+
+def _batch(size: int) -> list[str]:
+    return [json.dumps({"order_id": n, "amount": 99.99}) for n in range(size)]
+
+
+def _courier_send_batch(size: int) -> Callable[[Meter], None]:
+    return lambda m: m.run("SELECT courier.send_batch(%s, %s::jsonb[])", (ENDPOINT, _batch(size)))
+
+
+def _pgmq_send_batch(size: int) -> Callable[[Meter], None]:
+    return lambda m: m.run("SELECT pgmq.send_batch(%s, %s::jsonb[])", (pgmq.QUEUE, _batch(size)))
+
+
+def _courier_dequeue_ack(size: int) -> Callable[[Meter], None]:
+    def unit(m: Meter) -> None:
+        m.run("SELECT * FROM courier.dequeue(%s, %s, 60)", (TOPIC, size))
+        leased = m.fetch("SELECT id, lease FROM courier.queue WHERE status = 'processing' AND visible_at IS NOT NULL")
+        m.run("SELECT * FROM courier.ack(%s::bigint[], %s::integer[])",
+              ([r[0] for r in leased], [r[1] for r in leased]))
+    return unit
+
+
+def _pgmq_read_delete(size: int) -> Callable[[Meter], None]:
+    def unit(m: Meter) -> None:
+        m.run("SELECT * FROM pgmq.read(%s, 60, %s)", (pgmq.QUEUE, size))
+        read = m.fetch(f"SELECT msg_id FROM pgmq.q_{pgmq.QUEUE} WHERE read_ct > 0")
+        m.run("SELECT * FROM pgmq.delete(%s, %s::bigint[])", (pgmq.QUEUE, [r[0] for r in read]))
+    return unit
+
+
+def _courier_receive(size: int) -> Callable[[Meter], None]:
+    return lambda m: m.run("SELECT * FROM courier.receive(%s, %s)", (TOPIC, size))
+
+
+def _pgmq_pop(size: int) -> Callable[[Meter], None]:
+    return lambda m: m.run("SELECT * FROM pgmq.pop(%s, %s)", (pgmq.QUEUE, size))
+
+
+OPERATIONS = (
+    Operation("send", 1, 500, _courier_send(ENDPOINT), _pgmq_send),
+    Operation("send to a pull topic", 1, 500, _courier_send(TOPIC), _pgmq_send),
+    Operation("send_batch of 100", 100, 20, _courier_send_batch(100), _pgmq_send_batch(100)),
+    Operation("dequeue(10) + ack", 10, 50, _courier_dequeue_ack(10), _pgmq_read_delete(10), preload=1),
+    Operation("dequeue(100) + ack", 100, 20, _courier_dequeue_ack(100), _pgmq_read_delete(100), preload=1),
+    Operation("receive(1)", 1, 500, _courier_receive(1), _pgmq_pop(1), preload=1),
+    Operation("receive(100)", 100, 20, _courier_receive(100), _pgmq_pop(100), preload=1),
+)
+
+METRICS = (
+    ("wal_bytes", "WAL bytes/msg", True),
+    ("wal_records", "WAL records/msg", False),
+    ("buffers", "shared buffers/msg", True),
+    ("statements", "statements/msg", False),
+)
+
+
+def _prepare(dsn: str) -> None:
+    with connect(dsn) as conn:
+        for name, protocol in ((ENDPOINT, "noop"), (TOPIC, "pull")):
+            if not conn.execute("SELECT 1 FROM courier.endpoints WHERE name = %s", (name,)).fetchone():
+                conn.execute("SELECT courier.create_endpoint(%s, %s, '{}')", (name, protocol))
+        backpressure_out_of_reach(conn)
+    pgmq.install(dsn)
+
+
+def _statements_counted(conn: psycopg.Connection) -> bool:
+    """pg_stat_statements, tracking nested statements, where the server preloads it."""
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute("SET pg_stat_statements.track = 'all'")
+        conn.execute("SELECT pg_stat_statements_reset()")
+        conn.commit()
+        return True
+    except psycopg.Error:
+        conn.rollback()
+        return False
+
+
+def _statement_calls(conn: psycopg.Connection) -> int:
+    calls = conn.execute(
+        "/* cost harness */ SELECT coalesce(sum(calls), 0) FROM pg_stat_statements "
+        "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        "AND query !~* '^(EXPLAIN|/\\* cost harness)' AND query NOT IN ('COMMIT', 'BEGIN')").fetchone()[0]
+    conn.commit()
+    return int(calls)
+
+
+def _fill(conn: psycopg.Connection, side: str, messages: int) -> None:
+    """Each side's queue holds exactly `messages` messages, due now, made as its send makes them."""
+    conn.execute("TRUNCATE courier.queue")
+    conn.execute(f"TRUNCATE pgmq.q_{pgmq.QUEUE}")
+    if side == "courier" and messages:
+        conn.execute("SELECT courier.send_batch(%s, array_agg(jsonb_build_object('n', g))) "
+                     "FROM generate_series(1, %s::int) g", (TOPIC, messages))
+    elif messages:
+        conn.execute("SELECT pgmq.send_batch(%s, array_agg(jsonb_build_object('n', g))) "
+                     "FROM generate_series(1, %s::int) g", (pgmq.QUEUE, messages))
+    conn.commit()
+    conn.execute("VACUUM ANALYZE courier.queue")
+    conn.execute(f"VACUUM ANALYZE pgmq.q_{pgmq.QUEUE}")
+    conn.execute("VACUUM courier.queue_depth")
+
+
+def _checkpoint(conn: psycopg.Connection) -> None:
+    try:
+        conn.execute("CHECKPOINT")
+    except psycopg.Error:
+        pass  # not a superuser nor pg_checkpoint: full-page images may show in the counts
+
+
+def measure(dsn: str, operation: Operation, side: str) -> Counts:
+    unit = operation.courier if side == "courier" else operation.pgmq
+    needed = operation.messages * (operation.units + WARMUP_UNITS) if operation.preload else 0
+    with connect(dsn, autocommit=True) as admin:
+        # Before the fill: pages made after a checkpoint are written without full-page images.
+        _checkpoint(admin)
+        _fill(admin, side, needed)
+    with connect(dsn) as conn:
+        meter = Meter(conn)
+        for _ in range(WARMUP_UNITS):
+            unit(meter)
+        counted = _statements_counted(conn)
+        meter.counts = Counts()
+        start = conn.execute("/* cost harness */ SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+        conn.commit()
+        for _ in range(operation.units):
+            unit(meter)
+        meter.counts.wal_bytes = int(conn.execute("/* cost harness */ SELECT pg_current_wal_insert_lsn() - %s::pg_lsn",
+                                                  (start,)).fetchone()[0])
+        conn.commit()
+        if counted:
+            meter.counts.statements = _statement_calls(conn)
+        meter.counts.messages = operation.messages * operation.units
+        return meter.counts
+
+
+def cost(dsn: str, *, clients: int = 1, seconds: float = 0, rounds: int = 1) -> list[ScenarioResult]:
+    del clients, seconds, rounds  # deterministic counts: one single-connection run is enough
+    _prepare(dsn)
+    results = []
+    for operation in OPERATIONS:
+        mine, theirs = measure(dsn, operation, "courier"), measure(dsn, operation, "pgmq")
+        for name, label, targeted in METRICS:
+            if name == "statements" and not mine.statements:
+                continue
+            results.append(ScenarioResult(
+                scenario="cost", variant=f"{operation.name}: {label}", unit=label,
+                courier=Measurement(mine.per_message(name)), ceiling=Measurement(theirs.per_message(name)),
+                target_ratio=1.0 if targeted else None, lower_is_better=True,
+                notes=_note(operation, name, mine, theirs)))
+    return results
+
+
+def _note(operation: Operation, metric: str, mine: Counts, theirs: Counts) -> str:
+    if metric != "wal_bytes":
+        return ""
+    return (f"against pgmq's matching operation, {operation.units} x {operation.messages} message(s) each; "
+            f"full-page images: courier {mine.wal_fpi}, pgmq {theirs.wal_fpi}")
