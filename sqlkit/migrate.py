@@ -269,6 +269,7 @@ def migrate(dsn: str, target: int | None = None, lock_wait: float = DEFAULT_LOCK
     migrations = [m for m in every if target is None or m.version <= target]
     with connect(dsn) as conn, translated():
         if target is None and status(conn).up_to_date:  # a starting console or demo waits for no lock
+            _rebuild_depth(conn)
             return []
         _take_migration_lock(conn, lock_wait)
         try:
@@ -290,4 +291,16 @@ def migrate(dsn: str, target: int | None = None, lock_wait: float = DEFAULT_LOCK
                     _apply_functions(conn, _functions_pending(_applied_functions(conn), bool(pending)))
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+        if max(_applied(conn), default=0) == every[-1].version:
+            _rebuild_depth(conn)
     return pending
+
+
+def _rebuild_depth(conn: psycopg.Connection) -> None:
+    """The depth counters are unlogged: after a crash, count the queue once (a no-op otherwise).
+    A role that may not (the monitor) leaves it to the maintenance leader."""
+    try:
+        with conn.transaction():
+            conn.execute("SELECT courier.rebuild_queue_depth()")
+    except psycopg.errors.InsufficientPrivilege:
+        pass

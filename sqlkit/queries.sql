@@ -486,6 +486,9 @@ SELECT courier.cleanup_event_log();
 -- name: compact_queue_depth
 SELECT courier.compact_queue_depth();
 
+-- name: rebuild_queue_depth
+SELECT courier.rebuild_queue_depth();
+
 -- name: archive_partitions
 SELECT * FROM courier.archive_partitions();
 

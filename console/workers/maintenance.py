@@ -73,6 +73,9 @@ class MaintenanceSchedule:
     dlq_cleanup: float = 3600.0
     event_log_cleanup: float = 3600.0
     counter_compaction: float = 60.0
+    depth_rebuild: float = 2.0
+    """How often the leader checks that the depth counters, unlogged, survived the server's last
+    restart; after a crash it counts the queue once (courier.rebuild_queue_depth())."""
     hot_table_vacuum: float = 5.0
     """How often the leader looks for dead rows in the hot tables (see sqlkit.hot_table_vacuum)."""
     months_ahead: int = 3
@@ -94,6 +97,7 @@ class MaintenanceSchedule:
             MaintenanceJob("dlq_cleanup", "cleanup_dlq", self.dlq_cleanup),
             MaintenanceJob("event_log_cleanup", "cleanup_event_log", self.event_log_cleanup),
             MaintenanceJob("counter_compaction", "compact_queue_depth", self.counter_compaction),
+            MaintenanceJob("depth_rebuild", "rebuild_queue_depth", self.depth_rebuild),
             MaintenanceJob("worker_pruning", "prune_workers", self.counter_compaction),
             MaintenanceJob("hot_table_vacuum", "", self.hot_table_vacuum, runner=_vacuum_hot_tables),
         ]

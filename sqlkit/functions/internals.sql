@@ -63,15 +63,39 @@ $$;
 -- Depth counters ------------------------------------------------------------------------
 -- The trigger functions and small helpers carry no SET search_path: they run on every send,
 -- a SET clause costs a GUC save/restore per call, and they name every object in full.
+-- Each write adds its changes to its backend's counter rows. The row exists after a backend's
+-- first write, so an UPDATE finds it: INSERT ... ON CONFLICT DO UPDATE would lock the row first,
+-- a WAL record of its own in every send (queue_depth is unlogged since migration 0038, so the
+-- UPDATE writes none). Rows the UPDATE did not find are inserted.
+CREATE OR REPLACE FUNCTION courier._add_depth(p_endpoint_ids integer[], p_statuses text[], p_deltas bigint[])
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    WITH changes AS (
+        SELECT * FROM unnest(p_endpoint_ids, p_statuses, p_deltas) AS c(endpoint_id, status, delta)
+        WHERE c.delta <> 0
+    ), counted AS (
+        UPDATE courier.queue_depth d SET messages = d.messages + c.delta
+        FROM changes c
+        WHERE d.endpoint_id = c.endpoint_id AND d.status = c.status AND d.backend_pid = pg_backend_pid()
+        RETURNING d.endpoint_id, d.status
+    )
+    INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
+    SELECT c.endpoint_id, c.status, pg_backend_pid(), c.delta
+    FROM changes c
+    WHERE NOT EXISTS (SELECT FROM counted n WHERE n.endpoint_id = c.endpoint_id AND n.status = c.status)
+    ON CONFLICT (endpoint_id, status, backend_pid)
+    DO UPDATE SET messages = d.messages + excluded.messages;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION courier._count_queue_insert() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
-    SELECT endpoint_id, status, pg_backend_pid(), count(*)
-    FROM inserted_rows GROUP BY endpoint_id, status
-    ON CONFLICT (endpoint_id, status, backend_pid)
-    DO UPDATE SET messages = d.messages + excluded.messages;
+    PERFORM courier._add_depth(array_agg(endpoint_id), array_agg(status), array_agg(delta))
+    FROM (SELECT endpoint_id, status, count(*) AS delta FROM inserted_rows GROUP BY endpoint_id, status) c;
     RETURN NULL;
 END
 $$;
@@ -80,15 +104,12 @@ CREATE OR REPLACE FUNCTION courier._count_queue_update() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
-    SELECT endpoint_id, status, pg_backend_pid(), sum(delta)
-    FROM (SELECT endpoint_id, status, 1 AS delta FROM new_rows
-          UNION ALL
-          SELECT endpoint_id, status, -1 FROM old_rows) AS changes
-    GROUP BY endpoint_id, status
-    HAVING sum(delta) <> 0
-    ON CONFLICT (endpoint_id, status, backend_pid)
-    DO UPDATE SET messages = d.messages + excluded.messages;
+    PERFORM courier._add_depth(array_agg(endpoint_id), array_agg(status), array_agg(delta))
+    FROM (SELECT endpoint_id, status, sum(delta)::bigint AS delta
+          FROM (SELECT endpoint_id, status, 1 AS delta FROM new_rows
+                UNION ALL
+                SELECT endpoint_id, status, -1 FROM old_rows) AS moved
+          GROUP BY endpoint_id, status) c;
     RETURN NULL;
 END
 $$;
@@ -97,11 +118,8 @@ CREATE OR REPLACE FUNCTION courier._count_queue_delete() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, messages)
-    SELECT endpoint_id, status, pg_backend_pid(), -count(*)
-    FROM deleted_rows GROUP BY endpoint_id, status
-    ON CONFLICT (endpoint_id, status, backend_pid)
-    DO UPDATE SET messages = d.messages + excluded.messages;
+    PERFORM courier._add_depth(array_agg(endpoint_id), array_agg(status), array_agg(delta))
+    FROM (SELECT endpoint_id, status, -count(*) AS delta FROM deleted_rows GROUP BY endpoint_id, status) c;
     RETURN NULL;
 END
 $$;
@@ -346,6 +364,36 @@ BEGIN
     SELECT endpoint_id, p_outcome, pg_backend_pid(), count(*)
     FROM unnest(p_endpoint_ids) AS endpoint_id GROUP BY endpoint_id
     ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total;
+END
+$$;
+
+-- The depth counters are unlogged (migration 0038): a crash, or a promoted standby, leaves them
+-- empty, and so is queue_depth_built. Then count the queue once, with writers held off so that
+-- the count and the counters agree; otherwise do nothing. Run by `courier migrate` and by the
+-- maintenance leader every few seconds; until then depths read low (max_queue_size and max_depth
+-- admit more than they would).
+CREATE OR REPLACE FUNCTION courier.rebuild_queue_depth() RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_rows integer;
+BEGIN
+    IF EXISTS (SELECT FROM courier.queue_depth_built) THEN
+        RETURN 0;
+    END IF;
+    LOCK TABLE courier.queue IN SHARE MODE;                 -- writers in flight finish first
+    LOCK TABLE courier.queue_depth_built IN EXCLUSIVE MODE; -- a second rebuild waits, then finds it built
+    IF EXISTS (SELECT FROM courier.queue_depth_built) THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM courier.queue_depth;
+    INSERT INTO courier.queue_depth (endpoint_id, status, backend_pid, messages)
+    SELECT endpoint_id, status, 0, count(*) FROM courier.queue GROUP BY endpoint_id, status;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    INSERT INTO courier.queue_depth_built DEFAULT VALUES;
+    PERFORM courier._log_event('queue_depth.rebuilt', NULL, jsonb_build_object('counter_rows', v_rows));
+    RETURN v_rows + 1;
 END
 $$;
 
