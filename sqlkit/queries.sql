@@ -489,6 +489,9 @@ SELECT courier.compact_queue_depth();
 -- name: rebuild_queue_depth
 SELECT courier.rebuild_queue_depth();
 
+-- name: estimate_active_messages
+SELECT courier.estimate_active_messages();
+
 -- name: archive_partitions
 SELECT * FROM courier.archive_partitions();
 

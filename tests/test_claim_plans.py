@@ -126,7 +126,7 @@ def test_worker_functions_never_jit(conn):
 def test_a_claim_never_reads_messages_scheduled_for_later(conn, webhook):
     """200k messages scheduled for tomorrow ahead of the due ones: the claim reads the due
     ones from indexes and filters none of the future ones (it filtered all 200k, 51 ms); the
-    due ones come one range of queue_due_idx per priority level, each stopping at now()."""
+    due ones come one range of queue_due_idx per priority level used, each stopping at now()."""
     conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
     conn.execute("INSERT INTO courier.queue (endpoint_id, payload, scheduled_at) "
                  "SELECT 1, jsonb_build_object('n', g), now() + interval '1 day' FROM generate_series(1, 200000) g")
@@ -141,11 +141,12 @@ def test_a_claim_never_reads_messages_scheduled_for_later(conn, webhook):
     scans = [n for n in nodes if n.get("Relation Name") == "queue" and "Scan" in n["Node Type"]
              and n.get("Actual Loops", 0) > 0]
     assert {n.get("Index Name") for n in scans} >= {"queue_ready_idx", "queue_due_idx"}
-    assert sum(n.get("Rows Removed by Filter", 0) for n in nodes) == 0
+    assert sum(n.get("Rows Removed by Filter", 0) for n in nodes if n.get("Relation Name") == "queue") == 0
     [ready] = [n for n in scans if n.get("Index Name") == "queue_ready_idx"]
     [due] = [n for n in scans if n.get("Index Name") == "queue_due_idx"]
     assert ready["Actual Rows"] == 30
-    assert due["Actual Loops"] == 11 and "now()" in due["Index Cond"]  # one range per priority, up to now
+    # One range per priority level the endpoint has used (only 0 here, of eleven), up to now.
+    assert due["Actual Loops"] == 1 and "now()" in due["Index Cond"]
     assert conn.execute("SELECT count(*) FROM courier.claim_batch('w', 100, 1)").fetchone()[0] == 50
 
 

@@ -9,6 +9,10 @@ Per message, for every operation:
   called and their triggers included, but not work deferred to commit.
 - statements executed (nested ones included), where pg_stat_statements is loaded.
 
+As in a deployment with `courier worker` running, the maintenance leader's estimate of the active
+count is kept fresh during the measurement (courier.estimate_active_messages(), once a second),
+so sends far below max_queue_size compare with it rather than read every depth counter.
+
 Each operation is warmed up first (plans cached, the pages it touches read in), and its queue
 filled after a CHECKPOINT where the role may run one, so full-page images do not depend on when
 the server's last checkpoint happened. The counts then repeat run after run: one run is enough, which is why
@@ -19,7 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import psycopg
@@ -199,6 +204,27 @@ def _checkpoint(conn: psycopg.Connection) -> None:
         conn.execute("CHECKPOINT")
 
 
+@contextlib.contextmanager
+def _leader_estimates(dsn: str) -> Iterator[None]:
+    """What the maintenance leader does every second for the sends (see the module's docstring)."""
+    stop = threading.Event()
+
+    def estimate() -> None:
+        with connect(dsn) as conn:
+            while True:
+                conn.execute("/* cost harness */ SELECT courier.estimate_active_messages()")
+                if stop.wait(1.0):
+                    return
+
+    thread = threading.Thread(target=estimate, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def measure(dsn: str, operation: Operation, side: str) -> Counts:
     unit = operation.courier if side == "courier" else operation.pgmq
     needed = operation.messages * (operation.units + WARMUP_UNITS) if operation.preload else 0
@@ -206,7 +232,7 @@ def measure(dsn: str, operation: Operation, side: str) -> Counts:
         # Before the fill: pages made after a checkpoint are written without full-page images.
         _checkpoint(admin)
         _fill(admin, side, needed)
-    with connect(dsn) as conn:
+    with connect(dsn) as conn, _leader_estimates(dsn):
         meter = Meter(conn)
         for _ in range(WARMUP_UNITS):
             unit(meter)

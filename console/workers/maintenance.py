@@ -74,6 +74,9 @@ class MaintenanceSchedule:
     event_log_cleanup: float = 3600.0
     counter_compaction: float = 60.0
     depth_rebuild: float = 2.0
+    active_estimate: float = 1.0
+    """How often the leader writes the active count sends compare with max_queue_size while the
+    queue is far below it (courier.estimate_active_messages())."""
     """How often the leader checks that the depth counters, unlogged, survived the server's last
     restart; after a crash it counts the queue once (courier.rebuild_queue_depth())."""
     hot_table_vacuum: float = 5.0
@@ -98,6 +101,7 @@ class MaintenanceSchedule:
             MaintenanceJob("event_log_cleanup", "cleanup_event_log", self.event_log_cleanup),
             MaintenanceJob("counter_compaction", "compact_queue_depth", self.counter_compaction),
             MaintenanceJob("depth_rebuild", "rebuild_queue_depth", self.depth_rebuild),
+            MaintenanceJob("active_estimate", "estimate_active_messages", self.active_estimate),
             MaintenanceJob("worker_pruning", "prune_workers", self.counter_compaction),
             MaintenanceJob("hot_table_vacuum", "", self.hot_table_vacuum, runner=_vacuum_hot_tables),
         ]

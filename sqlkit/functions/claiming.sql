@@ -465,6 +465,7 @@ BEGIN
                  ORDER BY greatest(q.scheduled_at, q.next_retry_at)
                  LIMIT p_batch_size
                  FOR UPDATE OF q SKIP LOCKED) due
+                WHERE e.priorities & (1 << p.priority) <> 0  -- the levels it has used (migration 0039)
                 LIMIT p_batch_size) due_levels
             ) u
             ORDER BY u.priority DESC, u.id

@@ -445,7 +445,8 @@ BEGIN
 
     RETURN QUERY
     WITH candidates AS (
-        SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)  -- every priority (CHECK 0-10), highest first
+        -- Each priority level the topic has used (migration 0039), highest first.
+        SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
         CROSS JOIN LATERAL (
             SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
                    q.status = 'processing' AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap) AS exhausted
@@ -473,6 +474,7 @@ BEGIN
             ORDER BY q.visible_at, q.id
             LIMIT v_limit
             FOR UPDATE SKIP LOCKED) c
+        WHERE v_topic.priorities & (1 << p.priority) <> 0
         LIMIT v_limit
     ),
     leased AS (
@@ -520,7 +522,8 @@ BEGIN
               AND q.visible_at = '-infinity' AND q.visible_at IS NOT NULL
               AND q.status IN ('pending', 'processing')
               AND q.status = 'processing'  -- parked rows only: a pending one was never taken (sends refuse -infinity)
-            LIMIT v_limit) d;
+            LIMIT v_limit) d
+        WHERE v_topic.priorities & (1 << p.priority) <> 0;
         IF v_dead IS NOT NULL THEN
             PERFORM courier._pull_dead_letter(v_dead);
         END IF;
@@ -893,6 +896,7 @@ BEGIN
                 ORDER BY q.visible_at, q.id
                 LIMIT v_left
                 FOR UPDATE SKIP LOCKED) d
+            WHERE v_topic.priorities & (1 << p.priority) <> 0  -- the levels it has used (migration 0039)
             LIMIT v_left) c;
         EXIT WHEN v_tids IS NULL;
         IF v_keyed IS NOT NULL THEN  -- delivered keys keep turning duplicates away, as ack's do
@@ -952,6 +956,7 @@ BEGIN
               AND q.visible_at <= now() AND q.visible_at IS NOT NULL
               AND q.status IN ('pending', 'processing')
             LIMIT 1000) q
+        WHERE v_topic.priorities & (1 << p.priority) <> 0
         LIMIT 1000) due;
     IF v_due < 1000 THEN
         RETURN v_due;

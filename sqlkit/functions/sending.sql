@@ -138,6 +138,20 @@ BEGIN
 END
 $$;
 
+-- True when the maintenance leader's count of active messages (send_limits.active_estimate,
+-- written every second by estimate_active_messages()) is recent and, with p_incoming more, at
+-- most half of max_queue_size: then the sends skip reading every depth counter row. Past half
+-- the limit, or with no leader running, they count exactly. So the limit can be overshot only by
+-- what producers add, beyond half of it, within the two seconds an estimate is trusted.
+-- Never NULL (no estimate yet): _send_refusal must not take a NULL for room. SQL, so that it
+-- is inlined into the sends' INSERTs.
+CREATE OR REPLACE FUNCTION courier._far_below(p_limits courier.send_limits, p_incoming bigint) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce(p_limits.estimated_at > statement_timestamp() - interval '2 seconds'
+                    AND p_limits.active_estimate + p_incoming <= p_limits.max_queue_size / 2, false)
+$$;
+
 -- True when p_incoming more messages fit under max_queue_size. The active count is a sum
 -- over the trigger-maintained counter rows, so this is O(1) in the size of the queue. Both
 -- limits are read from courier.send_limits, as the sends' own INSERTs read them, and in
@@ -147,9 +161,11 @@ CREATE OR REPLACE FUNCTION courier._has_room(p_incoming bigint) RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_limit bigint := (SELECT max_queue_size FROM courier.send_limits);
+    v_limits courier.send_limits;
 BEGIN
-    RETURN v_limit = 0 OR courier._active_messages(NULL) + p_incoming <= v_limit;
+    SELECT * INTO v_limits FROM courier.send_limits;
+    RETURN v_limits.max_queue_size = 0 OR courier._far_below(v_limits, p_incoming)
+           OR courier._active_messages(NULL) + p_incoming <= v_limits.max_queue_size;
 END
 $$;
 
@@ -334,7 +350,8 @@ BEGIN
                    p_ordering_key, courier._pull_visible_at(e.protocol, p_scheduled_at)
             FROM courier.endpoints e, courier.send_limits l
             WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
-              AND (l.max_queue_size = 0 OR l.max_queue_size >= 1 + courier._active_messages(NULL))
+              AND (l.max_queue_size = 0 OR courier._far_below(l, 1)
+                   OR l.max_queue_size >= 1 + courier._active_messages(NULL))
               AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
                    OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth)
                       >= 1 + courier._active_messages(e.id))
@@ -355,7 +372,8 @@ BEGIN
                    p_ordering_key, courier._pull_visible_at(e.protocol, p_scheduled_at)
             FROM courier.endpoints e, courier.send_limits l
             WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
-              AND (l.max_queue_size = 0 OR l.max_queue_size >= 1 + courier._active_messages(NULL))
+              AND (l.max_queue_size = 0 OR courier._far_below(l, 1)
+                   OR l.max_queue_size >= 1 + courier._active_messages(NULL))
               AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
                    OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth)
                       >= 1 + courier._active_messages(e.id))
@@ -450,7 +468,8 @@ BEGIN
         SELECT e.* INTO v_endpoint
         FROM courier.endpoints e, courier.send_limits l
         WHERE e.name = p_endpoint_name AND e.enabled AND coalesce(p_largest, 0) <= l.max_payload_size
-          AND (l.max_queue_size = 0 OR l.max_queue_size >= p_count + courier._active_messages(NULL))
+          AND (l.max_queue_size = 0 OR courier._far_below(l, p_count)
+               OR l.max_queue_size >= p_count + courier._active_messages(NULL))
           AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
                OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth)
                   >= p_count + courier._active_messages(e.id));
