@@ -154,7 +154,8 @@ LIMIT 1;
 -- first, on queue_processing_started_idx, then pull messages under a lease, which have no
 -- claim time, by id on queue_pull_leased_idx), then pending in claim order, priority DESC then
 -- FIFO by id (per endpoint, the first rows of queue_ready_idx and of queue_pending_rest_idx,
--- which hold the pending messages between them), then
+-- which hold the pending push messages between them, and of a pull topic's queue_pull_due_idx,
+-- in the order its consumers take them), then
 -- finished rows not archived yet, newest first (queue_finished_idx). The status gates are
 -- one-time filters, so a branch the status rules out is never run.
 WITH wanted AS (
@@ -195,9 +196,17 @@ FROM (
          (SELECT q.id, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id, q.created_at,
                  q.scheduled_at, q.next_retry_at, q.last_error
           FROM courier.queue q
-          WHERE q.endpoint_id = w.id AND q.status = 'pending'
-            AND (q.scheduled_at IS NOT NULL OR q.next_retry_at IS NOT NULL OR q.visible_at IS NOT NULL)
+          WHERE q.endpoint_id = w.id AND q.status = 'pending' AND q.visible_at IS NULL
+            AND (q.scheduled_at IS NOT NULL OR q.next_retry_at IS NOT NULL)
           ORDER BY q.priority DESC, q.id
+          LIMIT %(limit)s)
+         UNION ALL
+         (SELECT q.id, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id, q.created_at,
+                 q.scheduled_at, q.next_retry_at, q.last_error
+          FROM courier.queue q
+          WHERE q.endpoint_id = w.id AND q.visible_at IS NOT NULL AND q.status IN ('pending', 'processing')
+            AND q.status = 'pending'
+          ORDER BY q.priority DESC, q.visible_at, q.id
           LIMIT %(limit)s)
          ORDER BY priority DESC, id
          LIMIT %(limit)s

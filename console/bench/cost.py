@@ -93,6 +93,10 @@ def _courier_send(endpoint: str) -> Callable[[Meter], None]:
     return lambda m: m.run("SELECT courier.send(%s, %s::jsonb)", (endpoint, PAYLOAD))
 
 
+def _courier_enqueue(m: Meter) -> None:
+    m.run("SELECT courier.enqueue(%s, %s::jsonb)", (TOPIC, PAYLOAD))
+
+
 def _pgmq_send(m: Meter) -> None:
     m.run("SELECT pgmq.send(%s, %s::jsonb)", (pgmq.QUEUE, PAYLOAD))
 
@@ -137,6 +141,7 @@ def _pgmq_pop(size: int) -> Callable[[Meter], None]:
 OPERATIONS = (
     Operation("send", 1, 500, _courier_send(ENDPOINT), _pgmq_send),
     Operation("send to a pull topic", 1, 500, _courier_send(TOPIC), _pgmq_send),
+    Operation("enqueue (pull topic)", 1, 500, _courier_enqueue, _pgmq_send),
     Operation("send_batch of 100", 100, 20, _courier_send_batch(100), _pgmq_send_batch(100)),
     Operation("dequeue(10) + ack", 10, 50, _courier_dequeue_ack(10), _pgmq_read_delete(10), preload=1),
     Operation("dequeue(100) + ack", 100, 20, _courier_dequeue_ack(100), _pgmq_read_delete(100), preload=1),

@@ -6,7 +6,7 @@
 -- "old" (health_check raised alarms on them).
 -- - Push messages: per priority level, the lowest due id of each of the two indexes that hold
 --   the pending ones between them, one probe of queue_ready_idx and one of
---   queue_pending_rest_idx. The second still steps over push messages scheduled for later
+--   queue_pending_rest_idx (push messages only since migration 0040). The second still steps over push messages scheduled for later
 --   (about 16 ms for 100k of them), which a due-ordered probe would not.
 -- - Pull messages: per priority level, the first pending one of queue_pull_due_idx, in due
 --   order, up to now. They

@@ -209,6 +209,8 @@ DECLARE
     v_lapsed boolean;
     v_exhausted boolean;
     v_replaced boolean := false;
+    v_limits courier.send_limits;
+    v_ttl numeric;
 BEGIN
     -- As a send does: a drop of the topic waits for this enqueue (read the topic after it).
     PERFORM courier._hold_endpoint_for_send(p_topic);
@@ -234,16 +236,19 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'Leave it out for the topic''s message_ttl_seconds';
     END IF;
     v_size := octet_length(v_payload::text) + coalesce(octet_length(p_payload_binary), 0) + coalesce(octet_length(p_body), 0);
+    -- Every limit a send reads, in one row read once (each read was a statement of its own).
+    SELECT * INTO v_limits FROM courier.send_limits;
     -- The endpoint's state, the size and max_queue_size, with send()'s errors.
-    IF NOT v_topic.enabled OR v_size > courier._max_payload_size() OR NOT courier._has_room(1) THEN
+    IF NOT v_topic.enabled OR v_size > v_limits.max_payload_size
+       OR NOT (v_limits.max_queue_size = 0 OR courier._far_below(v_limits, 1) OR courier._has_room(1)) THEN
         PERFORM courier._send_refusal(p_topic, 1, v_size);
     END IF;
+    v_ttl := nullif(coalesce((v_topic.config ->> 'message_ttl_seconds')::numeric, v_limits.default_message_ttl), 0);
 
     -- Consumers waiting on the topic (a long poll, a Consumer) are woken at commit, as a send's
     -- workers are (sending.sql): a NOTIFY here would make concurrent enqueues commit one at a time.
     PERFORM set_config('courier.wake_at_commit',
-                       CASE WHEN v_due <= now() AND (SELECT l.notify_on_send FROM courier.send_limits l)
-                            THEN 'on' ELSE 'off' END, true);
+                       CASE WHEN v_due <= now() AND v_limits.notify_on_send THEN 'on' ELSE 'off' END, true);
     LOOP
         IF p_key IS NOT NULL THEN
             UPDATE courier.queue q
@@ -263,11 +268,23 @@ BEGIN
             END IF;
         END IF;
 
-        PERFORM courier._enforce_max_depth(v_topic.id, 1);
+        IF coalesce((v_topic.config ->> 'max_depth')::numeric, v_limits.default_max_depth) > 0 THEN
+            PERFORM courier._enforce_max_depth(v_topic.id, 1);
+        END IF;
+        IF p_key IS NULL THEN
+            -- No key, no conflict to look for: ON CONFLICT would insert speculatively, a WAL
+            -- record more (48 bytes) in every enqueue.
+            INSERT INTO courier.queue (endpoint_id, payload, payload_binary, body, metadata, scheduled_at,
+                                       visible_at, expires_at)
+            VALUES (v_topic.id, v_payload, p_payload_binary, p_body, v_metadata, p_scheduled_at,
+                    v_due, v_due + make_interval(secs => coalesce(p_ttl_seconds, v_ttl)))
+            RETURNING id INTO v_id;
+            EXIT;
+        END IF;
         INSERT INTO courier.queue (endpoint_id, payload, payload_binary, body, metadata, key, scheduled_at,
                                    visible_at, expires_at)
         VALUES (v_topic.id, v_payload, p_payload_binary, p_body, v_metadata, p_key, p_scheduled_at,
-                v_due, coalesce(v_due + make_interval(secs => p_ttl_seconds), courier._ttl_expires_at(v_topic.config, v_due)))
+                v_due, v_due + make_interval(secs => coalesce(p_ttl_seconds, v_ttl)))
         ON CONFLICT (endpoint_id, key) WHERE key IS NOT NULL AND status IN ('pending', 'processing')
         DO NOTHING
         RETURNING id INTO v_id;
