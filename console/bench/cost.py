@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
@@ -33,7 +32,7 @@ from sqlkit.connection import connect
 
 from . import pgmq
 from .result import Measurement, ScenarioResult
-from .scratch import backpressure_out_of_reach
+from .scratch import backpressure_out_of_reach, leader_estimates
 
 ENDPOINT = "bench-cost"
 TOPIC = "bench-cost-topic"
@@ -74,7 +73,7 @@ class Meter:
 
     def fetch(self, statement: str, params: tuple = ()) -> list[tuple]:
         """Not counted: what the harness needs to know between measured statements."""
-        rows = self.conn.execute(f"/* cost harness */ {statement}", params).fetchall()
+        rows = self.conn.execute(f"/* bench harness */ {statement}", params).fetchall()
         self.conn.commit()
         return rows
 
@@ -181,9 +180,9 @@ def _statements_counted(conn: psycopg.Connection) -> bool:
 
 def _statement_calls(conn: psycopg.Connection) -> int:
     calls = conn.execute(
-        "/* cost harness */ SELECT coalesce(sum(calls), 0) FROM pg_stat_statements "
+        "/* bench harness */ SELECT coalesce(sum(calls), 0) FROM pg_stat_statements "
         "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-        "AND query !~* '^(EXPLAIN|/\\* cost harness)' AND query NOT IN ('COMMIT', 'BEGIN')").fetchone()[0]
+        "AND query !~* '^(EXPLAIN|/\\* bench harness)' AND query NOT IN ('COMMIT', 'BEGIN')").fetchone()[0]
     conn.commit()
     return int(calls)
 
@@ -209,27 +208,6 @@ def _checkpoint(conn: psycopg.Connection) -> None:
         conn.execute("CHECKPOINT")
 
 
-@contextlib.contextmanager
-def _leader_estimates(dsn: str) -> Iterator[None]:
-    """What the maintenance leader does every second for the sends (see the module's docstring)."""
-    stop = threading.Event()
-
-    def estimate() -> None:
-        with connect(dsn) as conn:
-            while True:
-                conn.execute("/* cost harness */ SELECT courier.estimate_active_messages()")
-                if stop.wait(1.0):
-                    return
-
-    thread = threading.Thread(target=estimate, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
 def measure(dsn: str, operation: Operation, side: str) -> Counts:
     unit = operation.courier if side == "courier" else operation.pgmq
     needed = operation.messages * (operation.units + WARMUP_UNITS) if operation.preload else 0
@@ -237,17 +215,17 @@ def measure(dsn: str, operation: Operation, side: str) -> Counts:
         # Before the fill: pages made after a checkpoint are written without full-page images.
         _checkpoint(admin)
         _fill(admin, side, needed)
-    with connect(dsn) as conn, _leader_estimates(dsn):
+    with connect(dsn) as conn, leader_estimates(dsn):
         meter = Meter(conn)
         for _ in range(WARMUP_UNITS):
             unit(meter)
         counted = _statements_counted(conn)
         meter.counts = Counts()
-        start = conn.execute("/* cost harness */ SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+        start = conn.execute("/* bench harness */ SELECT pg_current_wal_insert_lsn()").fetchone()[0]
         conn.commit()
         for _ in range(operation.units):
             unit(meter)
-        meter.counts.wal_bytes = int(conn.execute("/* cost harness */ SELECT pg_current_wal_insert_lsn() - %s::pg_lsn",
+        meter.counts.wal_bytes = int(conn.execute("/* bench harness */ SELECT pg_current_wal_insert_lsn() - %s::pg_lsn",
                                                   (start,)).fetchone()[0])
         conn.commit()
         if counted:

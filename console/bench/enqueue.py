@@ -14,7 +14,7 @@ from sqlkit.connection import connect
 from . import pgmq
 from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
-from .scratch import backpressure_out_of_reach
+from .scratch import backpressure_out_of_reach, leader_estimates
 
 RAW_TABLE = """
 CREATE TABLE IF NOT EXISTS public.bench_raw_queue
@@ -68,7 +68,8 @@ def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> li
     def run(script: str, notify: bool = True) -> Measurement:
         _reset(dsn, with_pgmq)
         _set_notify(dsn, notify)
-        result = run_script(dsn, script, clients=clients, seconds=seconds)
+        with leader_estimates(dsn):
+            result = run_script(dsn, script, clients=clients, seconds=seconds)
         return Measurement(result.transactions_per_second, result.latency_ms)
 
     runs = {"ceiling": lambda: run(ceiling_sql)}
@@ -116,7 +117,8 @@ def enqueue_batch(dsn: str, *, clients: int, seconds: float, rounds: int) -> lis
 
         def run(script: str, size: int = size) -> Measurement:
             _reset(dsn, with_pgmq)
-            result = run_script(dsn, script, clients=clients, seconds=seconds)
+            with leader_estimates(dsn):
+                result = run_script(dsn, script, clients=clients, seconds=seconds)
             return Measurement(result.transactions_per_second * size, result.latency_ms)
 
         runs = {"ceiling": lambda c=ceiling_sql: run(c)}

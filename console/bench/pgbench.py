@@ -59,3 +59,37 @@ def run_script(dsn: str, script: str, *, clients: int, seconds: float | None = N
     processed = _PROCESSED.search(output)
     return PgbenchRun(float(tps[1]), float(latency[1]) if latency else 0.0,
                       int(failed[1]) if failed else 0, int(processed[1]) if processed else 0)
+
+
+_PROGRESS = re.compile(
+    r"^progress: ([0-9.]+) s, ([0-9.]+) tps, lat [0-9.]+ ms stddev [0-9.na]+(?:, \d+ failed)?(?:, lag ([0-9.]+) ms)?",
+    re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One second of a paced run: when, its rate, and how far behind its schedule it started
+    transactions (pgbench's lag, from -R)."""
+
+    at: float
+    transactions_per_second: float
+    lag_ms: float
+
+
+def run_paced(dsn: str, script: str, *, clients: int, seconds: float, rate: float) -> list[Progress]:
+    """Run `script` at `rate` transactions a second for `seconds`, and return pgbench's report of
+    every second (-P 1)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "script.sql"
+        path.write_text(script)
+        path.chmod(0o644)
+        Path(folder).chmod(0o755)
+        command = [str(embedded.client_binary("pgbench")), "-n", "-M", "prepared", "-c", str(clients),
+                   "-j", str(min(2, clients)), "-T", str(max(1, round(seconds))), "-R", f"{rate:g}", "-P", "1",
+                   "-f", str(path), dsn]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        last = output.strip().splitlines()[-1] if output.strip() else f"exit {done.returncode}"
+        raise CourierError(f"pgbench failed: {last}")
+    return [Progress(float(m[1]), float(m[2]), float(m[3] or 0)) for m in _PROGRESS.finditer(output)]

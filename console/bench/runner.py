@@ -14,6 +14,7 @@ from .delivery import dispatch_http, latency, mixed
 from .depth import depth
 from .drain import drain_noop, multi_endpoint
 from .enqueue import enqueue_batch, enqueue_single
+from .horizon import horizon
 from .http_api import http
 from .pull import pull
 from .result import ScenarioResult
@@ -40,6 +41,7 @@ SCENARIOS: dict[str, Scenario] = {
     "churn": churn,
     "pull": pull,
     "http": http,
+    "horizon": horizon,
     "spark": spark,
 }
 

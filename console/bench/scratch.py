@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 
 import psycopg
@@ -40,3 +41,27 @@ def backpressure_out_of_reach(conn: psycopg.Connection) -> None:
     queue's depth as it does with the default limit, so the figures are those of the code a
     user runs, and a run that sends millions is never refused."""
     conn.execute("SELECT courier.set_setting('max_queue_size', '2147483647')")
+
+
+@contextlib.contextmanager
+def leader_estimates(dsn: str) -> Iterator[None]:
+    """What a running worker's maintenance leader does every second for the sends: writes the
+    count of active messages they compare with max_queue_size while the queue is far below it.
+    Scenarios that send without a worker keep it fresh, so that they measure the sends a
+    deployment makes."""
+    stop = threading.Event()
+
+    def estimate() -> None:
+        with connect(dsn) as conn:
+            while True:
+                conn.execute("/* bench harness */ SELECT courier.estimate_active_messages()")
+                if stop.wait(1.0):
+                    return
+
+    thread = threading.Thread(target=estimate, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

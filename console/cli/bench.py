@@ -76,9 +76,14 @@ def _sizes(text: str, option: str) -> tuple[int, ...]:
 @click.option("--processes", "processes", default="", metavar="COUNTS",
               help="drain-noop also measures `courier worker --processes N` for each N, comma-separated "
                    "(e.g. 1,2,4,8), each against the ceiling with N clients, with CPU cost per 1,000 messages.")
+@click.option("--pinned-seconds", type=FiniteFloatRange(1, 3600), default=60, show_default=True,
+              help="How long the horizon scenario holds a snapshot open.")
+@click.option("--offered-rate", type=FiniteFloatRange(1, 100000), default=800, show_default=True,
+              help="Sends per second the horizon scenario's producers offer.")
 @dsn_option
 def bench(scenarios: tuple[str, ...], json_file: Path | None, clients: int, seconds: float,
-          rounds: int, depth_rows: str, spark_rows: str, processes: str) -> None:
+          rounds: int, depth_rows: str, spark_rows: str, processes: str, pinned_seconds: float,
+          offered_rate: float) -> None:
     """Run SCENARIOS (default: all) in a scratch database on the configured server."""
     names = list(scenarios) or sorted(runner.SCENARIOS)
     sizes = _sizes(depth_rows, "--depth-rows")
@@ -88,7 +93,8 @@ def bench(scenarios: tuple[str, ...], json_file: Path | None, clients: int, seco
                              options={"depth": {"sizes": sizes}, "console": {"sizes": sizes},
                                       "spark": {"sizes": _sizes(spark_rows, "--spark-rows") if spark_rows else ()},
                                       "drain-noop": {"processes": _sizes(processes, "--processes")
-                                                     if processes else ()}},
+                                                     if processes else ()},
+                                      "horizon": {"pinned": pinned_seconds, "rate": offered_rate}},
                              progress=lambda name: status.update(f"running {name}..."))
     payload = [r.as_dict() for r in results]
     if quiet:

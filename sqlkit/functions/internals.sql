@@ -68,11 +68,17 @@ $$;
 -- a WAL record of its own in every send (queue_depth is unlogged since migration 0038, so the
 -- UPDATE writes none), and a statement that could both update and insert cost a send four
 -- times the CPU of this one (a plpgsql loop of 4,000 sends in one transaction: 97 us each).
-CREATE OR REPLACE FUNCTION courier._add_depth(p_endpoint_id integer, p_status text, p_delta bigint, p_slot integer)
+-- p_levels: the priority levels (a bit each) of inserted messages, marked on the endpoint when
+-- one other than 0 is new (_note_priorities).
+CREATE OR REPLACE FUNCTION courier._add_depth(p_endpoint_id integer, p_status text, p_delta bigint, p_slot integer,
+                                              p_levels integer DEFAULT 1)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    IF p_levels <> 1 THEN
+        PERFORM courier._note_priorities(p_endpoint_id, p_levels);
+    END IF;
     UPDATE courier.queue_depth d SET messages = d.messages + p_delta
     WHERE d.endpoint_id = p_endpoint_id AND d.status = p_status AND d.backend_pid = pg_backend_pid()
       AND d.slot = p_slot;
@@ -95,8 +101,8 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_writes integer := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
+    v_set text := set_config('courier.depth_writes', (v_writes + 1)::text, true);  -- an expression, not a statement
 BEGIN
-    PERFORM set_config('courier.depth_writes', (v_writes + 1)::text, true);
     RETURN v_writes >> 6;
 END
 $$;
@@ -118,11 +124,8 @@ AS $$
 DECLARE
     v_slot integer := courier._depth_slot();
 BEGIN
-    PERFORM courier._add_depth(endpoint_id, status, count(*), v_slot)
+    PERFORM courier._add_depth(endpoint_id, status, count(*), v_slot, bit_or(1 << priority))
     FROM inserted_rows GROUP BY endpoint_id, status;
-    -- Priority 0 is always walked: a plain send pays for this test alone.
-    PERFORM courier._note_priorities(endpoint_id, bit_or(1 << priority))
-    FROM inserted_rows WHERE priority <> 0 GROUP BY endpoint_id;
     RETURN NULL;
 END
 $$;

@@ -211,9 +211,11 @@ DECLARE
     v_replaced boolean := false;
     v_limits courier.send_limits;
     v_ttl numeric;
+    v_held boolean;
+    v_wake text;
 BEGIN
     -- As a send does: a drop of the topic waits for this enqueue (read the topic after it).
-    PERFORM courier._hold_endpoint_for_send(p_topic);
+    v_held := courier._hold_endpoint_for_send(p_topic);
     v_topic := courier._pull_topic(p_topic);
     IF v_payload IS NULL THEN
         RAISE EXCEPTION '[courier] payload must not be NULL' USING ERRCODE = '22004',
@@ -247,8 +249,8 @@ BEGIN
 
     -- Consumers waiting on the topic (a long poll, a Consumer) are woken at commit, as a send's
     -- workers are (sending.sql): a NOTIFY here would make concurrent enqueues commit one at a time.
-    PERFORM set_config('courier.wake_at_commit',
-                       CASE WHEN v_due <= now() AND v_limits.notify_on_send THEN 'on' ELSE 'off' END, true);
+    v_wake := set_config('courier.wake_at_commit',
+                         CASE WHEN v_due <= now() AND v_limits.notify_on_send THEN 'on' ELSE 'off' END, true);
     LOOP
         IF p_key IS NOT NULL THEN
             UPDATE courier.queue q

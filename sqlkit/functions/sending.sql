@@ -30,6 +30,8 @@
 CREATE OR REPLACE FUNCTION courier._wake_workers_at_commit() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_held boolean;
 BEGIN
     -- The trigger's WHEN tests only the request: here, whether this write added pending
     -- messages.
@@ -40,8 +42,9 @@ BEGIN
     -- Tried, never waited for: any database user can hold an advisory key, and one holding
     -- this one exclusively must not hold up every commit of a send (issue 23). Without it a
     -- worker's linger may miss this commit; its wake-up and the poll still find the messages.
-    PERFORM pg_catalog.pg_try_advisory_xact_lock_shared(pg_catalog.hashtext('courier.sends_committing'),
-                                                        NEW.endpoint_id);
+    -- An assignment, not PERFORM: an expression, with no statement of its own.
+    v_held := pg_catalog.pg_try_advisory_xact_lock_shared(pg_catalog.hashtext('courier.sends_committing'),
+                                                          NEW.endpoint_id);
     IF pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('courier.wake_workers'), NEW.endpoint_id) THEN
         PERFORM pg_catalog.pg_notify('courier_new_msg', NEW.endpoint_id::text);
     END IF;
@@ -270,7 +273,10 @@ $$;
 -- the shared lock is not free at once, the send holds the endpoint row (KEY SHARE) instead,
 -- which drop_endpoint also waits for (it locks the row FOR UPDATE) and which no role but
 -- Courier's owner can lock.
-CREATE OR REPLACE FUNCTION courier._hold_endpoint_for_send(p_endpoint_name text) RETURNS void
+-- Returns true (a value, so that callers may take it as an expression rather than a statement;
+-- it returned void before, hence the DROP).
+DROP FUNCTION IF EXISTS courier._hold_endpoint_for_send(text);
+CREATE OR REPLACE FUNCTION courier._hold_endpoint_for_send(p_endpoint_name text) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 BEGIN
@@ -278,6 +284,7 @@ BEGIN
                                                        pg_catalog.hashtext(p_endpoint_name)) THEN
         PERFORM 1 FROM courier.endpoints e WHERE e.name OPERATOR(pg_catalog.=) p_endpoint_name FOR KEY SHARE;
     END IF;
+    RETURN true;
 END
 $$;
 
@@ -295,6 +302,7 @@ DECLARE
     v_id bigint;
     v_existing_hash text;
     v_existing_id bigint;
+    v_held boolean;
 BEGIN
     IF p_payload IS NULL THEN
         RAISE EXCEPTION '[courier] payload must not be NULL' USING ERRCODE = '22004';
@@ -336,8 +344,9 @@ BEGIN
     IF p_idempotency_key IS NOT NULL THEN
         v_hash := md5(p_payload::text);
     END IF;
-    -- Its own statement, so that the INSERT's snapshot is taken after any drop it waited for.
-    PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
+    -- Before the INSERT, whose snapshot is then taken after any drop it waited for. An
+    -- assignment rather than PERFORM: an expression, evaluated without a statement of its own.
+    v_held := courier._hold_endpoint_for_send(p_endpoint_name);
 
     LOOP
         IF p_idempotency_key IS NULL THEN

@@ -1,0 +1,33 @@
+"""`courier bench cost` and `horizon` run end to end beside pgmq in one scratch database."""
+
+from __future__ import annotations
+
+from console.bench.cost import cost
+from console.bench.horizon import horizon
+
+
+def test_bench_cost_counts_each_operation_beside_pgmq(dsn):
+    results = {r.variant: r for r in cost(dsn)}
+    for operation in ("send", "send to a pull topic", "enqueue (pull topic)", "send_batch of 100",
+                      "dequeue(10) + ack", "dequeue(100) + ack", "receive(1)", "receive(100)"):
+        wal = results[f"{operation}: WAL bytes/msg"]
+        assert wal.lower_is_better and wal.target_ratio == 1.0
+        assert wal.courier.rate > 0 and wal.ceiling.rate > 0
+        assert results[f"{operation}: shared buffers/msg"].courier.rate > 0
+    # Deterministic, whatever the machine: a send writes its row and two index entries, as
+    # pgmq's does (and now and then a page split), and nothing for its depth counter (unlogged,
+    # migration 0038).
+    records = results["send: WAL records/msg"]
+    assert round(records.courier.rate) == round(records.ceiling.rate) == 3
+    # receive(1) deletes the row as pop does; its outcome counter writes no WAL either.
+    records = results["receive(1): WAL records/msg"]
+    assert records.courier.rate <= records.ceiling.rate
+
+
+def test_bench_horizon_holds_a_snapshot_while_producers_send_and_a_worker_drains(dsn):
+    results = horizon(dsn, clients=1, seconds=1, rounds=1, rate=50, pinned=3, warm_up=2, recovery=3)
+    assert [r.scenario for r in results] == ["horizon"] * 4
+    rate, lag, released, recovered = results
+    assert rate.courier.rate > 0 and rate.ceiling.rate > 0  # pgmq beside it
+    assert lag.lower_is_better and released.lower_is_better and recovered.lower_is_better
+    assert "courier: " in rate.notes and "pgmq: " in rate.notes
