@@ -298,9 +298,10 @@ def migrate(dsn: str, target: int | None = None, lock_wait: float = DEFAULT_LOCK
 
 def _rebuild_depth(conn: psycopg.Connection) -> None:
     """The depth counters are unlogged: after a crash, count the queue once (a no-op otherwise).
-    A role that may not (the monitor) leaves it to the maintenance leader."""
+    A role that may not (the monitor) leaves it to the maintenance leader, and a standby, whose
+    unlogged tables cannot be read, to its primary."""
     try:
         with conn.transaction():
-            conn.execute("SELECT courier.rebuild_queue_depth()")
+            conn.execute("SELECT CASE WHEN pg_is_in_recovery() THEN 0 ELSE courier.rebuild_queue_depth() END")
     except psycopg.errors.InsufficientPrivilege:
         pass
