@@ -421,6 +421,8 @@ BEGIN
     IF EXISTS (SELECT FROM courier.queue_depth_built) THEN
         RETURN 0;
     END IF;
+    -- A compaction folding rows meanwhile would add a row this DELETE cannot see: wait for it.
+    PERFORM 1 FROM courier.internal_locks WHERE name = 'compact_queue_depth' FOR UPDATE;
     DELETE FROM courier.queue_depth;
     INSERT INTO courier.queue_depth (endpoint_id, status, backend_pid, messages)
     SELECT endpoint_id, status, 0, count(*) FROM courier.queue GROUP BY endpoint_id, status;
