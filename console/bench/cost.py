@@ -15,8 +15,8 @@ so sends far below max_queue_size compare with it rather than read every depth c
 
 Each operation is warmed up first (plans cached, the pages it touches read in), and its queue
 filled after a CHECKPOINT where the role may run one, so full-page images do not depend on when
-the server's last checkpoint happened. The counts then repeat run after run: one run is enough, which is why
-this scenario ignores --seconds and --rounds.
+the server's last checkpoint happened. The counts then repeat run after run: one run is enough,
+which is why this scenario ignores --seconds and --rounds.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlkit.connection import connect
@@ -54,9 +53,8 @@ class Run:
                          f"backlog {self.backlog_at(at)}" for at in sorted(samples) if at % 10 == 0)
 
 
-def _hold_snapshot(dsn: str, start: float, seconds: float, ready: threading.Event) -> None:
+def _hold_snapshot(dsn: str, start: float, seconds: float) -> None:
     with connect(dsn, autocommit=False) as conn:
-        ready.wait()
         time.sleep(max(0.0, start - time.monotonic()))
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         conn.execute("SELECT count(*) FROM courier.endpoints")  # takes the snapshot, and holds it
@@ -72,23 +70,23 @@ class Schedule:
     recovery: float = RECOVERY
 
 
-def _run(dsn: str, script: str, schedule: Schedule, waiting: Callable[[], int]) -> Run:
+def _run(dsn: str, script: str, schedule: Schedule, waiting: str) -> Run:
+    """Producers run `script` on the schedule; `waiting` counts the messages not yet consumed."""
     total = schedule.warm_up + schedule.pinned + schedule.recovery
     started = time.monotonic()
-    ready = threading.Event()
-    holder = threading.Thread(target=_hold_snapshot, args=(dsn, started + schedule.warm_up, schedule.pinned, ready),
+    holder = threading.Thread(target=_hold_snapshot, args=(dsn, started + schedule.warm_up, schedule.pinned),
                               daemon=True)
     holder.start()
     backlog: list[tuple[float, int]] = []
     stop = threading.Event()
 
     def sample() -> None:
-        while not stop.wait(1.0):
-            backlog.append((time.monotonic() - started, waiting()))
+        with connect(dsn) as conn:
+            while not stop.wait(1.0):
+                backlog.append((time.monotonic() - started, int(conn.execute(waiting).fetchone()[0])))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    ready.set()
     try:
         progress = run_paced(dsn, script, clients=PRODUCERS, seconds=total, rate=schedule.rate)
     finally:
@@ -98,19 +96,9 @@ def _run(dsn: str, script: str, schedule: Schedule, waiting: Callable[[], int]) 
     return Run(progress, backlog, schedule.warm_up, schedule.warm_up + schedule.pinned)
 
 
-def _courier_waiting(dsn: str) -> Callable[[], int]:
-    def waiting() -> int:
-        with connect(dsn) as conn:
-            return int(conn.execute("SELECT coalesce(sum(messages), 0) FROM courier.queue_depth "
-                                    "WHERE status IN ('pending', 'processing')").fetchone()[0])
-    return waiting
-
-
-def _pgmq_waiting(dsn: str) -> Callable[[], int]:
-    def waiting() -> int:
-        with connect(dsn) as conn:
-            return int(conn.execute(f"SELECT count(*) FROM pgmq.q_{pgmq.QUEUE}").fetchone()[0])
-    return waiting
+COURIER_WAITING = ("SELECT coalesce(sum(messages), 0) FROM courier.queue_depth "
+                   "WHERE status IN ('pending', 'processing')")
+PGMQ_WAITING = f"SELECT count(*) FROM pgmq.q_{pgmq.QUEUE}"
 
 
 def _courier(dsn: str, schedule: Schedule) -> Run:
@@ -121,7 +109,7 @@ def _courier(dsn: str, schedule: Schedule) -> Run:
         conn.execute("TRUNCATE courier.queue")
     with worker_process(dsn):
         send = f"SELECT courier.send('{ENDPOINT}', '{PAYLOAD}'::jsonb);\n"
-        return _run(dsn, send, schedule, _courier_waiting(dsn))
+        return _run(dsn, send, schedule, COURIER_WAITING)
 
 
 def _pgmq(dsn: str, schedule: Schedule) -> Run:
@@ -135,7 +123,7 @@ def _pgmq(dsn: str, schedule: Schedule) -> Run:
     consumer = threading.Thread(target=consume, daemon=True)
     consumer.start()
     try:
-        return _run(dsn, pgmq.send_script(PAYLOAD), schedule, _pgmq_waiting(dsn))
+        return _run(dsn, pgmq.send_script(PAYLOAD), schedule, PGMQ_WAITING)
     finally:
         stop.set()
         consumer.join()

@@ -74,11 +74,11 @@ class MaintenanceSchedule:
     event_log_cleanup: float = 3600.0
     counter_compaction: float = 60.0
     depth_rebuild: float = 2.0
+    """How often the leader checks that the depth counters, unlogged, survived the server's last
+    restart; after a crash it counts the queue once (courier.rebuild_queue_depth())."""
     active_estimate: float = 1.0
     """How often the leader writes the active count sends compare with max_queue_size while the
     queue is far below it (courier.estimate_active_messages())."""
-    """How often the leader checks that the depth counters, unlogged, survived the server's last
-    restart; after a crash it counts the queue once (courier.rebuild_queue_depth())."""
     hot_table_vacuum: float = 5.0
     """How often the leader looks for dead rows in the hot tables (see sqlkit.hot_table_vacuum)."""
     months_ahead: int = 3

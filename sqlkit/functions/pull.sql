@@ -242,7 +242,7 @@ BEGIN
     SELECT * INTO v_limits FROM courier.send_limits;
     -- The endpoint's state, the size and max_queue_size, with send()'s errors.
     IF NOT v_topic.enabled OR v_size > v_limits.max_payload_size
-       OR NOT (v_limits.max_queue_size = 0 OR courier._far_below(v_limits, 1) OR courier._has_room(1)) THEN
+       OR NOT courier._room_for(v_limits, 1) THEN
         PERFORM courier._send_refusal(p_topic, 1, v_size);
     END IF;
     v_ttl := nullif(coalesce((v_topic.config ->> 'message_ttl_seconds')::numeric, v_limits.default_message_ttl), 0);

@@ -141,25 +141,27 @@ BEGIN
 END
 $$;
 
--- True when the maintenance leader's count of active messages (send_limits.active_estimate,
--- written every second by estimate_active_messages()) is recent and, with p_incoming more, at
--- most half of max_queue_size: then the sends skip reading every depth counter row. Past half
--- the limit, or with no leader running, they count exactly. So the limit can be overshot only by
--- what producers add, beyond half of it, within the two seconds an estimate is trusted.
--- Never NULL (no estimate yet): _send_refusal must not take a NULL for room. SQL, so that it
--- is inlined into the sends' INSERTs.
-CREATE OR REPLACE FUNCTION courier._far_below(p_limits courier.send_limits, p_incoming bigint) RETURNS boolean
+-- True when p_incoming more messages fit under max_queue_size (p_limits: the row of
+-- courier.send_limits), the one rule every send path applies. The maintenance leader writes its
+-- count of active messages into that row every second (estimate_active_messages()); while it is
+-- under 2 s old and, with p_incoming more, at most half the limit, that count decides, and no
+-- depth counter row is read. Otherwise (no leader running, or past half the limit) the counters
+-- are summed, exactly. So the limit can be overshot only by what producers add, beyond half of
+-- it, within the two seconds an estimate is trusted. SQL, so that it is inlined into the sends'
+-- statements: the sum, a function, is called only when the estimate does not decide.
+CREATE OR REPLACE FUNCTION courier._room_for(p_limits courier.send_limits, p_incoming bigint) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
-    SELECT coalesce(p_limits.estimated_at > statement_timestamp() - interval '2 seconds'
+    SELECT p_limits.max_queue_size = 0
+        OR coalesce(p_limits.estimated_at > statement_timestamp() - interval '2 seconds'
                     AND p_limits.active_estimate + p_incoming <= p_limits.max_queue_size / 2, false)
+        OR p_limits.max_queue_size >= p_incoming + courier._active_messages(NULL)
 $$;
 
--- True when p_incoming more messages fit under max_queue_size. The active count is a sum
--- over the trigger-maintained counter rows, so this is O(1) in the size of the queue. Both
--- limits are read from courier.send_limits, as the sends' own INSERTs read them, and in
--- plpgsql: a SQL function that reads a table is not inlined, and PostgreSQL 15 parses and
--- plans its query on every call (58 us of each send_batch, in pg_stat_user_functions).
+-- _room_for with the limits read here. The active count is a sum over the trigger-maintained
+-- counter rows, so this is O(1) in the size of the queue. In plpgsql: a SQL function that reads
+-- a table is not inlined, and PostgreSQL 15 parses and plans its query on every call (58 us of
+-- each send_batch, in pg_stat_user_functions).
 CREATE OR REPLACE FUNCTION courier._has_room(p_incoming bigint) RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
@@ -167,8 +169,7 @@ DECLARE
     v_limits courier.send_limits;
 BEGIN
     SELECT * INTO v_limits FROM courier.send_limits;
-    RETURN v_limits.max_queue_size = 0 OR courier._far_below(v_limits, p_incoming)
-           OR courier._active_messages(NULL) + p_incoming <= v_limits.max_queue_size;
+    RETURN courier._room_for(v_limits, p_incoming);
 END
 $$;
 
@@ -359,8 +360,7 @@ BEGIN
                    p_ordering_key, courier._pull_visible_at(e.protocol, p_scheduled_at)
             FROM courier.endpoints e, courier.send_limits l
             WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
-              AND (l.max_queue_size = 0 OR courier._far_below(l, 1)
-                   OR l.max_queue_size >= 1 + courier._active_messages(NULL))
+              AND courier._room_for(l, 1)
               AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
                    OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth)
                       >= 1 + courier._active_messages(e.id))
@@ -381,8 +381,7 @@ BEGIN
                    p_ordering_key, courier._pull_visible_at(e.protocol, p_scheduled_at)
             FROM courier.endpoints e, courier.send_limits l
             WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
-              AND (l.max_queue_size = 0 OR courier._far_below(l, 1)
-                   OR l.max_queue_size >= 1 + courier._active_messages(NULL))
+              AND courier._room_for(l, 1)
               AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
                    OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth)
                       >= 1 + courier._active_messages(e.id))
@@ -477,8 +476,7 @@ BEGIN
         SELECT e.* INTO v_endpoint
         FROM courier.endpoints e, courier.send_limits l
         WHERE e.name = p_endpoint_name AND e.enabled AND coalesce(p_largest, 0) <= l.max_payload_size
-          AND (l.max_queue_size = 0 OR courier._far_below(l, p_count)
-               OR l.max_queue_size >= p_count + courier._active_messages(NULL))
+          AND courier._room_for(l, p_count)
           AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
                OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth)
                   >= p_count + courier._active_messages(e.id));
