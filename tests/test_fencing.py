@@ -54,7 +54,7 @@ def test_a_late_report_never_touches_the_claim_of_the_next_worker(conn, hook, la
     go_stale(conn)
     assert scalar(conn, "SELECT courier.recover_stale_messages()") == 1
     (second,) = claim(conn, hook, "next-worker")
-    assert second[1] == first[1] + 1
+    assert second[1] not in (0, first[1])  # a new lease, drawn at random
 
     assert report(conn, [first], late) == (0, 0, 0, 1)  # the slow worker's report: a no-op
     row = conn.execute("SELECT status, worker_id, lease FROM courier.queue WHERE id = %s", (message,)).fetchone()

@@ -69,7 +69,7 @@ def test_nack_with_retries_left_goes_back_to_pending_with_the_error(conn, orders
                        "FROM courier.queue WHERE id = %s", (message_id,)).fetchone()
     assert row == ("pending", 1, "upstream 500", "nack")
     [again] = dequeue(conn)
-    assert again["id"] == message_id and again["retry_count"] == 1 and again["lease"] == held["lease"] + 1
+    assert again["id"] == message_id and again["retry_count"] == 1 and again["lease"] not in (0, held["lease"])
 
 
 def test_nack_past_max_retries_moves_it_to_topic_dlq(conn):
@@ -257,7 +257,7 @@ def test_visibility_timeout_redelivers_and_a_late_ack_is_refused(conn, orders):
     assert dequeue(conn) == []  # invisible while leased
     time.sleep(1.2)
     [second] = dequeue(conn, 1, timeout=30)
-    assert second["id"] == message_id and second["lease"] == first["lease"] + 1
+    assert second["id"] == message_id and second["lease"] not in (0, first["lease"])
     assert second["retry_count"] == 1  # the lost attempt counts
     assert scalar(conn, "SELECT courier.ack(%s, %s)", (message_id, first["lease"])) == "lease_lost"
     assert scalar(conn, "SELECT courier.nack(%s, %s)", (message_id, first["lease"])) == "lease_lost"
@@ -302,7 +302,7 @@ def test_extend_lease_keeps_the_message_invisible_and_only_for_its_holder(conn, 
     [(_, result, until)] = conn.execute("SELECT * FROM courier.extend_lease(%s::bigint[], %s::integer[], 600)",
                                         ([message_id], [held["lease"]])).fetchall()
     assert (result, until) == ("lease_lost", None)
-    assert other["lease"] == held["lease"] + 1
+    assert other["lease"] not in (0, held["lease"])
 
 
 def test_release_gives_messages_back_untouched_and_only_for_their_holder(conn, orders):

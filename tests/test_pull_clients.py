@@ -72,7 +72,7 @@ def test_a_consumer_killed_mid_message_sees_it_redelivered(dsn, conn, orders):
     while not (again := conn.execute("SELECT id, lease, retry_count FROM courier.dequeue('orders')").fetchall()):
         assert time.monotonic() < deadline, "the message never came back"
         time.sleep(0.2)
-    assert again == [(message_id, held_lease + 1, 1)]
+    assert [(i, r) for i, _, r in again] == [(message_id, 1)] and again[0][1] not in (0, held_lease)
     assert scalar(conn, "SELECT courier.ack(%s, %s)", (message_id, held_lease)) == "lease_lost"
 
 

@@ -461,3 +461,37 @@ def test_scheduled_messages_wait_whatever_their_priority(conn, orders):
     assert scalar(conn, "SELECT courier.peek('orders')") == 2
     assert [m for m, _ in dequeue(conn, 10)] == [sent[1][1], sent[0][1]]
     assert status(conn, later) == "pending"
+
+
+# Issue 40: a lease cannot be guessed --------------------------------------------------------------
+
+
+def test_a_lease_settles_only_its_own_message_and_cannot_be_guessed(conn, orders):
+    """Leases were a counter, 1 on every first dequeue: a consumer that acked the wrong id with
+    its own lease settled another consumer's message. A lease is drawn at random, never the one
+    it replaces and never 0, for push claims as for pull dequeues."""
+    conn.execute("SELECT courier.send_batch('orders', array_agg(jsonb_build_object('n', g))) "
+                 "FROM generate_series(1, 200) g")
+    held = dequeue(conn, 200)
+    leases = [lease for _, lease in held]
+    assert len(set(leases)) == len(leases) and 0 not in leases
+    ids = [message_id for message_id, _ in held]
+    # Each message settled with its neighbour's lease: nothing is acked.
+    results = conn.execute("SELECT result FROM courier.ack(%s::bigint[], %s::integer[])",
+                           (ids, leases[1:] + leases[:1])).fetchall()
+    assert {result for (result,) in results} == {"lease_lost"}
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'") == 200
+    # A lapsed lease taken again gets another random lease; the first one is fenced out.
+    conn.execute("UPDATE courier.queue SET visible_at = now() - interval '1 second' WHERE id = %s", (ids[0],))
+    [(again_id, again_lease)] = [row for row in dequeue(conn, 5) if row[0] == ids[0]]
+    assert again_lease not in (0, leases[0]) and ack(conn, ids[0], leases[0]) == "lease_lost"
+    assert ack(conn, again_id, again_lease) == "acked"
+
+
+def test_push_claims_take_random_leases_too(conn, webhook):
+    conn.execute("SELECT courier.send_batch('webhook', array_agg(jsonb_build_object('n', g))) "
+                 "FROM generate_series(1, 50) g")
+    endpoint = scalar(conn, "SELECT id FROM courier.endpoints WHERE name = 'webhook'")
+    leases = [lease for (lease,) in conn.execute("SELECT lease FROM courier.claim_batch('w', 50, %s)",
+                                                 (endpoint,)).fetchall()]
+    assert len(leases) == 50 and len(set(leases)) == 50 and 0 not in leases

@@ -177,6 +177,44 @@ def test_a_late_consumer_cannot_settle_a_message_leased_again(server, conn, orde
     assert (status, body["error"]) == (404, "not_found")
 
 
+def test_a_receipt_settles_only_the_dequeue_of_the_message_it_was_issued_for(server, conn, orders):
+    """Issue 40: receipts were the lease counter ("1" on a first dequeue), so consumer A acking
+    message 9 with its own receipt for message 8 deleted B's message. A receipt is opaque and
+    names its message and dequeue: another message's receipt, a forged one and an older one
+    settle nothing."""
+    secret = token(conn, "app", ["enqueue", "consume"])
+    for n in range(2):
+        call(server, "POST", "/api/messages", secret, {"topic": "orders", "payload": b64(n)})
+    (held_by_a,) = call(server, "POST", "/api/messages/dequeue", secret, {"topic": "orders"})[1]["messages"]
+    (held_by_b,) = call(server, "POST", "/api/messages/dequeue", secret, {"topic": "orders"})[1]["messages"]
+    assert held_by_a["receipt"] != held_by_b["receipt"] and not held_by_a["receipt"].isdigit()
+    for verb, extra in (("ack", {}), ("nack", {}), ("extend", {"visibility_timeout_seconds": 30})):
+        status, body, _ = call(server, "POST", f"/api/messages/{held_by_b['id']}/{verb}", secret,
+                               {"receipt": held_by_a["receipt"], **extra})
+        assert (status, body["error"], body["field"]) == (409, "receipt_mismatch", "receipt"), verb
+    # A receipt forged for B's message with a guessed lease (the old counter's first value).
+    forged = base64.urlsafe_b64encode(int(held_by_b["id"]).to_bytes(8, "big") + (1).to_bytes(4, "big")).decode()
+    status, body, _ = call(server, "POST", f"/api/messages/{held_by_b['id']}/ack", secret, {"receipt": forged})
+    assert (status, body["error"]) == (409, "lease_lost")
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'") == 2
+    assert call(server, "POST", f"/api/messages/{held_by_b['id']}/ack", secret,
+                {"receipt": held_by_b["receipt"]})[:2] == (200, {"id": held_by_b["id"], "result": "acked"})
+    assert call(server, "POST", f"/api/messages/{held_by_a['id']}/ack", secret,
+                {"receipt": held_by_a["receipt"]})[0] == 200
+
+
+@pytest.mark.parametrize("receipt", ["1", "9999999999", "¹", "AAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAA+", 7, None])
+def test_a_receipt_that_no_dequeue_issued_is_refused_naming_the_field(server, conn, orders, receipt):
+    secret = token(conn, "app", ["enqueue", "consume"])
+    call(server, "POST", "/api/messages", secret, {"topic": "orders", "payload": b64(1)})
+    (held,) = call(server, "POST", "/api/messages/dequeue", secret, {"topic": "orders"})[1]["messages"]
+    status, body, _ = call(server, "POST", f"/api/messages/{held['id']}/ack", secret, {"receipt": receipt})
+    assert (status, body["field"]) == (400, "receipt")
+    status, body, _ = call(server, "POST", "/api/messages/ack", secret,
+                           {"messages": [{"id": held["id"], "receipt": receipt}]})
+    assert (status, body["field"]) == (400, "messages[0].receipt")
+
+
 def test_batches_enqueue_together_and_settle_per_message(server, conn, orders):
     secret = token(conn, "app", ["enqueue", "consume"])
     status, body, _ = call(server, "POST", "/api/messages/batch", secret,
@@ -188,12 +226,13 @@ def test_batches_enqueue_together_and_settle_per_message(server, conn, orders):
     assert scalar(conn, "SELECT count(*) FROM courier.queue") == 3  # all or nothing
     leased = call(server, "POST", "/api/messages/dequeue", secret, {"topic": "orders", "count": 10})[1]["messages"]
     assert len(leased) == 3
-    settle = [{"id": m["id"], "receipt": m["receipt"]} for m in leased]
-    settle[2]["receipt"] = str(int(settle[2]["receipt"]) + 1)
+    settle = [{"id": m["id"], "receipt": m["receipt"]} for m in reversed(leased)]
+    settle[2]["receipt"] = settle[1]["receipt"]  # another message's receipt settles nothing
     status, body, _ = call(server, "POST", "/api/messages/ack", secret, {"messages": settle})
-    assert status == 200
-    assert [r["result"] for r in sorted(body["results"], key=lambda r: int(r["id"]))] == ["acked", "acked",
-                                                                                         "lease_lost"]
+    assert status == 200  # a result per message, in the request's order
+    assert [(r["id"], r["result"]) for r in body["results"]] == [
+        (settle[0]["id"], "acked"), (settle[1]["id"], "acked"), (settle[2]["id"], "receipt_mismatch")]
+    assert scalar(conn, "SELECT status FROM courier.queue WHERE id = %s", (int(settle[2]["id"]),)) == "processing"
 
 
 @pytest.mark.parametrize("body, field", [

@@ -1,12 +1,19 @@
 """The pull API's routes (queue-ti's shapes): enqueue, dequeue with a receipt and long poll,
-and ack, nack and extend by receipt, one message or a batch. Ids are strings; the receipt is
-the lease a dequeue took, so an ack with an older receipt is refused as lease_lost."""
+and ack, nack and extend by receipt, one message or a batch. Ids are strings.
+
+A receipt names one dequeue of one message, as an SQS receipt handle does: it is opaque (the
+message's id and the random lease that dequeue took, base64url), so a receipt settles only the
+message it was issued for (another id answers 409 receipt_mismatch before any SQL runs), and
+only while that lease is the message's (an older receipt answers 409 lease_lost). The lease is
+drawn at random (courier._next_lease), so no receipt can be guessed from another."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
+import re
+import struct
 from typing import Any
 
 from aiohttp import web
@@ -137,17 +144,31 @@ async def _poll(server: Server, topic: str, params: dict[str, Any], wait: float)
 
 
 def _leased(row: dict[str, Any]) -> dict[str, Any]:
-    return {"id": str(row["id"]), "receipt": str(row["lease"]), "payload": base64.b64encode(row["payload"]).decode(),
+    return {"id": str(row["id"]), "receipt": receipt_for(row["id"], row["lease"]),
+            "payload": base64.b64encode(row["payload"]).decode(),
             "metadata": exact_json.fragment(row["metadata"]), "key": row["key"], "retry_count": row["retry_count"],
             "max_retries": row["max_retries"], "created_at": row["created_at"], "visible_until": row["visible_until"]}
 
 
-@described({"type": "string", "pattern": "^[0-9]{1,10}$",
-            "description": "the receipt a dequeue returned with the message"})
-def _receipt(name: str, value: Any) -> int:
-    if not isinstance(value, str) or not value.isdigit() or len(value) > 10:
-        raise bad_request(name, "must be the receipt a dequeue returned with the message")
-    return int(value)
+RECEIPT = struct.Struct(">qi")
+"""A receipt's bytes: the message's id and its lease."""
+RECEIPT_SHAPE = re.compile(r"[A-Za-z0-9_-]{16}")
+"""base64url of RECEIPT's 12 bytes (no padding needed)."""
+
+
+def receipt_for(message_id: int, lease: int) -> str:
+    return base64.urlsafe_b64encode(RECEIPT.pack(message_id, lease)).decode()
+
+
+@described({"type": "string", "pattern": "^[A-Za-z0-9_-]{16}$",
+            "description": "the receipt a dequeue returned with the message (opaque)"})
+def _receipt(name: str, value: Any) -> tuple[int, int]:
+    """(message id, lease) of a receipt a dequeue issued."""
+    if isinstance(value, str) and RECEIPT_SHAPE.fullmatch(value):
+        message, lease = RECEIPT.unpack(base64.urlsafe_b64decode(value))
+        if message > 0 and lease > 0:
+            return message, lease
+    raise bad_request(name, "must be the receipt a dequeue returned with the message")
 
 
 ERROR = text(10_000)
@@ -162,18 +183,22 @@ def _settle_one_route(verb: str) -> Any:
 
     @api(fields, required=tuple(name for name in fields if name != "error"))
     async def settle(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
-        (result,) = await _settle(Server.of(request), token, verb, [message_id(request)], [body["receipt"]], body)
+        target = message_id(request)
+        issued_for, _ = body["receipt"]
+        if issued_for != target:
+            raise ApiError(409, "receipt_mismatch", f"the receipt was not issued for message {target}: settle the "
+                                                   "message its dequeue returned it with", field="receipt")
+        (result,) = await _settle(Server.of(request), token, verb, [body["receipt"]], body)
         if result["result"] == "lease_lost":
-            raise ApiError(409, "lease_lost", f"message {result['id']}: the receipt's lease is no longer the "
-                                              "message's (its visibility timeout passed and it was dequeued again)")
+            raise ApiError(409, "lease_lost", f"message {target}: the receipt's lease is no longer the message's "
+                                              "(its visibility timeout passed and it was dequeued again)")
         if result["result"] == "forbidden":
-            raise ApiError(403, "forbidden", f"token {token.name!r} may not consume the topic of message "
-                                             f"{result['id']}")
+            raise ApiError(403, "forbidden", f"token {token.name!r} may not consume the topic of message {target}")
         if result["result"] == "not_found":
-            raise ApiError(404, "not_found", f"message {result['id']} is not leased (acked, nacked or gone)")
+            raise ApiError(404, "not_found", f"message {target} is not leased (acked, nacked or gone)")
         return reply(result)
 
-    settle.__doc__ = SETTLE_DOC[verb] + " (the receipt must be the message's current lease)."
+    settle.__doc__ = SETTLE_DOC[verb] + " (by the receipt its latest dequeue returned)."
     return settle
 
 
@@ -184,8 +209,10 @@ def _settle_batch_route(verb: str) -> Any:
     async def settle(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
         items = [checked_object(f"messages[{n}].", item, {"id": digits, "receipt": _receipt}, ("id", "receipt"))
                  for n, item in enumerate(body["messages"])]
-        results = await _settle(Server.of(request), token, verb, [item["id"] for item in items],
-                                [item["receipt"] for item in items], body)
+        matching = [item["receipt"] for item in items if item["receipt"][0] == item["id"]]
+        settled = {row["id"]: row for row in await _settle(Server.of(request), token, verb, matching, body)}
+        results = [settled[str(item["id"])] if item["receipt"][0] == item["id"]
+                   else {"id": str(item["id"]), "result": "receipt_mismatch"} for item in items]
         return reply({"results": results})
 
     settle.__doc__ = SETTLE_DOC[verb] + ", each by its receipt; a result per message."
@@ -199,12 +226,15 @@ for _verb in SETTLE_ONE:
     routes.post(f"/api/messages/{_verb}")(_settle_batch_route(_verb))
 
 
-async def _settle(server: Server, token: Token, verb: str, ids: list[int], leases: list[int],
+async def _settle(server: Server, token: Token, verb: str, receipts: list[tuple[int, int]],
                   body: dict[str, Any]) -> list[dict[str, Any]]:
     """Ack, nack or extend the messages of the topics the token may consume, in one call (one
     of another topic is answered 'forbidden' and left alone)."""
-    params = {"verb": verb, "ids": ids, "leases": leases, "topics": token.topics_for("consume"),
-              "error": body.get("error"), "visibility_timeout": body.get("visibility_timeout_seconds")}
+    if not receipts:
+        return []
+    params = {"verb": verb, "ids": [message for message, _ in receipts], "leases": [lease for _, lease in receipts],
+              "topics": token.topics_for("consume"), "error": body.get("error"),
+              "visibility_timeout": body.get("visibility_timeout_seconds")}
     async with server.session("application") as conn:
         rows = await queries.fetch_all_async(conn, "pull_settle", params)
     return [{"id": str(row["id"]), "result": row["result"],

@@ -478,7 +478,7 @@ BEGIN
     claimed AS (
         UPDATE courier.queue q
         SET status = 'processing', processing_started_at = now(), worker_id = p_worker_id, updated_at = now(),
-            lease = q.lease + 1
+            lease = courier._next_lease(q.lease)
         WHERE q.id = ANY (ARRAY(SELECT id FROM candidates))
         RETURNING q.*
     )

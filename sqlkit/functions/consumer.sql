@@ -74,7 +74,7 @@ BEGIN
     SET retry_count = q.retry_count + 1, last_error = v_error, updated_at = now(),
         error_history = q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
                                                               'outcome', 'receive_failed', 'error', v_error),
-        status = 'pending', lease = q.lease + (q.status = 'processing')::integer,
+        status = 'pending', lease = CASE WHEN q.status = 'processing' THEN courier._next_lease(q.lease) ELSE q.lease END,
         visible_at = CASE WHEN v_exhausted THEN q.visible_at
                           ELSE now() + make_interval(secs => least(q.retry_count + 1, 60)) END
     WHERE q.id = p_id;

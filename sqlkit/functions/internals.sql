@@ -60,6 +60,17 @@ AS $$
     VALUES (p_event_type, p_endpoint_id, courier._redact(coalesce(p_details, '{}'::jsonb)))
 $$;
 
+-- The lease a claim or a dequeue takes: random, never the one it replaces, never 0 (a message
+-- never leased). A lease fences every settle, so it must not be guessable: a counter made the
+-- first lease of every message 1, and a consumer that settled the wrong id with its own lease
+-- settled another consumer's message (issue 40). 2^31 - 2 values: a guess is right once in two
+-- billion tries, within one visibility timeout. SQL, so it inlines into the UPDATE that uses it.
+CREATE OR REPLACE FUNCTION courier._next_lease(p_old integer) RETURNS integer
+LANGUAGE sql VOLATILE PARALLEL SAFE
+AS $$
+    SELECT (1 + (greatest(p_old, 1)::bigint - 1 + 1 + floor(random() * 2147483645)::bigint) % 2147483646)::integer
+$$;
+
 -- Depth counters ------------------------------------------------------------------------
 -- The trigger functions and small helpers carry no SET search_path: they run on every send,
 -- a SET clause costs a GUC save/restore per call, and they name every object in full.

@@ -306,7 +306,7 @@ BEGIN
             -- dequeue handles a lapsed lease (the lost attempt counted, the old lease fenced out, past
             -- max_retries into <topic>.dlq), then round again: replaced in place, or queued anew.
             UPDATE courier.queue q
-            SET status = CASE WHEN v_exhausted THEN q.status ELSE 'pending' END, lease = q.lease + 1,
+            SET status = CASE WHEN v_exhausted THEN q.status ELSE 'pending' END, lease = courier._next_lease(q.lease),
                 retry_count = q.retry_count + 1, visible_at = CASE WHEN v_exhausted THEN q.visible_at ELSE now() END,
                 last_error = CASE WHEN v_exhausted
                                   THEN format('[PERMANENT] visibility timeout passed without an ack %s times; '
@@ -498,7 +498,7 @@ BEGIN
     ),
     leased AS (
         UPDATE courier.queue q
-        SET status = 'processing', lease = q.lease + 1,
+        SET status = 'processing', lease = courier._next_lease(q.lease),
             visible_at = CASE WHEN q.status = 'processing'
                                    AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap)
                               THEN '-infinity' ELSE now() + make_interval(secs => v_timeout) END,
