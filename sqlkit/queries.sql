@@ -638,8 +638,13 @@ SELECT courier.alter_topic(%(topic)s, %(changes)s);
 SELECT courier.run_delete_reaper(%(batch_size)s);
 
 -- name: send_to_endpoint
+-- A pull topic takes sends too, in the token's topic scope only (%(topics)s, NULL: every topic).
+-- The scope is checked in the statement that writes, never from a cache (issue 40: a cached
+-- "not a pull topic" let a token store messages in a topic made a moment before). No row:
+-- out of scope, nothing sent.
 SELECT courier.send_with_options(%(endpoint)s, %(payload)s, %(priority)s, %(scheduled_at)s, %(idempotency_key)s,
-                                 %(correlation_id)s, %(expires_at)s, %(ordering_key)s, %(headers)s, %(metadata)s);
+                                 %(correlation_id)s, %(expires_at)s, %(ordering_key)s, %(headers)s, %(metadata)s)
+WHERE %(topics)s::text[] IS NULL OR %(endpoint)s = ANY (%(topics)s::text[]) OR courier.topic_id(%(endpoint)s) IS NULL;
 
 -- name: publish_event
 SELECT courier.publish(%(event_type)s, %(payload)s, %(idempotency_key)s, %(correlation_id)s);

@@ -140,6 +140,20 @@ def test_push_messages_and_events_for_producers_without_sql(server, conn):
     assert call(server, "POST", "/api/events/order.created", producer, {"payload": {}})[0] == 403
 
 
+def test_a_topic_made_after_a_refused_send_is_still_out_of_a_tokens_scope(server, conn):
+    """Issue 40: the server remembered "not a pull topic" for 10 s and skipped the topic-scope
+    check, so a token not scoped to `payroll` stored a message there right after an admin made
+    it. The scope is checked in the statement that writes."""
+    producer = tokens.create_token(conn, "every-endpoint", topics=["orders"], endpoints=["*"], actions=["enqueue"])
+    assert call(server, "POST", "/api/endpoints/payroll/messages", producer, {"payload": 1})[0] == 404
+    conn.execute("SELECT courier.create_endpoint('payroll', 'pull', '{}')")
+    status, body, _ = call(server, "POST", "/api/endpoints/payroll/messages", producer, {"payload": 1})
+    assert (status, body["error"]) == (403, "forbidden") and "payroll" in body["message"]
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
+    assert call(server, "POST", "/api/endpoints/orders/messages", producer, {"payload": 1})[0] == 201
+
+
 def test_metrics_are_the_cli_families_for_a_monitoring_token(server, conn, orders):
     monitor = tokens.create_token(conn, "prometheus", topics=["*"], endpoints=[], actions=["monitor"])
     async def scrape() -> tuple[int, str, str]:

@@ -17,7 +17,7 @@ from sqlkit.tokens import Token
 
 from .auth import require
 from .input import described, integer, json_map, text, timestamp
-from .problems import bad_request
+from .problems import ApiError, bad_request
 from .routing import api
 from .server import Server
 
@@ -59,14 +59,13 @@ async def send(request: web.Request, token: Token, body: dict[str, Any]) -> web.
     server = Server.of(request)
     endpoint = request.match_info["name"]
     require(token, "enqueue", endpoint=endpoint)
-    if await server.find_topic(endpoint) is not None:
-        # A pull topic takes sends too (for priorities and ordering keys): in the topic's scope only.
-        require(token, "enqueue", topic=endpoint)
     params = {**body, "endpoint": endpoint, "payload": exact_json.jsonb(body["payload"]),
               "priority": body["priority"] or 0, "headers": _jsonb(body["headers"]),
-              "metadata": _jsonb(body["metadata"])}
+              "metadata": _jsonb(body["metadata"]), "topics": token.topics_for("enqueue")}
     async with server.session("application") as conn:
         new_id = await queries.fetch_value_async(conn, "send_to_endpoint", params)
+    if new_id is None:  # a pull topic (it takes sends, for priorities and ordering keys) outside the token's topics
+        raise ApiError(403, "forbidden", f"token {token.name!r} may not enqueue on topic {endpoint!r}")
     return web.json_response({"id": str(new_id)}, status=201)
 
 
