@@ -30,7 +30,7 @@ def authenticate(dsn: str, secret: str) -> tokens.Token | None:
 
 def test_the_list_shows_names_and_scopes_but_no_secret(dsn, conn):
     secret = tokens.create_token(conn, "pickers", topics=["warehouse", "returns"], endpoints=[], actions=["consume"])
-    tokens.create_token(conn, "deployer", topics=[], endpoints=["billing"], actions=["enqueue", "publish"])
+    tokens.create_token(conn, "deployer", topics=[], endpoints=["billing"], actions=["enqueue"])
     tokens.revoke_token(conn, "deployer")
     stored_hash = scalar(conn, "SELECT secret_hash FROM courier.api_tokens WHERE name = 'pickers'")
 

@@ -9,6 +9,7 @@ SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
     v_id integer;
+    v_unusable text[];
 BEGIN
     IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' THEN
         PERFORM courier._raise_invalid(format('token name %s must be 1-128 letters, digits, _ . : or -, '
@@ -19,6 +20,29 @@ BEGIN
         PERFORM courier._raise_invalid(format('actions must be some of enqueue, consume, publish, monitor, admin; got %s',
                                               coalesce(array_to_string(p_actions, ', '), 'NULL')));
     END IF;
+    -- A scope names topics and endpoints exactly, or '*' for all: 'ord*' would be kept and
+    -- match nothing, silently.
+    IF EXISTS (SELECT 1 FROM unnest(coalesce(p_topics, '{}') || coalesce(p_endpoints, '{}')) AS s(scope)
+               WHERE s.scope LIKE '%*%' AND s.scope <> '*') THEN
+        PERFORM courier._raise_invalid(
+            format('topics and endpoints are names or * (every one), not patterns; got %s',
+                   (SELECT string_agg(quote_literal(s.scope), ', ') FROM unnest(coalesce(p_topics, '{}')
+                    || coalesce(p_endpoints, '{}')) AS s(scope) WHERE s.scope LIKE '%*%' AND s.scope <> '*')),
+            'List each name, comma-separated, or give * alone');
+    END IF;
+    -- An action with nothing in its scope could never be used: refused rather than made.
+    SELECT array_agg(a ORDER BY a) INTO v_unusable FROM unnest(p_actions) a
+    WHERE NOT 'admin' = ANY (p_actions) AND coalesce(cardinality(p_topics), 0) = 0
+      AND (a IN ('consume', 'publish') OR (a = 'enqueue' AND coalesce(cardinality(p_endpoints), 0) = 0));
+    IF v_unusable IS NOT NULL THEN
+        PERFORM courier._raise_invalid(
+            format('topics: a token that may %s needs topics (or, to enqueue, push endpoints) in its scope',
+                   array_to_string(v_unusable, ' or ')),
+            'Give --topics (and --endpoints), or * for every one');
+    END IF;
+    -- A revoked token's name is free again (the hint below says to revoke): its row goes, its
+    -- creation and revocation stay in the event log.
+    DELETE FROM courier.api_tokens WHERE name = p_name AND revoked_at IS NOT NULL;
     INSERT INTO courier.api_tokens (name, secret_hash, topics, endpoints, actions)
     VALUES (p_name, p_secret_hash, coalesce(p_topics, '{}'), coalesce(p_endpoints, '{}'), p_actions)
     RETURNING id INTO v_id;
@@ -27,7 +51,7 @@ BEGIN
     RETURN v_id;
 EXCEPTION WHEN unique_violation THEN
     RAISE EXCEPTION '[courier] a token named "%" exists already', p_name
-        USING ERRCODE = '23505', HINT = 'Revoke it, or choose another name';
+        USING ERRCODE = '23505', HINT = 'Revoke it (`courier token revoke`) to use its name again, or choose another name';
 END
 $$;
 
