@@ -6,6 +6,7 @@ test's own database; its stdout is a pipe, as in `courier topic list | grep orde
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import re
@@ -145,6 +146,30 @@ def test_tsv_reads_back_to_the_same_values(dsn, awkward):
     assert json.loads(created["config"]) == {"max_depth": 7} and created["topic"] == "audit"
 
 
+FORMULAS = ["=HYPERLINK(\"http://evil.example\",\"x\")", "+1+1", "-2+3", "@SUM(A1)"]
+
+
+def test_csv_is_for_spreadsheets_and_never_runs_a_formula(dsn, conn):
+    """Issue 40 (low): -o tsv writes stored text raw, so a spreadsheet would run a description
+    such as =HYPERLINK(...). -o csv quotes as RFC 4180 and prefixes such text with an
+    apostrophe; numbers (a negative one too) stay numbers."""
+    for n, text in enumerate(FORMULAS):
+        conn.execute("SELECT courier.create_endpoint(%s, 'noop', '{}', %s, %s)",
+                     (f"e{n}", json.dumps({"max_retries": 3}), text))
+    conn.execute("SELECT courier.create_endpoint('awkward', 'noop', '{}', '{}', %s)", (AWKWARD,))
+    out = ok(courier(dsn, "endpoint", "list", "-o", "csv"))
+    for char in ACTIVE:
+        assert char not in out, f"{char!r} reached stdout"
+    rows = list(csv.DictReader(io.StringIO(out, newline="")))
+    descriptions = {row["name"]: row["description"] for row in rows}
+    assert [descriptions[f"e{n}"] for n in range(len(FORMULAS))] == ["'" + text for text in FORMULAS]
+    assert descriptions["awkward"] == printable(AWKWARD, lines=True)  # tabs and newlines kept, quoted
+    records = json.loads(ok(courier(dsn, "endpoint", "list", "--json")))
+    assert len(rows) == len(records) and list(rows[0]) == list(records[0])
+    helped = ok(courier(dsn, "endpoint", "list", "--help"))
+    assert "csv" in helped and "formula" in helped
+
+
 def test_tsv_prints_nothing_but_the_table(dsn):
     """No title, caption or note on stdout; an empty list is its header row alone."""
     assert ok(courier(dsn, "dlq", "list", "-o", "tsv")).splitlines() == [
@@ -203,7 +228,7 @@ def test_a_bad_output_is_a_usage_error(dsn):
     done = courier(dsn, "topic", "list", "-o", "xml")
     assert done.returncode == 2 and done.stdout == ""
     errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
-    assert errors == ["Error: Invalid value for '-o' / '--output': 'xml' is not one of 'table', 'tsv', 'json'."]
+    assert errors == ["Error: Invalid value for '-o' / '--output': 'xml' is not one of 'table', 'tsv', 'csv', 'json'."]
     both = courier(dsn, "endpoint", "list", "--json", "-o", "tsv")
     assert both.returncode == 2 and "--json is --output json; it cannot be combined with --output tsv" in both.stderr
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import csv
 import dataclasses
+import io
 import json
 import math
 import sys
@@ -48,9 +50,9 @@ def dsn_option(func: Callable[..., Any]) -> Callable[..., Any]:
     )(func)
 
 
-OUTPUTS = ("table", "tsv", "json")
+OUTPUTS = ("table", "tsv", "csv", "json")
 """What --output takes: table (for people), tsv (a header row, then one tab-separated row per
-record) and json."""
+record: raw text, for scripts), csv (for spreadsheets: RFC 4180, formula-safe) and json."""
 
 
 def _remember_output(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -69,8 +71,10 @@ def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
     func = click.option(
         "-o", "--output", "output", type=click.Choice(OUTPUTS, case_sensitive=False), expose_value=False,
         callback=_remember_output, is_eager=True,
-        help="table (default), tsv (a header row, then one tab-separated row per record, with tabs, newlines "
-             "and backslashes escaped as \\t, \\n, \\\\) or json.",
+        help="table (default); tsv (a header row, then one tab-separated row per record, with tabs, newlines "
+             "and backslashes escaped as \\t, \\n, \\\\; cells are raw text, for scripts: a spreadsheet may "
+             "run one starting with = + - or @ as a formula); csv (for spreadsheets: quoted as RFC 4180, and a "
+             "text cell starting with = + - @ is prefixed with ' so it is never run); or json.",
     )(func)
     return click.option(
         "--json", "as_json", is_flag=True, expose_value=False, callback=_remember_output,
@@ -170,8 +174,8 @@ def emit(data: Any, render: Callable[[], None] | None = None, *, columns: Column
     """Print data as --output asks: JSON, TSV (see tsv()), or a table by calling render (with no
     render, JSON). columns names a list's fields for TSV's header when the list is empty."""
     chosen = output_format()
-    if chosen == "tsv":
-        sys.stdout.write(tsv(data, columns))
+    if chosen in ("tsv", "csv"):
+        sys.stdout.write(tsv(data, columns, row=csv_row if chosen == "csv" else tsv_row))
         return
     if chosen == "json" or render is None:
         sys.stdout.write(json.dumps(plain(data), indent=2) + "\n")
@@ -206,6 +210,37 @@ def tsv_row(cells: Iterable[Any]) -> str:
     return "\t".join(tsv_cell(cell) for cell in cells) + "\n"
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+"""What makes a spreadsheet read a cell as a formula (OWASP's CSV injection list)."""
+
+
+def csv_cell(value: Any) -> str:
+    """One value as a CSV field's text: as tsv_cell spells it, but with its newlines and tabs
+    kept (the quoting holds them), and a text that a spreadsheet would run as a formula
+    prefixed with an apostrophe. Numbers stay numbers: -3 is not a formula."""
+    value = plain(value)
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | Decimal):
+        return str(value)
+    text = json.dumps(value, ensure_ascii=False, default=str) if isinstance(value, dict | list) else str(value)
+    text = printable(text, lines=True)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
+def csv_row(cells: Iterable[Any]) -> str:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\r\n").writerow([csv_cell(cell) for cell in cells])
+    return out.getvalue()
+
+
+def text_row(cells: Iterable[Any]) -> str:
+    """One row as --output tsv or csv asks (a command that streams its rows)."""
+    return csv_row(cells) if output_format() == "csv" else tsv_row(cells)
+
+
 def field_names(record: type) -> list[str]:
     """A dataclass's field names, for emit's columns when a command adds to them."""
     return [f.name for f in dataclasses.fields(record)]
@@ -229,7 +264,7 @@ def _field(record: Any, name: str) -> Any:
     return record.get(name) if isinstance(record, dict) else getattr(record, name, None)
 
 
-def _section(records: Sequence[Any], columns: Columns) -> str:
+def _section(records: Sequence[Any], columns: Columns, row: Callable[[Iterable[Any]], str] = tsv_row) -> str:
     """A header row and one row per record; a list of plain values is one column, "value"."""
     names = _names(columns)
     if names is None:
@@ -240,8 +275,8 @@ def _section(records: Sequence[Any], columns: Columns) -> str:
                     names.append(name)
     if not names:
         return ""
-    return tsv_row(names) + "".join(
-        tsv_row(_field(r, n) for n in names) if _is_record(r) else tsv_row([r]) for r in records)
+    return row(names) + "".join(
+        row(_field(r, n) for n in names) if _is_record(r) else row([r]) for r in records)
 
 
 def _tables_in(record: Any) -> dict[str, type | None]:
@@ -262,20 +297,20 @@ def _tables_in(record: Any) -> dict[str, type | None]:
     return found
 
 
-def tsv(data: Any, columns: Columns = None) -> str:
+def tsv(data: Any, columns: Columns = None, row: Callable[[Iterable[Any]], str] = tsv_row) -> str:
     """data as TSV: a list is one table (a header row, one row per record); a record is a header
     row and one row, with its nested values as JSON. A record holding tables (courier status:
     endpoints, workers, health) prints its other fields as the first table, then each table,
     the tables separated by one empty line, each starting with its header row."""
     if not _is_record(data):
-        return _section(data if isinstance(data, list | tuple) else [data], columns)
+        return _section(data if isinstance(data, list | tuple) else [data], columns, row)
     tables = _tables_in(data)
     if not tables:
-        return _section([data], columns)
+        return _section([data], columns, row)
     rest = [name for name in _fields(data) if name not in tables]
-    sections = [_section([data], rest)] if rest else []
-    sections += [_section(_field(data, name), kind) for name, kind in tables.items()]
-    return "\n".join(sections)
+    sections = [_section([data], rest, row)] if rest else []
+    sections += [_section(_field(data, name), kind, row) for name, kind in tables.items()]
+    return ("\r\n" if row is csv_row else "\n").join(sections)
 
 
 def print_table(*renderables: Any) -> None:

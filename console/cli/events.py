@@ -22,7 +22,7 @@ from .context import (
     open_connection,
     output_format,
     plain,
-    tsv_row,
+    text_row,
     when,
 )
 
@@ -37,9 +37,9 @@ from .context import (
               help="Seconds between looks for new events under --follow.")
 @common_options
 def events(limit: int, event_type: str | None, endpoint: str | None, follow: bool, interval: float) -> None:
-    """Show the event log; --json prints one JSON object per line, --output tsv one row per event."""
-    if output_format() == "tsv":
-        sys.stdout.write(tsv_row(field_names(Event)))
+    """Show the event log; --json prints one JSON object per line, --output tsv or csv one row per event."""
+    if output_format() in ("tsv", "csv"):
+        sys.stdout.write(text_row(field_names(Event)))
     with open_connection() as conn:
         shown = observability.latest_events(conn, limit, event_type, endpoint)
         for event in shown:
@@ -56,7 +56,7 @@ def _print(event: Event) -> None:
     chosen = output_format()
     if chosen != "table":
         sys.stdout.write(json.dumps(plain(event)) + "\n" if chosen == "json"
-                         else tsv_row(getattr(event, name) for name in field_names(Event)))
+                         else text_row(getattr(event, name) for name in field_names(Event)))
         sys.stdout.flush()
         return
     line = Text.assemble((when(event.created_at), "dim"), f" #{event.id} ", literal(event.event_type, "cyan"))
