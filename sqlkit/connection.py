@@ -7,11 +7,15 @@ CourierError carrying its SQLSTATE.
 from __future__ import annotations
 
 import contextlib
+import math
+import select
+import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import psycopg
 from psycopg import sql
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from .errors import translated
 
@@ -40,6 +44,10 @@ async def connect_async(dsn: str, *, autocommit: bool = True,
         return await psycopg.AsyncConnection.connect(
             _conninfo(dsn, application_name), autocommit=autocommit, connect_timeout=10
         )
+
+
+class Unreachable(PoolTimeout):
+    """No connection to lend: meanwhile connections failed to be made, and none was."""
 
 
 class Database:
@@ -88,20 +96,48 @@ class AsyncDatabase:
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8,
                  application_name: str = APPLICATION_NAME,
                  configure: Callable[[psycopg.AsyncConnection], Awaitable[None]] | None = None,
-                 check: bool = False) -> None:
-        """`configure` runs on each new connection of the pool (to register loaders, say). With
-        `check`, a connection is tried (one round trip) before it is lent: one that died idle
-        (a restart, pg_terminate_backend) is replaced rather than fail its borrower's call."""
+                 check: bool = False, check_after: float = 0.0, timeout: float = 30.0,
+                 unreachable_after: float | None = None, connect_timeout: int | None = None,
+                 reconnect_timeout: float = 300.0) -> None:
+        """`configure` runs on each new connection of the pool (to register loaders, say).
+
+        With `check`, a connection is tried (one round trip) before it is lent: one that died
+        idle (a restart, pg_terminate_backend, a failover) is replaced rather than fail its
+        borrower's call, and the next is tried at once. A connection given back less than
+        `check_after` seconds ago is tried only if its socket has something to read, which costs
+        a system call instead of a round trip: a server that ends a session sends its FATAL and
+        closes, so such a connection is readable and a healthy idle one is not. (Only the round
+        trip finds a connection whose end went silently, past a proxy or a moved address; one
+        that goes so within check_after of its last use fails its next borrower.)
+
+        `timeout` is how long a borrower waits for a connection before a DatabaseUnavailable.
+        With `unreachable_after`, one that has waited that long while connections failed to be
+        made (to connect, or in `configure`) and none was made gets it then: a pool that cannot
+        connect says so in a second, while one that is only busy keeps its borrowers waiting
+        their turn. `connect_timeout` is libpq's, for each new connection (None:
+        libpq's default, none).
+        A connection that cannot be made is tried again in the background, backing off from 1 s
+        and doubling, for `reconnect_timeout` seconds once the pool is open; 0 gives up at once
+        and leaves the next borrower to connect afresh, so a database that comes back after a
+        long outage serves the next borrower, not the one after the next backoff."""
         self.dsn = dsn
         self._application_name = application_name
         self._configure = configure
+        self._check = check
+        self._check_after = check_after
+        self._given_back: weakref.WeakKeyDictionary[psycopg.AsyncConnection, float] = weakref.WeakKeyDictionary()
+        self._timeout = timeout
+        self._unreachable_after = unreachable_after
+        self._connects = [0, 0]  # connections made, and failed to be made
+        self._reconnect_timeout = reconnect_timeout
         self._pool = AsyncConnectionPool(
             _conninfo(dsn, application_name),
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True},
-            configure=configure,
-            check=AsyncConnectionPool.check_connection if check else None,
+            kwargs={"autocommit": True,
+                    **({"connect_timeout": connect_timeout} if connect_timeout is not None else {})},
+            configure=self._configured,
+            timeout=timeout,
             open=False,
         )
         self._kept: psycopg.AsyncConnection | None = None
@@ -110,7 +146,72 @@ class AsyncDatabase:
     async def open(self, timeout: float = 10.0) -> AsyncDatabase:
         with translated():
             await self._pool.open(wait=True, timeout=timeout)
+        # While opening, the pool keeps trying for as long as it always did (a database that
+        # comes up while the caller waits is used); from here on, for reconnect_timeout.
+        self._pool.reconnect_timeout = self._reconnect_timeout
         return self
+
+    async def _configured(self, conn: psycopg.AsyncConnection) -> None:
+        """The pool's configure: the caller's, and a count of what connected and what failed."""
+        try:
+            if self._configure is not None:
+                await self._configure(conn)
+        except BaseException:
+            self._connects[1] += 1
+            raise
+        self._connects[0] += 1
+
+    def _attempts(self) -> tuple[int, int]:
+        """Connections the pool made, and connections it failed to make (to connect, or to
+        configure), so far."""
+        return self._connects[0], self._pool.get_stats().get("connections_errors", 0) + self._connects[1]
+
+    async def _getconn(self, timeout: float) -> psycopg.AsyncConnection:
+        """The pool's getconn(), given up early as `unreachable_after` says: waited for in turns
+        of that long (a borrower still waiting after one goes to the back of the line)."""
+        if self._unreachable_after is None:
+            return await self._pool.getconn(timeout=timeout)
+        made, failed = self._attempts()
+        began = time.monotonic()
+        deadline = began + timeout
+        while True:
+            turn = min(self._unreachable_after, deadline - time.monotonic())
+            try:
+                return await self._pool.getconn(timeout=max(turn, 0.001))
+            except PoolTimeout:
+                made_now, failed_now = self._attempts()
+                if failed_now > failed and made_now == made:
+                    raise Unreachable(f"couldn't get a connection after {time.monotonic() - began:.2f} sec, "
+                                      "and every connection attempt meanwhile failed") from None
+                if time.monotonic() >= deadline:
+                    raise
+
+    async def _lend(self) -> psycopg.AsyncConnection:
+        """A connection from the pool, checked as `check` says. One that fails its check goes
+        back (the pool closes it and connects another) and the next is tried with no pause:
+        after a restart every idle connection is dead, and each is found so at once, where
+        psycopg_pool's own check waits 1 s, then 2 s, ... before trying the next."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                conn = await self._getconn(max(deadline - time.monotonic(), 0.001))
+            except Unreachable:
+                raise
+            except PoolTimeout:
+                raise PoolTimeout(f"couldn't get a connection after {self._timeout:.2f} sec") from None
+            if not self._check or (time.monotonic() - self._given_back.get(conn, -math.inf) < self._check_after
+                                   and not _readable(conn)):
+                return conn
+            try:
+                await AsyncConnectionPool.check_connection(conn)
+            except Exception:
+                await conn.close()  # so the pool replaces it, whatever the check found
+                await self._pool.putconn(conn)
+                continue
+            except BaseException:
+                await self._pool.putconn(conn)
+                raise
+            return conn
 
     async def close(self) -> None:
         kept, self._kept = self._kept, None
@@ -127,8 +228,16 @@ class AsyncDatabase:
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
         with translated():
-            async with self._pool.connection() as conn:
+            conn = await self._lend()
+            try:
                 yield conn
+            finally:
+                await self._give_back(conn)
+
+    async def _give_back(self, conn: psycopg.AsyncConnection) -> None:
+        if self._check_after:
+            self._given_back[conn] = time.monotonic()
+        await self._pool.putconn(conn)
 
     @contextlib.asynccontextmanager
     async def kept_connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
@@ -144,7 +253,7 @@ class AsyncDatabase:
         try:
             with translated():
                 if self._kept is None:
-                    self._kept = await self._pool.getconn()
+                    self._kept = await self._lend()
                 conn = self._kept
                 try:
                     yield conn
@@ -152,7 +261,7 @@ class AsyncDatabase:
                     if self._kept is conn and (
                             conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE):
                         self._kept = None
-                        await self._pool.putconn(conn)
+                        await self._give_back(conn)
         finally:
             self._kept_busy = False
 
@@ -175,3 +284,16 @@ class AsyncDatabase:
             yield payloads()
         finally:
             await conn.close()
+
+
+def _readable(conn: psycopg.AsyncConnection) -> bool:
+    """Whether an idle connection's socket has something to read: nothing, while the server
+    keeps the session; a FATAL and the close, once it ended it. True where it cannot tell."""
+    if conn.closed or not hasattr(select, "poll"):
+        return True
+    try:
+        poller = select.poll()
+        poller.register(conn.pgconn.socket, select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, psycopg.Error):
+        return True

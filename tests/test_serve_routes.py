@@ -309,7 +309,7 @@ def test_200_long_polls_are_held_at_once_and_all_served_without_leaks(dsn, conn,
                 await asyncio.sleep(2)
                 waiting = sum(not p.done() for p in polls)
                 backends = scalar(conn, "SELECT count(*) FROM pg_stat_activity "
-                                        "WHERE application_name = 'courier-serve'")
+                                        "WHERE application_name = 'courier-serve' AND datname = current_database()")
                 began = time.monotonic()
                 await asyncio.to_thread(conn.execute, "SELECT courier.enqueue('orders', jsonb_build_object('n', g)) "
                                                       "FROM generate_series(1, 200) g")
