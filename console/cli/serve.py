@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import ssl
 import subprocess
@@ -58,9 +59,7 @@ def _listen_address(ctx: click.Context, param: click.Parameter, value: str) -> t
 def serve(listen: tuple[str, int], max_body: int, client_timeout: float, workers: int, tls_cert: Path | None,
           tls_key: Path | None) -> None:
     """Serve queue-ti's HTTP API until SIGTERM or SIGINT; in-flight requests finish first."""
-    from aiohttp import web
-
-    from console.serve.app import make_app
+    from console.serve.app import make_app, run
 
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("HTTPS needs both --tls-cert and --tls-key")
@@ -70,12 +69,19 @@ def serve(listen: tuple[str, int], max_body: int, client_timeout: float, workers
     log_json_lines()
     host, port = listen
     log = logging.getLogger("courier.serve")
-    pool = _start_workers(url, workers) if workers else None
-    log.info("serving", extra={"listen": f"{'https' if tls else 'http'}://{host}:{port}", "workers": workers})
+    pool: subprocess.Popen[bytes] | None = None
+
+    def serving() -> None:
+        # Only once the address is bound: a port in use is one line (CannotListen, a
+        # CourierError, exit code 1), and no workers were started for nothing.
+        nonlocal pool
+        pool = _start_workers(url, workers) if workers else None
+        shown = f"[{host}]" if ":" in host else host
+        log.info("serving", extra={"listen": f"{'https' if tls else 'http'}://{shown}:{port}", "workers": workers})
+
     try:
-        web.run_app(make_app(url, max_body=max_body, client_timeout=client_timeout), host=host, port=port,
-                    ssl_context=tls, print=None, shutdown_timeout=30, access_log=None,
-                    keepalive_timeout=client_timeout)
+        run(make_app(url, max_body=max_body, client_timeout=client_timeout), host, port, ssl_context=tls,
+            client_timeout=client_timeout, shutdown_timeout=30, serving=serving)
     finally:
         if pool is not None:
             _stop_workers(pool)
@@ -97,8 +103,12 @@ WORKERS_STOP_SECONDS = 60
 def _start_workers(url: str, processes: int) -> subprocess.Popen[bytes]:
     """`courier worker` as a child process, so delivery never competes with the server's loop."""
     concurrency = max(processes, default_concurrency())
-    return subprocess.Popen([sys.executable, "-m", "console", "worker", "--dsn", url, "--processes", str(processes),
-                             "--concurrency", str(concurrency)])
+    # The DSN goes in the environment, not --dsn: any local user can read a command line (`ps`),
+    # and a password in it with it. COURIER_DSN comes before DATABASE_URL and PG*, so the worker
+    # uses this database whichever way it was given here.
+    env = {**os.environ, "COURIER_DSN": url} if url else dict(os.environ)
+    return subprocess.Popen([sys.executable, "-m", "console", "worker", "--processes", str(processes),
+                             "--concurrency", str(concurrency)], env=env)
 
 
 def _stop_workers(pool: subprocess.Popen[bytes]) -> None:
