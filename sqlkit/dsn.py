@@ -33,3 +33,24 @@ def resolve_dsn(explicit: str | None = None, environ: Mapping[str, str] | None =
     if any(env.get(name) for name in LIBPQ_VARIABLES):
         return DsnChoice("", "PG* environment")
     return DsnChoice(None, "embedded")
+
+
+def without_password(dsn: str) -> tuple[str, str | None]:
+    """dsn with its password taken out, and that password (None: it has none). For a program
+    given a connection string as an argument (pgbench, psql), which any local user can read
+    with `ps`: pass it the first, and the second as PGPASSWORD in its environment."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(dsn)
+    password = params.pop("password", None)
+    return make_conninfo(**params), str(password) if password else None
+
+
+def with_database(dsn: str, database: str) -> str:
+    """dsn naming another database on the same server (same host, user and options). An
+    empty dsn (libpq's PG* variables) gives just dbname=..., the rest still from PG*."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = database
+    return make_conninfo(**params)

@@ -89,9 +89,11 @@ class ServeProcess(subprocess.Popen):
 
     def __init__(self, dsn: str, log: IO[str]) -> None:
         self.port = _free_port()
-        env = {key: value for key, value in os.environ.items() if key not in ("COURIER_DSN", "DATABASE_URL")}
+        # The DSN in the environment, not --dsn: any local user can read a command line.
+        env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
+        env["COURIER_DSN"] = dsn
         super().__init__([sys.executable, "-P", "-c", "from console.cli import main; main()", "serve",
-                          "--listen", f"127.0.0.1:{self.port}", "--dsn", dsn],
+                          "--listen", f"127.0.0.1:{self.port}"],
                          env=env, stdout=subprocess.DEVNULL, stderr=log)
         self._log = log
         self.url = f"http://127.0.0.1:{self.port}"

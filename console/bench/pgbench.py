@@ -6,6 +6,7 @@ database work and not Python's overhead.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tempfile
@@ -13,12 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlkit import embedded
+from sqlkit.dsn import without_password
 from sqlkit.errors import CourierError
 
 _TPS = re.compile(r"^tps = ([0-9.]+)", re.MULTILINE)
 _LATENCY = re.compile(r"^latency average = ([0-9.]+) ms", re.MULTILINE)
 _FAILED = re.compile(r"^number of failed transactions: (\d+)", re.MULTILINE)
 _PROCESSED = re.compile(r"^number of transactions actually processed: (\d+)", re.MULTILINE)
+
+
+def _pgbench(command: list[str], dsn: str) -> subprocess.CompletedProcess[str]:
+    """Run pgbench `command` against dsn, whose password (if any) goes in PGPASSWORD rather
+    than on the command line, which any local user can read (`ps`)."""
+    conninfo, password = without_password(dsn)
+    env = {**os.environ, "PGPASSWORD": password} if password else None
+    return subprocess.run([*command, conninfo], capture_output=True, text=True, check=False, env=env)
 
 
 @dataclass(frozen=True)
@@ -46,9 +56,9 @@ def run_script(dsn: str, script: str, *, clients: int, seconds: float | None = N
             *(["-t", str(transactions)] if transactions else ["-T", str(max(1, round(seconds or 1)))]),
             *[f"-D{name}={value}" for name, value in (defines or {}).items()],
             *(["-R", f"{rate:g}"] if rate else []),
-            "-f", str(path), dsn,
+            "-f", str(path),
         ]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        done = _pgbench(command, dsn)
     output = done.stdout + done.stderr
     tps = _TPS.search(output)
     if done.returncode != 0 or tps is None:
@@ -86,8 +96,8 @@ def run_paced(dsn: str, script: str, *, clients: int, seconds: float, rate: floa
         Path(folder).chmod(0o755)
         command = [str(embedded.client_binary("pgbench")), "-n", "-M", "prepared", "-c", str(clients),
                    "-j", str(min(2, clients)), "-T", str(max(1, round(seconds))), "-R", f"{rate:g}", "-P", "1",
-                   "-f", str(path), dsn]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+                   "-f", str(path)]
+        done = _pgbench(command, dsn)
     output = done.stdout + done.stderr
     if done.returncode != 0:
         last = output.strip().splitlines()[-1] if output.strip() else f"exit {done.returncode}"

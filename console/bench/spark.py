@@ -221,10 +221,10 @@ class Timed:
     output: str
 
 
-def _timed(argv: list[str]) -> Timed:
+def _timed(argv: list[str], env: dict[str, str] | None = None) -> Timed:
     """Wall time of a fresh process, from its start to its exit; its stdout."""
     started = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False, env=env)
     elapsed = time.perf_counter() - started
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
@@ -232,11 +232,12 @@ def _timed(argv: list[str]) -> Timed:
     return Timed(elapsed, done.stdout)
 
 
-def _small_jobs(dsn: str, folder: Path) -> dict[str, Sequence[Callable[[int], list[str]]]]:
+def _small_jobs(folder: Path) -> dict[str, Sequence[Callable[[int], list[str]]]]:
     """Each small job as the command line a user types, per round (each round ingests its own
-    file and exports to its own folder, so no round finds its work already done)."""
+    file and exports to its own folder, so no round finds its work already done). The DSN is
+    not on it (any local user can read a command line): run them with _job_env()."""
     def pipeline(*args: str) -> list[str]:
-        return [sys.executable, "-c", CLI, "pipeline", *args, "--dsn", dsn, "--master", MASTER, "--json"]
+        return [sys.executable, "-c", CLI, "pipeline", *args, "--master", MASTER, "--json"]
 
     def ingest_file(round_: int) -> str:
         path = folder / f"backfill-{round_}.jsonl"
@@ -252,6 +253,11 @@ def _small_jobs(dsn: str, folder: Path) -> dict[str, Sequence[Callable[[int], li
         "replay --dry-run": lambda r: pipeline("replay", "--dry-run"),
         "export": lambda r: pipeline("export", "--before", "2026-11-01", "--to", str(folder / f"export-{r}")),
     }
+
+
+def _job_env(dsn: str) -> dict[str, str]:
+    """The environment a small job runs in: the DSN as COURIER_DSN, which comes before DATABASE_URL."""
+    return {**os.environ, "COURIER_DSN": dsn}
 
 
 def _check(name: str, output: str) -> str:
@@ -276,10 +282,10 @@ def small_jobs(dsn: str, rounds: int) -> list[ScenarioResult]:
         conn.execute("SELECT courier.set_setting('max_queue_size', '2147483647')")
     samples: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="courier-bench-spark-") as folder:
-        jobs = _small_jobs(dsn, Path(folder))
+        jobs, env = _small_jobs(Path(folder)), _job_env(dsn)
         for round_ in range(rounds):
             for name, argv in jobs.items():
-                timed = _timed(argv(round_))
+                timed = _timed(argv(round_), env)
                 _check(name, timed.output)
                 samples.setdefault(name, []).append(timed.seconds)
     base = statistics.median(samples["trivial"])
