@@ -380,3 +380,54 @@ def test_an_admin_requeues_a_dead_letter_with_basic_auth_as_in_the_seed(server, 
     assert status == 200
     assert scalar(conn, "SELECT status FROM courier.queue WHERE id = %s", (int(body["id"]),)) == "pending"
     assert call(server, "POST", path, headers=basic("someone"))[0] == 401
+
+
+# Issue 40: a long poll whose client has gone leases nothing. It stops waiting when the client
+# disconnects, and a dequeue whose answer cannot be written gives its leases back untouched
+# (no attempt counted), instead of holding the messages for their visibility timeout.
+
+
+def abandoned_poll(base: str, secret: str, wait: float = 5.0) -> socket.socket:
+    """A dequeue with a long poll, sent whole, whose client then hangs up without reading."""
+    host, port = base.removeprefix("http://").split(":")
+    body = json.dumps({"topic": "orders", "wait_seconds": wait, "visibility_timeout_seconds": 600}).encode()
+    client = socket.create_connection((host, int(port)))
+    client.sendall(b"POST /api/messages/dequeue HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Authorization: Bearer " + secret.encode() + b"\r\n"
+                   b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return client
+
+
+@pytest.mark.parametrize("hang_up_after, enqueue_after", [(0.2, 1.5), (0.0, 0.05), (0.3, 0.3)])
+def test_a_poll_whose_client_left_leases_nothing(server, conn, orders, hang_up_after, enqueue_after):
+    secret = token(conn, "app", ["enqueue", "consume"])
+    client = abandoned_poll(server, secret)
+    time.sleep(hang_up_after)
+    client.close()
+    time.sleep(enqueue_after)
+    call(server, "POST", "/api/messages", secret, {"topic": "orders", "payload": b64({"n": 1})})
+    time.sleep(1.0)  # past the poll's client check, and a release if it had leased
+    row = conn.execute("SELECT status, retry_count FROM courier.queue").fetchone()
+    assert row == ("pending", 0)
+    # A consumer that is still there gets it at once.
+    (message,) = call(server, "POST", "/api/messages/dequeue", secret, {"topic": "orders"})[1]["messages"]
+    assert message["retry_count"] == 0
+
+
+def test_a_poll_whose_client_left_stops_waiting(server, conn, orders):
+    """It does not hold a place in the topic's line to its timeout: the next poll is woken
+    by the next message at once."""
+    secret = token(conn, "app", ["enqueue", "consume"])
+    for _ in range(3):
+        abandoned_poll(server, secret, wait=20).close()
+    time.sleep(1.0)
+    started = time.monotonic()
+    waiting = abandoned_poll(server, secret, wait=10)
+    time.sleep(0.2)
+    call(server, "POST", "/api/messages", secret, {"topic": "orders", "payload": b64({"n": 1})})
+    waiting.settimeout(5)
+    answer = waiting.recv(65536).decode()
+    waiting.close()
+    assert answer.startswith("HTTP/1.1 200") and '"messages":[{' in answer
+    assert time.monotonic() - started < 3
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'") == 1

@@ -102,13 +102,41 @@ async def dequeue(request: web.Request, token: Token, body: dict[str, Any]) -> w
     require(token, "consume", topic=body["topic"])
     params = {"topic": body["topic"], "count": body["count"] or 1,
               "visibility_timeout": body["visibility_timeout_seconds"]}
-    rows = await _poll(server, body["topic"], params, body["wait_seconds"] or 0.0)
-    return reply({"messages": [_leased(row) for row in rows]})
+    rows = await _poll(request, server, body["topic"], params, body["wait_seconds"] or 0.0)
+    response = reply({"messages": [_leased(row) for row in rows]})
+    if rows:
+        # Written here, not after the handler returns, so that a client gone by now has its
+        # leases given back untouched (no attempt counted) instead of held to their timeout.
+        try:
+            if _client_gone(request):
+                raise ConnectionResetError("the client went away")
+            await response.prepare(request)
+            await response.write_eof()
+        except ConnectionResetError:
+            await _release(server, rows)  # aiohttp then finds the client gone and writes nothing
+    return response
 
 
-async def _poll(server: Server, topic: str, params: dict[str, Any], wait: float) -> list[dict[str, Any]]:
+CLIENT_CHECK_SECONDS = 0.5
+"""How often a waiting long poll looks whether its client is still there."""
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def _release(server: Server, rows: list[dict[str, Any]]) -> None:
+    async with server.session("application") as conn:
+        await queries.fetch_all_async(conn, "consumer_release", {"ids": [row["id"] for row in rows],
+                                                                "leases": [row["lease"] for row in rows]})
+
+
+async def _poll(request: web.Request, server: Server, topic: str, params: dict[str, Any],
+                wait: float) -> list[dict[str, Any]]:
     """Dequeue; with `wait`, wait in the topic's line until a NOTIFY wakes this poll, and pass
-    a wake-up it did not answer on to the next poll in line (see wakeups.py)."""
+    a wake-up it did not answer on to the next poll in line (see wakeups.py). A poll whose
+    client has gone stops waiting and leases nothing."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     topic_id = await server.topic_id(topic) if wait else None
@@ -119,6 +147,10 @@ async def _poll(server: Server, topic: str, params: dict[str, Any], wait: float)
     try:
         while True:
             waiter = server.wakeups.join(topic_id) if topic_id is not None else None
+            if first and waiter is not None:
+                await server.wakeups.until_listening(max(0.0, deadline - loop.time()))
+            if _client_gone(request):
+                return []
             async with server.session("application") as conn:
                 rows = await queries.fetch_all_async(conn, "pull_dequeue", params)
             fresh, unanswered = unanswered, False
@@ -128,9 +160,11 @@ async def _poll(server: Server, topic: str, params: dict[str, Any], wait: float)
             if first and topic_id is not None:  # it may have looked just before commits left unnotified
                 server.wakeups.came_back_empty(topic_id)
             first = False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(waiter), left)
-            if not waiter.done():
+            while not waiter.done() and left > 0 and not _client_gone(request):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(waiter), min(left, CLIENT_CHECK_SECONDS))
+                left = deadline - loop.time()
+            if not waiter.done() or _client_gone(request):
                 return rows
             unanswered = True
     finally:
@@ -190,8 +224,8 @@ def _settle_one_route(verb: str) -> Any:
                                                    "message its dequeue returned it with", field="receipt")
         (result,) = await _settle(Server.of(request), token, verb, [body["receipt"]], body)
         if result["result"] == "lease_lost":
-            raise ApiError(409, "lease_lost", f"message {target}: the receipt's lease is no longer the message's "
-                                              "(its visibility timeout passed and it was dequeued again)")
+            raise ApiError(409, "lease_lost", f"message {target}: this receipt's dequeue no longer holds it (its "
+                                              "visibility timeout passed, and it was taken back or dequeued again)")
         if result["result"] == "forbidden":
             raise ApiError(403, "forbidden", f"token {token.name!r} may not consume the topic of message {target}")
         if result["result"] == "not_found":
