@@ -431,3 +431,25 @@ def test_a_poll_whose_client_left_stops_waiting(server, conn, orders):
     assert answer.startswith("HTTP/1.1 200") and '"messages":[{' in answer
     assert time.monotonic() - started < 3
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'") == 1
+
+
+def test_the_server_listens_only_while_polls_wait(server, conn, orders):
+    """Issue 40: with no poll waiting, every producer's NOTIFY still reached the server (6% of
+    its CPU under an enqueue load). It LISTENs while polls wait, and a poll that joins after a
+    quiet spell still gets a message enqueued just after its first, empty dequeue."""
+    def listening() -> int:
+        return scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND application_name = 'courier-serve' AND query LIKE 'LISTEN%%'")
+    secret = token(conn, "app", ["enqueue", "consume"])
+    call(server, "POST", "/api/messages", secret, {"topic": "orders", "payload": b64(0)})
+    assert call(server, "POST", "/api/messages/dequeue", secret, {"topic": "orders"})[0] == 200
+    assert listening() == 0
+    poll = abandoned_poll(server, secret, wait=10)
+    deadline = time.monotonic() + 5
+    while not listening():
+        assert time.monotonic() < deadline, "no LISTEN while a poll waits"
+        time.sleep(0.05)
+    call(server, "POST", "/api/messages", secret, {"topic": "orders", "payload": b64(1)})
+    poll.settimeout(5)
+    assert '"messages":[{' in poll.recv(65536).decode()
+    poll.close()
