@@ -233,7 +233,7 @@ def test_https_with_a_certificate_and_key(dsn, conn, orders, tmp_path):
 def test_workers_beside_the_server_deliver_and_stop_with_it(dsn, conn):
     conn.execute("SELECT courier.create_endpoint('billing', 'noop', '{}')")
     process, base = start_server(dsn, "--workers", "1")
-    children = psutil.Process(process.pid).children(recursive=True)
+    children = worker_children(process)
     try:
         producer = tokens.create_token(conn, "producer", topics=[], endpoints=["billing"], actions=["enqueue"])
         status, body, _ = call(base, "POST", "/api/endpoints/billing/messages", producer, {"payload": {"n": 1}})
@@ -247,6 +247,41 @@ def test_workers_beside_the_server_deliver_and_stop_with_it(dsn, conn):
     assert children and not any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children)
 
 
+def worker_children(process: subprocess.Popen[str]) -> list[psutil.Process]:
+    """The server's worker pool processes, once it has started them (just after it bound)."""
+    deadline = time.monotonic() + 15
+    while not (children := psutil.Process(process.pid).children(recursive=True)):
+        assert time.monotonic() < deadline, "serve --workers started no worker"
+        time.sleep(0.05)
+    return children
+
+
+def test_a_worker_pool_that_dies_is_restarted_and_logged(dsn, conn):
+    """Issue 40: --workers N watches its child: a pool killed outright is started again after a
+    back-off, the server says so in its log, and messages are delivered again."""
+    conn.execute("SELECT courier.create_endpoint('billing', 'noop', '{}')")
+    process, _ = start_server(dsn, "--workers", "1")
+    try:
+        (first, *_) = worker_children(process)
+        first.kill()
+        first.wait(10)
+        deadline = time.monotonic() + 20
+        while not (again := [c for c in psutil.Process(process.pid).children() if c.pid != first.pid]):
+            assert time.monotonic() < deadline, "the worker pool was not restarted"
+            time.sleep(0.1)
+        conn.execute("SELECT courier.send('billing', '{}')")
+        deadline = time.monotonic() + 30
+        while scalar(conn, "SELECT count(*) FROM courier.queue") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert scalar(conn, "SELECT count(*) FROM courier.archive WHERE status = 'completed'") == 1
+    finally:
+        log = stop_server(process)
+    restarted = [json.loads(line) for line in log.splitlines() if "exited; restarting" in line]
+    assert restarted and restarted[0]["signal"] == "SIGKILL" and restarted[0]["level"] == "warning", log
+    assert "Traceback" not in log
+    assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in again)
+
+
 def test_a_slow_client_is_answered_408_or_cut_off_and_holds_nothing(dsn, conn, orders):
     process, base = start_server(dsn, "--client-timeout", "1")
     try:
@@ -256,8 +291,13 @@ def test_a_slow_client_is_answered_408_or_cut_off_and_holds_nothing(dsn, conn, o
             slow.sendall(b"POST /api/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Authorization: Bearer " + secret.encode() + b"\r\nContent-Length: 100\r\n\r\n{\"topic\"")
             began = time.monotonic()
-            answer = slow.recv(4096)
-        assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - began < 5
+            try:
+                answer = slow.recv(4096)
+            except ConnectionResetError:
+                # Closed with the unread body pending, the connection is reset, and the kernel may
+                # drop the 408 before it is read: cut off, which is as correct.
+                answer = b""
+        assert (answer.startswith(b"HTTP/1.1 408") or answer == b"") and time.monotonic() - began < 5, answer
         # Headers sent a line at a time never end: the connection is closed at the client timeout.
         assert _seconds_until_closed(port, b"X-Slow: 1\r\n") < 3
         assert _seconds_until_closed(port, b"") < 3  # a connection that sends nothing at all
@@ -278,6 +318,8 @@ def _seconds_until_closed(port: int, trickle: bytes) -> float:
                     return time.monotonic() - began
             except TimeoutError:
                 pass
+            except ConnectionResetError:  # closed with our bytes unread: as closed
+                return time.monotonic() - began
             try:
                 slow.sendall(trickle)
             except OSError:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import ssl
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from console.logs import log_json_lines
+from console.serve.children import Supervised
 from console.workers.settings import default_concurrency
 from sqlkit import tokens
 
@@ -69,7 +68,7 @@ def serve(listen: tuple[str, int], max_body: int, client_timeout: float, workers
     log_json_lines()
     host, port = listen
     log = logging.getLogger("courier.serve")
-    pool: subprocess.Popen[bytes] | None = None
+    pool: Supervised | None = None
 
     def serving() -> None:
         # Only once the address is bound: a port in use is one line (CannotListen, a
@@ -84,7 +83,7 @@ def serve(listen: tuple[str, int], max_body: int, client_timeout: float, workers
             client_timeout=client_timeout, shutdown_timeout=30, serving=serving)
     finally:
         if pool is not None:
-            _stop_workers(pool)
+            pool.stop(WORKERS_STOP_SECONDS)
 
 
 def _tls_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -100,25 +99,16 @@ WORKERS_STOP_SECONDS = 60
 """How long a stop waits for the worker pool to drain (its own drain timeout is 30 s)."""
 
 
-def _start_workers(url: str, processes: int) -> subprocess.Popen[bytes]:
-    """`courier worker` as a child process, so delivery never competes with the server's loop."""
+def _start_workers(url: str, processes: int) -> Supervised:
+    """`courier worker` as a child process, so delivery never competes with the server's loop;
+    restarted with back-off if it dies."""
     concurrency = max(processes, default_concurrency())
     # The DSN goes in the environment, not --dsn: any local user can read a command line (`ps`),
     # and a password in it with it. COURIER_DSN comes before DATABASE_URL and PG*, so the worker
     # uses this database whichever way it was given here.
     env = {**os.environ, "COURIER_DSN": url} if url else dict(os.environ)
-    return subprocess.Popen([sys.executable, "-m", "console", "worker", "--processes", str(processes),
-                             "--concurrency", str(concurrency)], env=env)
-
-
-def _stop_workers(pool: subprocess.Popen[bytes]) -> None:
-    if pool.poll() is None:
-        pool.send_signal(signal.SIGTERM)
-    try:
-        pool.wait(timeout=WORKERS_STOP_SECONDS)
-    except subprocess.TimeoutExpired:
-        pool.kill()
-        pool.wait()
+    return Supervised("worker pool", [sys.executable, "-m", "console", "worker", "--processes", str(processes),
+                                      "--concurrency", str(concurrency)], env).start()
 
 
 @click.group("token")

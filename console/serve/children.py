@@ -1,0 +1,89 @@
+"""Child processes `courier serve` keeps running beside itself (its `--workers` pool, its
+`--processes` siblings): each restarted when it dies, after a back-off that doubles while it
+keeps dying young, and every exit logged; stopped with SIGTERM, and killed if it will not go."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+log = logging.getLogger("courier.serve")
+
+FIRST_BACKOFF_SECONDS = 1.0
+MAX_BACKOFF_SECONDS = 60.0
+HEALTHY_SECONDS = 60.0
+"""A child that ran this long before it died is restarted after the first back-off again."""
+
+
+class Supervised:
+    """`argv` run as a child, kept running until stop()."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        self.name = name
+        self._argv, self._env = list(argv), dict(env)
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # no child is started once stop() has begun
+        self._process: subprocess.Popen[bytes] | None = None
+        self._thread = threading.Thread(target=self._keep_running, name=f"supervise-{name}", daemon=True)
+        self.restarts = 0
+
+    def start(self) -> Supervised:
+        self._thread.start()
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        process = self._process
+        return process.pid if process is not None and process.poll() is None else None
+
+    def _keep_running(self) -> None:
+        backoff = FIRST_BACKOFF_SECONDS
+        while True:
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                started = time.monotonic()
+                try:
+                    self._process = subprocess.Popen(self._argv, env=self._env)
+                except OSError as error:
+                    self._process = None
+                    log.error(f"{self.name} could not start", extra={"error": str(error)})
+            code = self._process.wait() if self._process is not None else None
+            if self._stopping.is_set():
+                return
+            if time.monotonic() - started >= HEALTHY_SECONDS:
+                backoff = FIRST_BACKOFF_SECONDS
+            log.warning(f"{self.name} exited; restarting it", extra={
+                "exit_code": code, "signal": _signal_name(code), "restart_in_seconds": backoff})
+            if self._stopping.wait(backoff):
+                return
+            self.restarts += 1
+            backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+
+    def stop(self, timeout: float) -> None:
+        """SIGTERM, then SIGKILL after `timeout` seconds; no restart after it."""
+        with self._lock:
+            self._stopping.set()
+            process = self._process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                log.warning(f"{self.name} did not stop in {timeout:g} s; killed")
+                process.kill()
+                process.wait()
+        self._thread.join(timeout=5)
+
+
+def _signal_name(code: int | None) -> str | None:
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return None
