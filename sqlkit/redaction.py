@@ -31,8 +31,7 @@ error body the HTTP API sends (console/serve/app.py). They are
   more are redacted, so a database named courier_orders keeps its name, and a secret cut short
   in a quote is redacted while it holds more than 23 of its characters);
 - a Standard Webhooks signing secret, `whsec_` and its base64.
-They are not yet in courier._redact_text(), so redact_text() leaves them out and still agrees
-with it; scrub() is for what leaves the process without passing through the database.
+courier._redact_text() applies them too, after the rules above, as redact_text() does.
 """
 
 from __future__ import annotations
@@ -51,8 +50,7 @@ TEXT_RULES: tuple[tuple[str, str], ...] = (
      r"""((bearer|basic|token|digest)\s+)?[^\s"'&,;)}\]]+""", r"\1***"),
     (r"""([?&;][a-z0-9_.-]*(key|sig)[a-z0-9_.-]*=)[^&#\s"']+""", r"\1***"),
 )
-# Python-only for now (see above); written, like TEXT_RULES, to mean the same in PostgreSQL
-# but for \b, which PostgreSQL spells \y.
+# Written, like TEXT_RULES, to mean the same in PostgreSQL but for \b, which PostgreSQL spells \y.
 SHAPE_RULES: tuple[tuple[str, str], ...] = (
     (r"\b(bearer|basic)(\s+)[a-z0-9._~+/-]{8,}=*", r"\1\2***"),
     (r"(courier_)[a-z0-9_-]{24,}", r"\1***"),
@@ -66,10 +64,10 @@ _SECRET_KEY = re.compile(SECRET_KEY, re.IGNORECASE)
 
 
 def redact_text(text: str) -> str:
-    """text with every credential it quotes replaced by ***."""
+    """text with every credential it quotes, and every secret of a known shape, replaced by ***."""
     for pattern, replacement in _COMPILED:
         text = pattern.sub(replacement, text)
-    return text
+    return redact_shapes(text)
 
 
 def redact_shapes(text: str) -> str:
@@ -80,8 +78,8 @@ def redact_shapes(text: str) -> str:
 
 
 def scrub(text: str) -> str:
-    """redact_text() and redact_shapes(): for a log line, which may quote anything."""
-    return redact_shapes(redact_text(text))
+    """redact_text(): for a log line, which may quote anything."""
+    return redact_text(text)
 
 
 def redact(value: Any) -> Any:

@@ -46,6 +46,12 @@ TEXTS = [
     ("HTTP 503 from https://hooks.example.com/in", "HTTP 503 from https://hooks.example.com/in"),
     ("redis://h:6379/0 and mail a@b", "redis://h:6379/0 and mail a@b"),
     ("ordering key cust-1 blocked", "ordering key cust-1 blocked"),
+    # Shapes, wherever they stand (issue 40): what an HTTP parser or a receiver quotes.
+    ("b' Bearer courier_Zq9sEcReT0Zq9sEcReT0Zq9sEcReT0Zq9sEcReT0abc'", "b' Bearer ***'"),
+    ("Invalid header: courier_Zq9sEcReT0Zq9sEcReT0Zq9sEcReT0Zq9", "Invalid header: courier_***"),
+    ("upstream said: basic YXBwOmNvdXJpZXJfc2VjcmV0 refused", "upstream said: basic *** refused"),
+    ("signed with whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw= then", "signed with whsec_*** then"),
+    ("basic auth failed for database courier_orders", "basic auth failed for database courier_orders"),
 ]
 CORPUS = BROKER_URLS + TEXTS
 

@@ -18,14 +18,20 @@ AS $$ BEGIN RETURN (SELECT value::boolean FROM courier.settings WHERE name = p_n
 -- to the last @ of its authority (keeping a username before the first colon), the value after
 -- a secret-looking name and = or : (query parameters, headers, JSON), and query parameters
 -- named *key* or *sig*. Greedy quantifiers only, so PostgreSQL's longest match is Python's.
+-- Then the shapes secrets have wherever they stand (issue 40): the credentials after Bearer or
+-- Basic, an API token's secret (courier_ and 24 or more of its characters), a whsec_ key.
 CREATE OR REPLACE FUNCTION courier._redact_text(p_text text) RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT pg_catalog.regexp_replace(pg_catalog.regexp_replace(pg_catalog.regexp_replace(p_text,
+    SELECT pg_catalog.regexp_replace(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+        pg_catalog.regexp_replace(pg_catalog.regexp_replace(pg_catalog.regexp_replace(p_text,
         '([a-z][a-z0-9+.-]*://)([^/?#@:\s"]*:)?[^/?#\s"]*@', '\1\2***@', 'gi'),
         '([a-z0-9_-]*(secret|pass|pwd|token|auth|api[_-]?key|credential|signing|cookie)[a-z0-9_-]*["'']?\s*[:=]\s*["'']?)((bearer|basic|token|digest)\s+)?[^\s"''&,;)}\]]+',
         '\1***', 'gi'),
-        '([?&;][a-z0-9_.-]*(key|sig)[a-z0-9_.-]*=)[^&#\s"'']+', '\1***', 'gi')
+        '([?&;][a-z0-9_.-]*(key|sig)[a-z0-9_.-]*=)[^&#\s"'']+', '\1***', 'gi'),
+        '\y(bearer|basic)(\s+)[a-z0-9._~+/-]{8,}=*', '\1\2***', 'gi'),
+        '(courier_)[a-z0-9_-]{24,}', '\1***', 'gi'),
+        '(whsec_)[a-z0-9+/=_-]+', '\1***', 'gi')
 $$;
 
 -- The same rule over a document: the value of every key that looks like a secret, at any
