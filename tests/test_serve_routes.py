@@ -449,3 +449,33 @@ def test_every_surface_takes_the_same_topic_limits():
     from sqlkit.pull import TOPIC_LIMITS
 
     assert tuple(LIMITS) == tuple(LIMIT_OPTIONS) == tuple(limit.key for limit in EDITOR) == TOPIC_LIMITS
+
+
+def test_processes_share_one_address_and_stop_together(dsn, conn, orders):
+    """serve --processes 2: two server processes accept on one port (SO_REUSEPORT), both serve
+    requests, and SIGTERM stops both."""
+    process, base = start_server(dsn, "--processes", "2")
+    secret = token(conn, "app", ["enqueue", "consume"])
+    try:
+        (sibling,) = worker_children(process)
+        assert "--sibling" in sibling.cmdline()
+        port = int(base.rsplit(":", 1)[1])
+        deadline = time.monotonic() + 20
+        while not any(c.laddr.port == port for c in sibling.net_connections("tcp")):
+            assert time.monotonic() < deadline, "the sibling never listened"
+            time.sleep(0.1)
+        for n in range(40):  # a new connection each: the kernel spreads them by their source ports
+            assert call(base, "POST", "/api/messages", secret, {"topic": "orders", "payload": b64(n)})[0] == 201
+        assert scalar(conn, "SELECT count(*) FROM courier.queue") == 40
+        # Which process's database connections ran an enqueue: the backend's client port is the
+        # server process's local port.
+        ports = {row[0] for row in conn.execute(
+            "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'courier-serve' AND query LIKE '%%courier.enqueue%%'")}
+        served = {owner.pid for owner in (psutil.Process(process.pid), sibling)
+                  if any(c.laddr.port in ports for c in owner.net_connections("tcp"))}
+        assert served == {process.pid, sibling.pid}
+    finally:
+        log = stop_server(process)
+    assert "Traceback" not in log
+    assert not sibling.is_running() or sibling.status() == psutil.STATUS_ZOMBIE

@@ -87,17 +87,18 @@ def _server_cpu() -> int | None:
 class ServeProcess(subprocess.Popen):
     """`courier serve` on a free loopback port, its log kept so a failure can say why."""
 
-    def __init__(self, dsn: str, log: IO[str]) -> None:
+    def __init__(self, dsn: str, log: IO[str], processes: int = 1) -> None:
         self.port = _free_port()
         # The DSN in the environment, not --dsn: any local user can read a command line.
         env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
         env["COURIER_DSN"] = dsn
         super().__init__([sys.executable, "-P", "-c", "from console.cli import main; main()", "serve",
-                          "--listen", f"127.0.0.1:{self.port}"],
+                          "--listen", f"127.0.0.1:{self.port}", "--processes", str(processes)],
                          env=env, stdout=subprocess.DEVNULL, stderr=log)
         self._log = log
         self.url = f"http://127.0.0.1:{self.port}"
-        self.cpu = _server_cpu()
+        # One process is pinned to one core (a core's worth of server); several share them all.
+        self.cpu = _server_cpu() if processes == 1 else None
         if self.cpu is not None:
             try:  # before the interpreter has started a thread: every later one inherits it
                 os.sched_setaffinity(self.pid, {self.cpu})
@@ -126,12 +127,14 @@ class ServeProcess(subprocess.Popen):
 
 
 @contextlib.contextmanager
-def serve_process(dsn: str) -> Iterator[ServeProcess]:
+def serve_process(dsn: str, processes: int = 1) -> Iterator[ServeProcess]:
     """`courier serve` listening on loopback; SIGTERM on the way out, whatever happened."""
     with tempfile.TemporaryFile("w+") as log:
-        process = ServeProcess(dsn, log)
+        process = ServeProcess(dsn, log, processes)
         try:
             process.wait_until_listening()
+            if processes > 1:
+                time.sleep(3)  # the siblings start once the first has bound
             try:
                 yield process
             except (CourierError, aiohttp.ClientError) as error:  # say what the server logged
@@ -402,10 +405,13 @@ def _sql_latency(dsn: str, rate: float, seconds: float) -> Paced:
 # The scenario -----------------------------------------------------------------------
 
 def http(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int = 300_000,
-         rate: float = LATENCY_RATE) -> list[ScenarioResult]:
+         rate: float = LATENCY_RATE, processes: tuple[int, ...] = ()) -> list[ScenarioResult]:
     """`messages`: how many each dequeue run finds preloaded (a run ends when they are gone, or
-    after `seconds`); `rate`: the paced enqueue rate of the latency measure."""
+    after `seconds`); `rate`: the paced enqueue rate of the latency measure; `processes`: also
+    enqueue (batch 1) and its latency through `courier serve --processes N` for each N."""
     secret = _prepare(dsn)
+    many = [result for count in processes for result in _http_processes(dsn, secret, count, clients=clients,
+                                                                        seconds=seconds, rounds=rounds, rate=rate)]
     with serve_process(dsn) as server:
         url = server.url
 
@@ -483,7 +489,46 @@ def http(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int =
               f"{LATENCY_CONNECTIONS} connections): p99 {sql_p.p99_ms:.1f} ms, p50 {sql_p.p50_ms:.1f} ms at "
               f"{sql_p.sent_per_second:,.0f}/s answered{_cut_off(sql_p, seconds)}; target p99 <= "
               f"{LATENCY_TARGET_MS:g} ms; {pinned}"))
-    return results
+    return results + many
+
+
+def _http_processes(dsn: str, secret: str, processes: int, *, clients: int, seconds: float, rounds: int,
+                    rate: float) -> list[ScenarioResult]:
+    """Enqueue (batch 1) and its paced latency through `courier serve --processes N`, against
+    the SQL path with the same clients; no process pinned."""
+    paced: list[Paced] = []
+    with serve_process(dsn, processes) as server:
+        def enqueue(path: str) -> Callable[[], Measurement]:
+            def run() -> Measurement:
+                _empty(dsn)
+                return (_http_enqueue(server.url, secret, clients, seconds, 1) if path == "http"
+                        else _sql_enqueue(dsn, clients, seconds, 1))
+            return run
+
+        def latency() -> Measurement:
+            _empty(dsn)
+            found = _http_latency(server.url, secret, rate, seconds)
+            paced.append(found)
+            return Measurement(1000 / found.p99_ms, found.p99_ms)
+
+        m = measure_rounds({"sql": enqueue("sql"), "http": enqueue("http"), "latency": latency}, rounds)
+        if server.poll() is not None:
+            raise server.failure("the server stopped during the run")
+    _empty(dsn)
+    found = _median_paced(paced)
+    where = f"`courier serve --processes {processes}` on {os.cpu_count()} CPUs, none pinned"
+    return [
+        ScenarioResult(
+            scenario="http", variant=f"enqueue, batch 1, {clients} clients, {processes} processes", unit="msg/s",
+            courier=m["http"], ceiling=m["sql"], target_ratio=0.8,
+            notes=f"POST /api/messages per message vs SELECT courier.enqueue per transaction; {where}"),
+        ScenarioResult(
+            scenario="http", variant=f"enqueue p99 {found.p99_ms:,.1f} ms at {rate:,.0f}/s offered, "
+                                    f"{processes} processes",
+            unit="1000 / p99 ms", courier=m["latency"], ceiling=None, target_absolute=1000 / LATENCY_TARGET_MS,
+            notes=f"HTTP p99 {found.p99_ms:.1f} ms, p50 {found.p50_ms:.1f} ms over {found.requests:,} requests on a "
+                  f"fixed schedule{_cut_off(found, seconds)}; {where}"),
+    ]
 
 
 def _median_paced(runs: list[Paced]) -> Paced:

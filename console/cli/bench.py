@@ -75,7 +75,8 @@ def _sizes(text: str, option: str) -> tuple[int, ...]:
                    "read rate and analytics against SQL. Default: only its small jobs.")
 @click.option("--processes", "processes", default="", metavar="COUNTS",
               help="drain-noop also measures `courier worker --processes N` for each N, comma-separated "
-                   "(e.g. 1,2,4,8), each against the ceiling with N clients, with CPU cost per 1,000 messages.")
+                   "(e.g. 1,2,4,8), each against the ceiling with N clients, with CPU cost per 1,000 messages; "
+                   "http also measures enqueue and its p99 through `courier serve --processes N`.")
 @click.option("--pinned-seconds", type=FiniteFloatRange(1, 3600), default=60, show_default=True,
               help="How long the horizon scenario holds a snapshot open.")
 @click.option("--offered-rate", type=FiniteFloatRange(1, 100000), default=800, show_default=True,
@@ -94,6 +95,8 @@ def bench(scenarios: tuple[str, ...], json_file: Path | None, clients: int, seco
                                       "spark": {"sizes": _sizes(spark_rows, "--spark-rows") if spark_rows else ()},
                                       "drain-noop": {"processes": _sizes(processes, "--processes")
                                                      if processes else ()},
+                                      "http": {"processes": tuple(n for n in _sizes(processes, "--processes") if n > 1)
+                                               if processes else ()},
                                       "horizon": {"pinned": pinned_seconds, "rate": offered_rate}},
                              progress=lambda name: status.update(f"running {name}..."))
     payload = [r.as_dict() for r in results]

@@ -50,13 +50,18 @@ def _listen_address(ctx: click.Context, param: click.Parameter, value: str) -> t
 @click.option("--workers", type=click.IntRange(0, 64), default=0, show_default=True,
               help="Worker pool processes to run beside the server, delivering push messages "
                    "(as `courier worker --processes N`); 0: run `courier worker` yourself.")
+@click.option("--processes", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Server processes sharing the listening address (SO_REUSEPORT: the kernel spreads "
+                   "connections over them); about one per core. Each has its own database pools.")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="PEM certificate (chain) to serve HTTPS with; needs --tls-key.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="PEM private key of --tls-cert.")
+@click.option("--sibling", is_flag=True, hidden=True,
+              help="Started by a `serve --processes N`: share its address, start no workers or siblings.")
 @dsn_option
-def serve(listen: tuple[str, int], max_body: int, client_timeout: float, workers: int, tls_cert: Path | None,
-          tls_key: Path | None) -> None:
+def serve(listen: tuple[str, int], max_body: int, client_timeout: float, workers: int, processes: int,
+          tls_cert: Path | None, tls_key: Path | None, sibling: bool) -> None:
     """Serve queue-ti's HTTP API until SIGTERM or SIGINT; in-flight requests finish first."""
     from console.serve.app import make_app, run
 
@@ -68,22 +73,28 @@ def serve(listen: tuple[str, int], max_body: int, client_timeout: float, workers
     log_json_lines()
     host, port = listen
     log = logging.getLogger("courier.serve")
-    pool: Supervised | None = None
+    children: list[Supervised] = []
 
     def serving() -> None:
         # Only once the address is bound: a port in use is one line (CannotListen, a
-        # CourierError, exit code 1), and no workers were started for nothing.
-        nonlocal pool
-        pool = _start_workers(url, workers) if workers else None
+        # CourierError, exit code 1), and no workers or siblings were started for nothing.
+        if not sibling:
+            children.extend(_start_siblings(url, processes - 1, listen, max_body, client_timeout, tls_cert, tls_key))
+            if workers:
+                children.append(_start_workers(url, workers))
         shown = f"[{host}]" if ":" in host else host
-        log.info("serving", extra={"listen": f"{'https' if tls else 'http'}://{shown}:{port}", "workers": workers})
+        log.info("serving", extra={"listen": f"{'https' if tls else 'http'}://{shown}:{port}", "workers": workers,
+                                   **({"processes": processes} if not sibling else {"sibling": True})})
 
     try:
         run(make_app(url, max_body=max_body, client_timeout=client_timeout), host, port, ssl_context=tls,
-            client_timeout=client_timeout, shutdown_timeout=30, serving=serving)
+            client_timeout=client_timeout, shutdown_timeout=30, serving=serving,
+            reuse_port=sibling or processes > 1)
     finally:
-        if pool is not None:
-            pool.stop(WORKERS_STOP_SECONDS)
+        for child in children:  # all at once: each drains in parallel
+            child.request_stop()
+        for child in children:
+            child.stop(WORKERS_STOP_SECONDS)
 
 
 def _tls_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -97,6 +108,18 @@ def _tls_context(cert: Path, key: Path) -> ssl.SSLContext:
 
 WORKERS_STOP_SECONDS = 60
 """How long a stop waits for the worker pool to drain (its own drain timeout is 30 s)."""
+
+
+def _start_siblings(url: str, count: int, listen: tuple[str, int], max_body: int, client_timeout: float,
+                    tls_cert: Path | None, tls_key: Path | None) -> list[Supervised]:
+    """`count` more server processes on the same address (each restarted if it dies)."""
+    host, port = listen
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    argv = [sys.executable, "-m", "console", "serve", "--sibling", "--listen", address, "--max-body", str(max_body),
+            "--client-timeout", str(client_timeout),
+            *(["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)] if tls_cert and tls_key else [])]
+    env = {**os.environ, "COURIER_DSN": url} if url else dict(os.environ)
+    return [Supervised(f"server process {n + 2}", argv, env).start() for n in range(count)]
 
 
 def _start_workers(url: str, processes: int) -> Supervised:

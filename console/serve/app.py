@@ -160,16 +160,17 @@ class CannotListen(CourierError):
 
 
 def run(app: web.Application, host: str, port: int, *, client_timeout: float, ssl_context: Any = None,
-        shutdown_timeout: float = 30, serving: Callable[[], None] = lambda: None) -> None:
+        shutdown_timeout: float = 30, serving: Callable[[], None] = lambda: None, reuse_port: bool = False) -> None:
     """Serve `app` on host:port until SIGTERM or SIGINT; requests in flight finish first (for up
     to shutdown_timeout). `serving` is called once the address is bound, and CannotListen is
-    raised if it cannot be."""
+    raised if it cannot be. With reuse_port, other processes may listen on the same address
+    (SO_REUSEPORT: the kernel spreads new connections over them)."""
     asyncio.run(_run(app, host, port, client_timeout=client_timeout, ssl_context=ssl_context,
-                     shutdown_timeout=shutdown_timeout, serving=serving))
+                     shutdown_timeout=shutdown_timeout, serving=serving, reuse_port=reuse_port))
 
 
 async def _run(app: web.Application, host: str, port: int, *, client_timeout: float, ssl_context: Any,
-               shutdown_timeout: float, serving: Callable[[], None]) -> None:
+               shutdown_timeout: float, serving: Callable[[], None], reuse_port: bool) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for number in (signal.SIGINT, signal.SIGTERM):
@@ -181,7 +182,7 @@ async def _run(app: web.Application, host: str, port: int, *, client_timeout: fl
         if stop.is_set():  # stopped while the pools opened
             return
         try:
-            await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+            await web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_port=reuse_port or None).start()
         except OSError as error:
             raise CannotListen(f"cannot listen on {_address(host, port)}: {_why(error)}",
                                hint="stop what serves there, or choose another --listen") from None

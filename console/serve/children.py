@@ -64,13 +64,19 @@ class Supervised:
             self.restarts += 1
             backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
 
-    def stop(self, timeout: float) -> None:
-        """SIGTERM, then SIGKILL after `timeout` seconds; no restart after it."""
+    def request_stop(self) -> None:
+        """SIGTERM, and no restart after it (stop() then waits for it)."""
         with self._lock:
             self._stopping.set()
             process = self._process
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float) -> None:
+        """SIGTERM, then SIGKILL after `timeout` seconds; no restart after it."""
+        self.request_stop()
+        process = self._process
+        if process is not None and process.poll() is None:
             try:
                 process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
