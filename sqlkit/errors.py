@@ -9,13 +9,16 @@ import psycopg
 
 
 class CourierError(Exception):
-    """An error a user can act on: a readable message, the SQLSTATE, and a hint."""
+    """An error a user can act on: a readable message, the SQLSTATE, a hint, and the input
+    field at fault where the SQL API names one (its error's COLUMN, as "headers.X-Foo")."""
 
-    def __init__(self, message: str, sqlstate: str | None = None, hint: str | None = None) -> None:
+    def __init__(self, message: str, sqlstate: str | None = None, hint: str | None = None,
+                 field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.sqlstate = sqlstate
         self.hint = hint or None
+        self.field = field or None
 
     def one_line(self) -> str:
         """The error as one line for a terminal: message, SQLSTATE and the fix."""
@@ -67,6 +70,10 @@ class PermissionDenied(CourierError):
     """The connected role may not do this."""
 
 
+class Contention(CourierError):
+    """A transaction lost a race it may win if retried: a serialization failure or a deadlock."""
+
+
 class MigrationError(CourierError):
     """The installed schema disagrees with the migrations shipped in this package."""
 
@@ -80,19 +87,31 @@ _BY_SQLSTATE: dict[str, type[CourierError]] = {
     "42704": NotFound,
     "55000": WrongState,
     "55006": WrongState,
+    "25006": DatabaseUnavailable,  # read_only_sql_transaction: a standby, after a failover
+    "55P03": WrongState,  # an endpoint held by an uncommitted send (drop_endpoint)
     "42501": PermissionDenied,
+    "42809": InvalidInput,  # wrong_object_type: a push endpoint's name where a pull topic's belongs
+    "0A000": InvalidInput,  # feature_not_supported: a kafka endpoint
     "3F000": SchemaMissing,
     "42883": SchemaMissing,
     "42P01": SchemaMissing,
 }
 
 _BY_CLASS: dict[str, type[CourierError]] = {
-    "08": DatabaseUnavailable,
-    "22": InvalidInput,
-    "23": InvalidInput,
-    "54": InvalidInput,
-    "57": DatabaseUnavailable,
+    "08": DatabaseUnavailable,  # connection exceptions
+    "22": InvalidInput,  # data exceptions
+    "23": InvalidInput,  # integrity constraint violations
+    "28": DatabaseUnavailable,  # invalid authorization: the server's own login refused
+    "3D": DatabaseUnavailable,  # the database does not exist
+    "40": Contention,  # serialization failure, deadlock
+    "53": DatabaseUnavailable,  # insufficient resources: disk full, out of memory, too many connections
+    "54": InvalidInput,  # program limits exceeded
+    "55": WrongState,  # object not in prerequisite state
+    "57": DatabaseUnavailable,  # operator intervention: shutdown, statement timeout, cancelled
+    "58": DatabaseUnavailable,  # system errors (I/O)
 }
+"""What each SQLSTATE the SQL API raises, or PostgreSQL raises under it, means to a caller.
+What is left (XX internal errors, P0001/P0003/P0004, other 42xxx) is a bug, not the input."""
 
 _SCHEMA_HINT = "Install or upgrade the schema with `courier migrate`"
 
@@ -102,6 +121,8 @@ def from_psycopg(error: psycopg.Error) -> CourierError:
     sqlstate = error.sqlstate
     diag = error.diag
     message = (diag.message_primary or str(error) or type(error).__name__).strip()
+    # The SQL API's own errors name the input at fault as their COLUMN; PostgreSQL's name a table's.
+    field = diag.column_name if message.startswith("[courier] ") else None
     message = message.removeprefix("[courier] ")
     hint = diag.message_hint
     if sqlstate is None and isinstance(error, psycopg.OperationalError):
@@ -112,12 +133,15 @@ def from_psycopg(error: psycopg.Error) -> CourierError:
             hint="Check --dsn / COURIER_DSN / DATABASE_URL, or start the embedded database "
             "with `courier db start`",
         )
+    if sqlstate is None and isinstance(error, psycopg.DataError):
+        # psycopg refused to send a value (a NUL character in text): the caller's input.
+        return InvalidInput(message)
     cls = _BY_SQLSTATE.get(sqlstate or "") or _BY_CLASS.get((sqlstate or "")[:2], CourierError)
     if cls is SchemaMissing and "courier" in message:
         hint = _SCHEMA_HINT  # PostgreSQL's own hint (add explicit casts) misleads here
     elif cls is SchemaMissing:
         cls = CourierError
-    return cls(message, sqlstate, hint)
+    return cls(message, sqlstate, hint, field)
 
 
 @contextlib.contextmanager

@@ -30,11 +30,11 @@ ENV = {key: value for key, value in os.environ.items()
 ENV["COLUMNS"] = "80"  # a standard terminal, whatever runs the tests
 
 HOOK = '{"url": "http://127.0.0.1:9000/hook", "allow_internal": true}'
-SECRETS = ["s3cret", "whsec_abc123", "Bearer zzz-top"]
+SECRETS = ["s3cret", "whsec_YWJjMTIz", "Bearer zzz-top"]
 SECRET_CONFIG = json.dumps({
     "url": "https://hooks.example.com/billing",
     "auth": {"type": "bearer", "token": "s3cret"},
-    "signing": {"secret": "whsec_abc123"},
+    "signing": {"secret": "whsec_YWJjMTIz"},
     "headers": {"Authorization": "Bearer zzz-top", "X-Team": "billing"},
 })
 

@@ -100,12 +100,12 @@ def test_get_endpoint_health_columns_and_values(conn, webhook):
 
 def test_event_log_records_changes_with_secrets_redacted(conn):
     conn.execute("""SELECT courier.create_endpoint('secure', 'http', '{"url": "https://api.test/hook",
-                    "auth": {"type": "bearer", "token": "s3cret-token"}, "signing": {"secret": "whsec_abc"}}')""")
+                    "auth": {"type": "bearer", "token": "s3cret-token"}, "signing": {"secret": "whsec_YWJj"}}')""")
     conn.execute("SELECT courier.disable_endpoint('secure')")
     conn.execute("SELECT courier.set_setting('retry_base_delay', '20')")
     events = conn.execute("SELECT event_type, details::text FROM courier.event_log "
                           "WHERE event_type NOT LIKE 'archive.%' ORDER BY id").fetchall()
     assert [e[0] for e in events] == ["endpoint.created", "endpoint.disabled", "config.changed"]
-    assert "s3cret-token" not in events[0][1] and "whsec_abc" not in events[0][1]
+    assert "s3cret-token" not in events[0][1] and "whsec_YWJj" not in events[0][1]
     assert '"token": "***"' in events[0][1]
     assert '"new_value": "20"' in events[2][1]

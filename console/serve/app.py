@@ -4,6 +4,7 @@ which serves it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import signal
@@ -19,7 +20,7 @@ from sqlkit.redaction import redact_shapes
 
 from . import configs, messages, metrics, openapi, push, topics
 from .auth import Authenticator
-from .input import BODY_SECONDS, BODY_TIMEOUT
+from .input import BODY_SECONDS, BODY_TIMEOUT, discard_body
 from .problems import ApiError, from_courier_error
 from .server import Server, role_pools
 from .wakeups import TopicWakeups
@@ -86,6 +87,8 @@ async def answer_errors(request: web.Request, handler):  # type: ignore[no-untyp
     except web.HTTPException as error:
         if error.status < 400:
             raise
+        with contextlib.suppress(ApiError, ConnectionResetError):
+            await discard_body(request)  # an unread corrupt compressed body would fail after the answer
         return answer(ApiError(error.status, error.reason.lower().replace(" ", "_"), error.reason))
     except asyncio.CancelledError:
         raise

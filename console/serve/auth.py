@@ -48,6 +48,8 @@ def require(token: Token, action: str, *, topic: str | None = None, endpoint: st
 
 
 def _credentials(header: str) -> tuple[str | None, str]:
+    if not header.isascii():  # no secret has such a character: refused here, not a 500 at its hash
+        raise _unauthorized("the Authorization header holds characters no token has")
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return None, value.strip()

@@ -43,16 +43,7 @@ def described(schema: dict[str, Any]) -> Callable[[Check], Check]:
 async def json_object(request: web.Request, fields: dict[str, Callable[[str, Any], Any]],
                       required: tuple[str, ...] = ()) -> dict[str, Any]:
     """The body as {field: checked value} for the fields given (absent or null: None)."""
-    limit = request.app[BODY_TIMEOUT]
-    try:
-        async with asyncio.timeout(limit):
-            raw = await request.read()
-    except TimeoutError:
-        raise ApiError(408, "timeout", f"the body did not arrive within {limit:g} s") from None
-    except web.HTTPRequestEntityTooLarge:
-        raise ApiError(413, "payload_too_large",
-                       f"the request body is larger than the server takes ({request.client_max_size} bytes; "
-                       "`courier serve --max-body`)") from None
+    raw = await _read(request)
     try:
         body = exact_json.fast_loads(raw or b"{}")
     except (ValueError, RecursionError):
@@ -61,6 +52,40 @@ async def json_object(request: web.Request, fields: dict[str, Callable[[str, Any
     if MAY_NOT_STORE.search(raw) and (found := exact_json.unstorable(body)):
         raise bad_request(found[0] or "body", found[1])
     return checked_object("", body, fields, required)
+
+
+async def discard_body(request: web.Request) -> None:
+    """Read and drop the body of a route that takes none. Left unread, aiohttp drains it after
+    the answer, and a body that cannot be decoded (a corrupt Content-Encoding) failed there
+    with a traceback in the log; read here, it is a 400 like any other bad body."""
+    if request.body_exists:
+        await _read(request)
+
+
+async def _read(request: web.Request) -> bytes:
+    limit = request.app[BODY_TIMEOUT]
+    try:
+        async with asyncio.timeout(limit):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(408, "timeout", f"the body did not arrive within {limit:g} s") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, "payload_too_large",
+                       f"the request body is larger than the server takes ({request.client_max_size} bytes; "
+                       "`courier serve --max-body`)") from None
+    except web.RequestPayloadError as error:
+        raise unreadable_body(request, error) from None
+
+
+def unreadable_body(request: web.Request, error: web.RequestPayloadError) -> ApiError:
+    """A body that cannot be read to its end (a corrupt deflate, gzip or br stream, a broken
+    chunked encoding): a 400 that tells the client to close the connection, since where a next
+    request would begin is unknown (the parser stops at the error). The body is marked read, so
+    that the server does not drain what is left after the answer: that read failed again, with
+    a traceback in the log, and reset the connection before the client had read the answer."""
+    request.content.feed_eof()
+    reason = " ".join(str(error).split()).removeprefix("400, message: ") or "it is malformed"
+    return ApiError(400, "invalid", f"the body cannot be read: {reason}", headers={"Connection": "close"})
 
 
 def checked_object(where: str, item: Any, fields: dict[str, Callable[[str, Any], Any]],
@@ -80,14 +105,18 @@ def checked_object(where: str, item: Any, fields: dict[str, Callable[[str, Any],
                 raise bad_request(where + name, "required")
             checked[name] = None
         else:
-            checked[name] = check(where + name, value)
+            try:
+                checked[name] = check(where + name, value)
+            except (ValueError, TypeError, OverflowError):
+                # A checker surprised by a value (int() of a digit that is not 0-9): still the input.
+                raise bad_request(where + name, "is not a valid value for this field") from None
     return checked
 
 
-MAY_NOT_STORE = re.compile(rb"\\u0000|\\u[dD][89abAB]")
+MAY_NOT_STORE = re.compile(rb"\\u0000|\\u[dD][89a-fA-F]")
 """What a body holds, escaped, before it may hold a string PostgreSQL cannot store
 (exact_json.unstorable): a NUL character, or half of a surrogate pair (\\ud83d\\ude00 is one
-emoji; \\ud83d alone is no character). Unescaped, neither is JSON."""
+emoji; \\ud83d alone, or \\udc00 alone, is no character). Unescaped, neither is JSON."""
 
 
 def _check_depth(value: Any) -> None:
@@ -182,12 +211,44 @@ def timestamp(name: str, value: Any) -> datetime:
     return parsed
 
 
+def _ascii_digits(value: Any, most: int) -> bool:
+    """Whether value is a string of 1 to `most` digits 0-9 (str.isdigit() alone also takes
+    superscripts and other scripts' digits, which int() refuses or reads)."""
+    return isinstance(value, str) and 0 < len(value) <= most and value.isascii() and value.isdigit()
+
+
 @described({"type": "string", "pattern": "^[0-9]{1,18}$"})
 def digits(name: str, value: Any) -> int:
     """A message id, as the API writes ids: a string of digits."""
-    if not isinstance(value, str) or not value.isdigit() or len(value) > 18:
+    if not _ascii_digits(value, 18):
         raise bad_request(name, "must be a message id (digits, as a string)")
     return int(value)
+
+
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
+HEADER_VALUE_REFUSED = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+"""What the HTTP dispatcher's client refuses in a header value (RFC 9110: control characters
+but tab, and DEL), as courier._check_headers() does at send."""
+
+
+@described({"type": "object",
+            "additionalProperties": {"type": "string", "pattern": "^[^\\x00-\\x08\\x0a-\\x1f\\x7f]*$"},
+            "propertyNames": {"pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$"}})
+def header_map(name: str, value: Any) -> dict[str, str]:
+    """Per-message HTTP headers: a JSON object of strings, each a value HTTP can carry; an error
+    names the header ("headers.X-Foo"). The rest (headers Courier sets) is courier.send's to refuse."""
+    if not isinstance(value, dict):
+        raise bad_request(name, "must be a JSON object of strings")
+    for header, text_value in value.items():
+        where = f"{name}.{header[:64]}"
+        if not HEADER_NAME.fullmatch(header):
+            raise bad_request(where, "is not a valid HTTP header name")
+        if not isinstance(text_value, str):
+            raise bad_request(where, "must be a string")
+        if bad := HEADER_VALUE_REFUSED.search(text_value):
+            raise bad_request(where, f"has a control character (U+{ord(bad.group()):04X}) in its value, "
+                                     "which HTTP cannot carry")
+    return value
 
 
 def message_id(request: web.Request) -> int:

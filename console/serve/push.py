@@ -16,7 +16,7 @@ from sqlkit import exact_json, queries
 from sqlkit.tokens import Token
 
 from .auth import require
-from .input import described, integer, json_map, text, timestamp
+from .input import described, header_map, integer, json_map, text, timestamp
 from .problems import ApiError, bad_request
 from .routing import api
 from .server import Server
@@ -38,15 +38,8 @@ def uuid_text(name: str, value: Any) -> uuid.UUID:
     raise bad_request(name, "must be a UUID, e.g. 0f8fad5b-d9cb-469f-a165-70867728950e")
 
 
-@described({"type": "object", "additionalProperties": {"type": "string"}})
-def string_map(name: str, value: Any) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise bad_request(name, "must be a JSON object of strings")
-    return value
-
-
 SEND = {"payload": any_json, "priority": integer(0, 10), "ordering_key": text(255), "idempotency_key": text(255),
-        "scheduled_at": timestamp, "expires_at": timestamp, "correlation_id": uuid_text, "headers": string_map,
+        "scheduled_at": timestamp, "expires_at": timestamp, "correlation_id": uuid_text, "headers": header_map,
         "metadata": json_map}
 PUBLISH = {"payload": any_json, "idempotency_key": text(255), "correlation_id": uuid_text}
 

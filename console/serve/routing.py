@@ -13,7 +13,7 @@ from aiohttp import web
 
 from sqlkit.tokens import Token
 
-from .input import Check, json_object
+from .input import Check, discard_body, json_object
 from .server import Server
 
 
@@ -34,6 +34,8 @@ def api(fields: dict[str, Check] | None = None, required: tuple[str, ...] = (),
         @functools.wraps(handler)
         async def route(request: web.Request) -> web.StreamResponse:
             token = await Server.of(request).auth.token(request)
+            if fields is None:
+                await discard_body(request)  # a corrupt compressed body is a 400 here, not a traceback later
             body = await json_object(request, fields, required) if fields is not None else {}
             return await handler(request, token, body)
 

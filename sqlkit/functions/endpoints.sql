@@ -227,6 +227,30 @@ BEGIN
 END
 $$;
 
+-- A config value the HTTP dispatcher sends as a header's value (a bearer token, a CloudEvents
+-- attribute): absent, or a non-empty string with no control character (but tab) and no DEL,
+-- which its client would refuse for every message. p_field names it in the error's COLUMN.
+CREATE OR REPLACE FUNCTION courier._require_header_value(p_field text, p_value jsonb) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(p_value) <> 'string' OR p_value #>> '{}' = '' THEN
+        RAISE EXCEPTION '[courier] http % must be a non-empty string', p_field
+            USING ERRCODE = '22023', COLUMN = p_field;
+    END IF;
+    IF p_value #>> '{}' ~ '[\x01-\x08\x0a-\x1f\x7f]' THEN
+        RAISE EXCEPTION '[courier] http % has a control character in its value (U+%)', p_field,
+                lpad(upper(to_hex(ascii(substring(p_value #>> '{}' FROM '[\x01-\x08\x0a-\x1f\x7f]')))), 4, '0')
+            USING ERRCODE = '22023', COLUMN = p_field,
+                  HINT = 'It is sent as an HTTP header value, which cannot hold control characters but tab';
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION courier.validate_endpoint_config(p_protocol text, p_config jsonb) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
@@ -267,7 +291,7 @@ BEGIN
         IF p_config ? 'headers' AND jsonb_typeof(p_config -> 'headers') <> 'object' THEN
             PERFORM courier._raise_invalid('http config.headers must be a JSON object of strings');
         ELSIF p_config ? 'headers' THEN
-            PERFORM courier._check_headers(p_config -> 'headers');
+            PERFORM courier._check_headers(p_config -> 'headers', 'config.headers');
         END IF;
         PERFORM courier._require_boolean(v_what, p_config, 'capture_response');
         IF p_config ? 'method' AND jsonb_typeof(p_config -> 'method') <> 'string' THEN
@@ -286,6 +310,8 @@ BEGIN
                 PERFORM courier._require_string('http config.auth', p_config -> 'auth', 'password', true);
             ELSE
                 PERFORM courier._require_string('http config.auth', p_config -> 'auth', 'token', true);
+                -- Sent as the Authorization header's value.
+                PERFORM courier._require_header_value('config.auth.token', p_config -> 'auth' -> 'token');
             END IF;
         END IF;
         IF p_config ? 'signing' THEN
@@ -293,6 +319,18 @@ BEGIN
                 PERFORM courier._raise_invalid('http config.signing must be {"secret": "whsec_..."}');
             END IF;
             PERFORM courier._require_string('http config.signing', p_config -> 'signing', 'secret', true);
+            -- Standard Webhooks: the key is the base64 after whsec_ (any other secret is the key
+            -- as it is). The dispatcher decodes it for every message, and a secret it could not
+            -- decode dead-lettered each one (issue 40); strict base64, so that no character is
+            -- dropped silently from the key either (Python's lenient decoding skips "-" and "_").
+            IF p_config #>> '{signing,secret}' LIKE 'whsec\_%'
+               AND substr(p_config #>> '{signing,secret}', 7)
+                   !~ '^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{2}==)$' THEN
+                RAISE EXCEPTION '[courier] http config.signing.secret is not valid base64 after "whsec_"'
+                    USING ERRCODE = '22023', COLUMN = 'config.signing.secret',
+                          HINT = 'A Standard Webhooks secret is "whsec_" and the key''s standard base64 '
+                                 '(A-Z, a-z, 0-9, +, /, = padding), e.g. whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw';
+            END IF;
         END IF;
         IF p_config ? 'cloudevents' THEN
             IF jsonb_typeof(p_config -> 'cloudevents') <> 'object'
@@ -300,6 +338,9 @@ BEGIN
                 PERFORM courier._raise_invalid('http config.cloudevents must be {"mode": "binary"|"structured", '
                                                '"type": "...", "source": "..."}');
             END IF;
+            -- In binary mode each is sent as a ce-* header's value.
+            PERFORM courier._require_header_value('config.cloudevents.type', p_config -> 'cloudevents' -> 'type');
+            PERFORM courier._require_header_value('config.cloudevents.source', p_config -> 'cloudevents' -> 'source');
         END IF;
     WHEN 'redis' THEN
         PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY[

@@ -233,33 +233,49 @@ $$;
 -- Per-message headers are sent as HTTP headers: a flat object of string values. Framing and
 -- hop-by-hop headers, Host, User-Agent and Courier's own X-Courier-* are Courier's to set (a
 -- producer's Content-Length once truncated a payload that was then recorded as delivered),
--- and a value with CR or LF could never be sent: both are refused here, at send.
-CREATE OR REPLACE FUNCTION courier._check_headers(p_headers jsonb) RETURNS void
+-- and a value with a control character (CR, LF or any other C0 control but tab, or DEL) could
+-- never be sent: the HTTP dispatcher's client refuses it, as RFC 9110 does, and every message
+-- carrying it was dead-lettered. Both are refused here, at send (issue 40). p_field names the
+-- map in errors, as their COLUMN ("headers.X-Foo", "config.headers.X-Foo"). Called only for a
+-- non-empty map, so a send without headers pays nothing; one with pays one regex per value.
+DROP FUNCTION IF EXISTS courier._check_headers(jsonb);
+CREATE OR REPLACE FUNCTION courier._check_headers(p_headers jsonb, p_field text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 DECLARE
     v_name text;
     v_value jsonb;
+    v_bad text;
 BEGIN
     FOR v_name, v_value IN SELECT key, value FROM jsonb_each(p_headers) LOOP
         IF v_name !~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]+$' OR length(v_name) > 256 THEN
-            RAISE EXCEPTION '[courier] header name % is not a valid HTTP header name', to_jsonb(v_name)
-                USING ERRCODE = '22023';
+            RAISE EXCEPTION '[courier] % name % is not a valid HTTP header name',
+                    CASE WHEN p_field = 'headers' THEN 'header' ELSE p_field END, to_jsonb(v_name)
+                USING ERRCODE = '22023', COLUMN = p_field || '.' || v_name;
         END IF;
         IF lower(v_name) IN ('content-length', 'transfer-encoding', 'host', 'user-agent', 'connection',
                              'keep-alive', 'te', 'trailer', 'upgrade', 'expect', 'proxy-connection',
                              'proxy-authorization', 'proxy-authenticate')
            OR lower(v_name) LIKE 'x-courier-%' THEN
-            RAISE EXCEPTION '[courier] header % is set by Courier and cannot be sent per message', v_name
-                USING ERRCODE = '22023', HINT = 'Leave out framing, hop-by-hop, Host, User-Agent and X-Courier-* headers';
+            RAISE EXCEPTION '[courier] % is set by Courier and cannot be sent per message',
+                    CASE WHEN p_field = 'headers' THEN 'header ' || v_name ELSE p_field || '.' || v_name END
+                USING ERRCODE = '22023', COLUMN = p_field || '.' || v_name,
+                      HINT = 'Leave out framing, hop-by-hop, Host, User-Agent and X-Courier-* headers';
         END IF;
         IF jsonb_typeof(v_value) <> 'string' THEN
-            RAISE EXCEPTION '[courier] header % must have a string value, not %', v_name, jsonb_typeof(v_value)
-                USING ERRCODE = '22023';
+            RAISE EXCEPTION '[courier] % must have a string value, not %',
+                    CASE WHEN p_field = 'headers' THEN 'header ' || v_name ELSE p_field || '.' || v_name END,
+                    jsonb_typeof(v_value)
+                USING ERRCODE = '22023', COLUMN = p_field || '.' || v_name;
         END IF;
-        IF v_value #>> '{}' ~ '[\r\n\x00]' THEN
-            RAISE EXCEPTION '[courier] header % has a line break or NUL in its value', v_name
-                USING ERRCODE = '22023', HINT = 'HTTP header values cannot contain CR, LF or NUL';
+        IF v_value #>> '{}' ~ '[\x01-\x08\x0a-\x1f\x7f]' THEN
+            v_bad := substring(v_value #>> '{}' FROM '[\x01-\x08\x0a-\x1f\x7f]');
+            RAISE EXCEPTION '[courier] % has a % in its value (U+%)',
+                    CASE WHEN p_field = 'headers' THEN 'header ' || v_name ELSE p_field || '.' || v_name END,
+                    CASE WHEN v_bad IN (E'\r', E'\n') THEN 'line break' ELSE 'control character' END,
+                    lpad(upper(to_hex(ascii(v_bad))), 4, '0')
+                USING ERRCODE = '22023', COLUMN = p_field || '.' || v_name,
+                      HINT = 'HTTP header values cannot hold control characters (CR, LF, other C0 controls but tab, DEL)';
         END IF;
     END LOOP;
 END
@@ -332,7 +348,7 @@ BEGIN
             RAISE EXCEPTION '[courier] headers and metadata must be JSON objects' USING ERRCODE = '22023';
         END IF;
         IF p_headers <> '{}' THEN
-            PERFORM courier._check_headers(p_headers);
+            PERFORM courier._check_headers(p_headers, 'headers');
         END IF;
         IF p_metadata <> '{}' AND jsonb_path_exists(p_metadata, 'strict $.**{32}') THEN
             RAISE EXCEPTION '[courier] metadata is nested more than 32 levels deep' USING ERRCODE = '22023',
@@ -614,6 +630,7 @@ DECLARE
     v_ttl double precision;
     v_text text;
     v_hint text;
+    v_column text;
 BEGIN
     IF EXISTS (SELECT FROM unnest(ARRAY[cardinality(p_priorities), cardinality(p_scheduled_at),
                                         cardinality(p_idempotency_keys), cardinality(p_correlation_ids),
@@ -652,16 +669,17 @@ BEGIN
     END IF;
     -- Header rules live in _check_headers; only a failing batch looks for the element to blame.
     BEGIN
-        PERFORM courier._check_headers(h) FROM unnest(p_headers) h WHERE h IS NOT NULL AND h <> '{}';
+        PERFORM courier._check_headers(h, 'headers') FROM unnest(p_headers) h WHERE h IS NOT NULL AND h <> '{}';
     EXCEPTION WHEN invalid_parameter_value THEN
         FOR v_bad IN SELECT o::integer AS ord, h FROM unnest(p_headers) WITH ORDINALITY AS u(h, o)
                      WHERE h IS NOT NULL AND h <> '{}' ORDER BY o LOOP
             BEGIN
-                PERFORM courier._check_headers(v_bad.h);
+                PERFORM courier._check_headers(v_bad.h, 'headers');
             EXCEPTION WHEN invalid_parameter_value THEN
-                GET STACKED DIAGNOSTICS v_text = MESSAGE_TEXT, v_hint = PG_EXCEPTION_HINT;
+                GET STACKED DIAGNOSTICS v_text = MESSAGE_TEXT, v_hint = PG_EXCEPTION_HINT,
+                                        v_column = COLUMN_NAME;
                 RAISE EXCEPTION '[courier] batch element %: %', v_bad.ord, replace(v_text, '[courier] ', '')
-                    USING ERRCODE = '22023', HINT = v_hint;
+                    USING ERRCODE = '22023', HINT = v_hint, COLUMN = v_column;
             END;
         END LOOP;
     END;
