@@ -13,9 +13,11 @@ from aiohttp import web
 routes = web.RouteTableDef()
 
 ERRORS = {"400": "bad input, naming the field", "401": "no live token", "403": "the token's scope does not allow it",
-          "404": "no such topic, endpoint or message", "409": "lease lost, receipt of another message, key in processing, or wrong state",
+          "404": "no such topic, endpoint or message",
+          "409": "lease lost, receipt of another message, key in processing, or wrong state",
           "413": "body or payload too large", "429": "the topic is full (Retry-After)",
-          "503": "the database is unavailable (Retry-After)"}
+          "431": "a header or the request line is too long",
+          "503": "the database is unavailable, or a conflict worth retrying (Retry-After)"}
 
 
 @routes.get("/api/openapi.json")
