@@ -74,21 +74,33 @@ class DlqSummary:
 
 
 def list_entries(conn: psycopg.Connection, endpoint: str | None = None, status: str | None = None,
-                 limit: int = 50) -> list[DlqEntry]:
-    """The newest `limit` entries, optionally of one endpoint and/or status (failed, redriven).
+                 limit: int = 50, after: int | None = None) -> list[DlqEntry]:
+    """The newest `limit` entries, optionally of one endpoint and/or status (failed, redriven);
+    with `after` (the id the previous page ended with), the `limit` entries listed after it,
+    that is older than it: a keyset page, which entries arriving meanwhile do not shift.
 
     Failed entries come from an index per endpoint that has any (`limit` rows each at most);
     one endpoint's entries from its own index; everything else walks the primary key, so
     `status="redriven"` alone costs as many rows as are newer than the newest redriven one.
+    A caller that must know whether more entries follow asks for limit + 1 (see
+    list_entries_page).
     """
-    params = {"endpoint": endpoint, "status": status, "limit": limit}
+    params = {"endpoint": endpoint, "status": status, "limit": limit, "after": after}
     if status == "failed":
-        name = "list_failed_dlq"
+        name = "list_failed_dlq_page"
     elif endpoint is not None:
-        name = "list_dlq_of_endpoint"
+        name = "list_dlq_of_endpoint_page"
     else:
-        name = "list_dlq"
+        name = "list_dlq_page"
     return [DlqEntry(**row) for row in queries.fetch_all(conn, name, params)]
+
+
+def list_entries_page(conn: psycopg.Connection, endpoint: str | None = None, status: str | None = None,
+                      limit: int = 50, after: int | None = None) -> tuple[list[DlqEntry], bool]:
+    """list_entries, and whether more entries follow the page: it reads limit + 1 rows (no
+    count of the whole DLQ) and returns `limit` of them."""
+    rows = list_entries(conn, endpoint, status, limit + 1, after)
+    return rows[:limit], len(rows) > limit
 
 
 def get(conn: psycopg.Connection, dlq_id: int) -> DlqDetail:

@@ -134,10 +134,25 @@ def latest_events(conn: psycopg.Connection, limit: int, event_type: str | None =
     return [Event(**row) for row in queries.fetch_all(conn, "latest_events", params)]
 
 
+def latest_events_page(conn: psycopg.Connection, limit: int, event_type: str | None = None,
+                       endpoint: str | None = None) -> tuple[list[Event], bool]:
+    """latest_events, and whether older events match too (read as one more row, not counted)."""
+    rows = latest_events(conn, limit + 1, event_type, endpoint)
+    return rows[-limit:], len(rows) > limit
+
+
 def events_after(conn: psycopg.Connection, after: int, event_type: str | None = None,
                  endpoint: str | None = None, limit: int = 1000) -> list[Event]:
+    """The first `limit` events after id `after`, oldest first: a keyset page of the log."""
     params = {"after": after, "limit": limit, "event_type": event_type, "endpoint": endpoint}
     return [Event(**row) for row in queries.fetch_all(conn, "events_after", params)]
+
+
+def events_after_page(conn: psycopg.Connection, after: int, limit: int, event_type: str | None = None,
+                      endpoint: str | None = None) -> tuple[list[Event], bool]:
+    """events_after, and whether more events follow the page (read as one more row)."""
+    rows = events_after(conn, after, event_type, endpoint, limit + 1)
+    return rows[:limit], len(rows) > limit
 
 
 CIRCUIT_STATES = {0: "closed", 1: "half_open", 2: "open"}

@@ -383,21 +383,27 @@ SELECT * FROM courier.get_worker_status();
 -- name: reset_circuit_breaker
 SELECT courier.reset_circuit_breaker(%(name)s);
 
--- name: list_dlq
--- Newest first, on the primary key.
+-- name: list_dlq_page
+-- Newest first, on the primary key, from a cursor: the entries listed after %(after)s (older:
+-- the list is newest first; NULL: from the newest), so the next page stays put however many
+-- entries arrive meanwhile.
 SELECT id, original_message_id, endpoint_name, status, retry_count, courier._redact_text(last_error) AS last_error,
        correlation_id,
        original_created_at, failed_at, redriven_at, redriven_message_id
 FROM courier.dlq
-WHERE %(status)s::text IS NULL OR status = %(status)s::text
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND id < coalesce(%(after)s::bigint, 9223372036854775807)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
--- name: list_failed_dlq
--- Entries awaiting redrive, newest first, of one endpoint or all: at most `limit` per
--- endpoint from dlq_failed_idx, for just the endpoints the dlq_depth counters say have
--- any. Filtering the primary key by status instead scanned the whole DLQ whenever few
--- entries were failed, as right after a redrive of everything.
+-- name: list_failed_dlq_page
+-- Entries awaiting redrive, newest first, of one endpoint or all, from a cursor (see
+-- list_dlq_page): at most `limit` per endpoint from dlq_failed_idx (endpoint_id, id), for just
+-- the endpoints the dlq_depth counters say have any. Filtering the primary key by status
+-- instead scanned the whole DLQ whenever few entries were failed, as right after a redrive of
+-- everything. The bound on id is an index condition, so a deep page costs no more than the
+-- first. The endpoint's equality is a range, as in list_dlq_of_endpoint_page: else the planner
+-- walked the primary key and filtered (580 ms at 1.6M entries, most of them redriven).
 WITH failing AS (
     SELECT d.endpoint_id FROM courier.dlq_depth d
     WHERE d.status = 'failed'
@@ -411,27 +417,26 @@ CROSS JOIN LATERAL (
     SELECT x.id, x.original_message_id, x.endpoint_name, x.status, x.retry_count, x.last_error, x.correlation_id,
            x.original_created_at, x.failed_at, x.redriven_at, x.redriven_message_id
     FROM courier.dlq x
-    -- A range, not `=`, as in list_dlq_of_endpoint: else the planner walked the primary key
-    -- and filtered (580 ms at 1.6M entries, most of them redriven).
     WHERE x.endpoint_id >= f.endpoint_id AND x.endpoint_id <= f.endpoint_id AND x.status = 'failed'
+      AND x.id < coalesce(%(after)s::bigint, 9223372036854775807)
     ORDER BY x.endpoint_id DESC, x.id DESC
     LIMIT %(limit)s
 ) x
--- Outside the LIMIT, which is right: an endpoint id's entries all carry one name.
 WHERE %(endpoint)s::text IS NULL OR x.endpoint_name = %(endpoint)s::text
 ORDER BY x.id DESC
 LIMIT %(limit)s;
 
--- name: list_dlq_of_endpoint
--- One endpoint's entries newest first, on dlq_endpoint_idx. The name's equality is written
--- as a range on purpose: given `=`, the planner drops the constant name from the sort order
--- and may walk the primary key instead, filtering (39 ms for an endpoint whose 300k entries
--- sat behind 300k newer ones of another endpoint).
+-- name: list_dlq_of_endpoint_page
+-- One endpoint's entries newest first, from a cursor (see list_dlq_page), on dlq_endpoint_idx
+-- (endpoint_name, id). The name's equality is written as a range on purpose: given `=`, the
+-- planner drops the constant name from the sort order and may walk the primary key instead,
+-- filtering (39 ms for an endpoint whose 300k entries sat behind 300k newer ones of another).
 SELECT id, original_message_id, endpoint_name, status, retry_count, courier._redact_text(last_error) AS last_error,
        correlation_id,
        original_created_at, failed_at, redriven_at, redriven_message_id
 FROM courier.dlq
 WHERE endpoint_name >= %(endpoint)s::text AND endpoint_name <= %(endpoint)s::text
+  AND id < coalesce(%(after)s::bigint, 9223372036854775807)
   AND (%(status)s::text IS NULL OR status = %(status)s::text)
 ORDER BY endpoint_name DESC, id DESC
 LIMIT %(limit)s;

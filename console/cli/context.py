@@ -393,3 +393,75 @@ def parse_json_object(text: str, what: str) -> dict[str, Any]:
 
 def when(value: datetime | None) -> str:
     return "-" if value is None else value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+# Listings that stop at --limit -------------------------------------------------------------
+
+PAGE_SIZE = 1000
+"""Rows per read when --all walks a listing: page after page by id, so none is read twice."""
+
+ENVELOPE_HELP = ("With --json: print one object {items, count, more, next_after} instead of the bare list, so a "
+                 "script can tell a full page from the whole: more is true when rows matching the filters were "
+                 "left out, and next_after is the --after value that prints the next page (null when nothing "
+                 "follows).")
+
+
+def paging_options(after_help: str, default_limit: int = 50) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--limit, --all, --after ID and --envelope, for a listing that stops at a page. --limit's
+    default is applied by page_limit, so that --all can refuse a --limit given with it."""
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed((
+            click.option("--limit", type=click.IntRange(1, 100_000), default=None,
+                         help=f"Print at most this many (default: {default_limit}); a note on stderr says when "
+                              "more were left out."),
+            click.option("--all", "everything", is_flag=True,
+                         help=f"Print every one, read {PAGE_SIZE:,} at a time (instead of --limit)."),
+            click.option("--after", type=click.IntRange(0), metavar="ID", help=after_help),
+            click.option("--envelope", is_flag=True, help=ENVELOPE_HELP),
+        )):
+            func = option(func)
+        return func
+    return decorate
+
+
+def page_limit(limit: int | None, everything: bool, envelope: bool, default_limit: int = 50) -> int | None:
+    """The rows to print (None: --all), refusing what contradicts itself."""
+    if everything and limit is not None:
+        raise click.UsageError("--all prints every row; it cannot be combined with --limit")
+    if envelope and not wants_json():
+        raise click.UsageError("--envelope shapes JSON output; give it with --json (or -o json)")
+    return None if everything else (default_limit if limit is None else limit)
+
+
+def read_pages(read: Callable[[int | None, int], tuple[list[Any], bool]], after: int | None,
+               limit: int | None) -> tuple[list[Any], bool]:
+    """The rows a listing prints, and whether more matched: read(after, n) returns a page of at
+    most n rows following `after` and whether more follow (fetched as n + 1 rows, never by a
+    count). With limit None, read page after page, each from the last id of the one before."""
+    if limit is not None:
+        return read(after, limit)
+    rows: list[Any] = []
+    while True:
+        page, more = read(after, PAGE_SIZE)
+        rows += page
+        if not more or not page:
+            return rows, False
+        after = page[-1].id
+
+
+def stopped_early(noun: str, shown: int, next_after: int | None, *, older: bool = False) -> None:
+    """One line on stderr, in every output format (stdout keeps only the data), when a listing
+    printed `shown` rows but more matched: how to get the rest."""
+    if older:
+        error_console.print(
+            f"note: showing the newest {shown:,} {noun}; older ones were left out. Every one: --all; a page at a "
+            "time from the oldest: --after 0; or a larger --limit.", highlight=False, soft_wrap=True)
+        return
+    error_console.print(
+        f"note: stopped after {shown:,} {noun}; more follow. Next page: --after {next_after}; all the rest: "
+        f"--all --after {next_after}; or a larger --limit.", highlight=False, soft_wrap=True)
+
+
+def page_envelope(rows: Sequence[Any], more: bool, next_after: int | None) -> dict[str, Any]:
+    """--envelope's JSON: the rows, how many, whether more matched, and the --after that continues."""
+    return {"items": list(rows), "count": len(rows), "more": more, "next_after": next_after}

@@ -10,7 +10,20 @@ from rich.table import Table
 
 from sqlkit import dlq
 
-from .context import common_options, console, emit, machine_output, open_connection, print_table, when
+from .context import (
+    common_options,
+    console,
+    emit,
+    machine_output,
+    open_connection,
+    page_envelope,
+    page_limit,
+    paging_options,
+    print_table,
+    read_pages,
+    stopped_early,
+    when,
+)
 
 REDRIVE_BATCH = 1000
 
@@ -23,15 +36,26 @@ def dlq_group() -> None:
 @dlq_group.command("list")
 @click.option("--endpoint", help="Only this endpoint's entries.")
 @click.option("--status", type=click.Choice(["failed", "redriven"]), help="Only entries in this state.")
-@click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
+@paging_options("Continue after entry ID (the last one the previous page printed): the entries older than it. "
+                "New entries do not shift the pages.")
 @common_options
-def list_command(endpoint: str | None, status: str | None, limit: int) -> None:
-    """Newest entries first."""
+def list_command(endpoint: str | None, status: str | None, limit: int | None, everything: bool, after: int | None,
+                 envelope: bool) -> None:
+    """Newest entries first, 50 unless --limit or --all says otherwise.
+
+    When more entries match than were printed, a note on stderr says so and gives the
+    --after ID that prints the next page (in every output format; stdout holds only the
+    data). --json prints the list of entries as it always has; add --envelope to get
+    {"items": [...], "count": N, "more": true|false, "next_after": ID|null} instead, so a
+    script can tell a full page from the whole DLQ."""
+    wanted = page_limit(limit, everything, envelope)
     with open_connection() as conn:
-        rows = dlq.list_entries(conn, endpoint, status, limit)
+        rows, more = read_pages(lambda cursor, n: dlq.list_entries_page(conn, endpoint, status, n, cursor),
+                                after, wanted)
+    next_after = rows[-1].id if more and rows else None
 
     def render() -> None:
-        table = Table(title=f"{len(rows)} DLQ entr{'y' if len(rows) == 1 else 'ies'}")
+        table = Table(title=_title(len(rows), more, after))
         table.add_column("id", justify="right")
         table.add_column("endpoint", no_wrap=True)
         table.add_column("status")
@@ -43,7 +67,19 @@ def list_command(endpoint: str | None, status: str | None, limit: int) -> None:
                           when(row.failed_at), row.last_error or "")
         print_table(table)
 
-    emit(rows, render, columns=dlq.DlqEntry)
+    if envelope:
+        emit(page_envelope(rows, more, next_after))
+    else:
+        emit(rows, render, columns=dlq.DlqEntry)
+    if more:
+        stopped_early("DLQ entries", len(rows), next_after)
+
+
+def _title(shown: int, more: bool, after: int | None) -> str:
+    """What the table holds, claiming no total it does not know: with more to come, a page."""
+    noun = f"DLQ entr{'y' if shown == 1 else 'ies'}"
+    where = f" after {after}" if after is not None else ""
+    return f"first {shown} {noun}{where} (more follow)" if more else f"{shown} {noun}{where}"
 
 
 @dlq_group.command("show")

@@ -1,5 +1,6 @@
-"""A DataTable that a poll updates in place by row key: no flicker, the cursor stays put.
-Every string cell is shown as literal text: DataTable would read a str as markup."""
+"""A DataTable that a poll updates in place by row key: no flicker, and the cursor stays on
+the row it was on (by key, wherever new rows push it). Every string cell is shown as literal
+text: DataTable would read a str as markup."""
 
 from __future__ import annotations
 
@@ -68,6 +69,10 @@ class LiveTable(DataTable):
         return any(self.filter_text in (c.plain if isinstance(c, Text) else str(c)).lower() for c in cells)
 
     def _apply(self) -> None:
+        # DataTable's cursor is a screen row: remember the row's key (and, should that row go,
+        # the ones that followed it) so an action hits the row the operator chose.
+        before = [row_key.value for row_key in self._ordered_row_keys()]
+        chosen = self.cursor_coordinate.row if before else None
         wanted = [(k, c) for k, c in self._all_rows if self._matches(c)]
         wanted_keys = {k for k, _ in wanted}
         for row_key in list(self.rows):
@@ -90,6 +95,21 @@ class LiveTable(DataTable):
                     pass
         if order_changed:
             self._order_like([k for k, _ in wanted])
+        if chosen is not None and chosen < len(before):
+            self._follow(before, chosen, wanted_keys)
+
+    def _ordered_row_keys(self) -> list[Any]:
+        return sorted(self._row_locations, key=self._row_locations.get)
+
+    def _follow(self, before: list[Any], chosen: int, present: set[str]) -> None:
+        """Put the cursor back on the row it was on; if that row went, on the nearest one that
+        stayed (the next, else the previous), so a removed row does not send it to the top."""
+        for key in before[chosen:] + before[:chosen][::-1]:
+            if key in present:
+                index = self.get_row_index(key)
+                if index != self.cursor_coordinate.row:
+                    self.move_cursor(row=index)
+                return
 
     def _order_like(self, keys: list[str]) -> None:
         # DataTable.sort's key sees only cell values, so reorder its row index directly.
