@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 
@@ -70,7 +71,16 @@ class JsonLineFormatter(logging.Formatter):
                                         default=lambda value: scrub(str(value))))
 
 
-def log_json_lines(level: int = logging.INFO) -> None:
+LEVELS = ("debug", "info", "warning", "error")
+LEVEL_VARIABLE = "COURIER_LOG_LEVEL"
+"""The level the headless commands log at (--log-level sets it; their children inherit it)."""
+
+
+def log_json_lines(level: int | None = None) -> None:
+    """JSON lines on stderr at `level` (None: COURIER_LOG_LEVEL, else info)."""
+    if level is None:
+        chosen = os.environ.get(LEVEL_VARIABLE, "info").strip().lower()
+        level = getattr(logging, chosen.upper()) if chosen in LEVELS else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLineFormatter())
     handler.addFilter(RedactingFilter())

@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 import sys
 import typing
 from collections.abc import Callable, Iterable, Sequence
@@ -29,6 +30,7 @@ from sqlkit.dsn import resolve_dsn
 from sqlkit.errors import DatabaseUnavailable, SchemaMissing
 
 from ..literal import LiteralConsole, printable
+from ..logs import LEVEL_VARIABLE, LEVELS
 
 # Everything printed may hold stored text: both consoles show strings literally.
 console = LiteralConsole()
@@ -47,6 +49,21 @@ def dsn_option(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--dsn", expose_value=False, callback=_remember("dsn"), is_eager=True,
         help="PostgreSQL connection string (default: COURIER_DSN, DATABASE_URL, PG* or the embedded database).",
+    )(func)
+
+
+def _log_level(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:  # for log_json_lines(), and for the children a command starts (they inherit it)
+        os.environ[LEVEL_VARIABLE] = value.lower()
+
+
+def log_level_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--log-level (or COURIER_LOG_LEVEL) for the commands that log JSON lines."""
+    return click.option(
+        "--log-level", type=click.Choice(LEVELS, case_sensitive=False), envvar=LEVEL_VARIABLE,
+        expose_value=False, callback=_log_level, is_eager=True, show_envvar=True,
+        help="Least severe log lines printed (default: info; warning leaves only failures, circuits "
+             "and retries).",
     )(func)
 
 

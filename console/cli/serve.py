@@ -25,6 +25,7 @@ from .context import (
     database_url,
     dsn_option,
     emit,
+    log_level_option,
     open_connection,
     plain,
     print_table,
@@ -59,6 +60,7 @@ def _listen_address(ctx: click.Context, param: click.Parameter, value: str) -> t
               help="PEM private key of --tls-cert.")
 @click.option("--sibling", is_flag=True, hidden=True,
               help="Started by a `serve --processes N`: share its address, start no workers or siblings.")
+@log_level_option
 @dsn_option
 def serve(listen: tuple[str, int], max_body: int, client_timeout: float, workers: int, processes: int,
           tls_cert: Path | None, tls_key: Path | None, sibling: bool) -> None:

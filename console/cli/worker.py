@@ -17,7 +17,7 @@ from console.workers.pool import MAX_CONCURRENCY, PoolSettings, WorkerPool, defa
 from console.workers.processes import Supervisor, default_processes
 from sqlkit.errors import DatabaseUnavailable
 
-from .context import FiniteFloatRange, database_url, dsn_option, require_current_schema
+from .context import FiniteFloatRange, database_url, dsn_option, log_level_option, require_current_schema
 
 
 @click.command("worker")
@@ -41,6 +41,7 @@ from .context import FiniteFloatRange, database_url, dsn_option, require_current
                    "before exiting 1 (default: wait as long as it takes).")
 @click.option("--exit-if-unavailable", is_flag=True,
               help="Exit 1 at once if the database cannot be reached at start, instead of waiting for it.")
+@log_level_option
 @dsn_option
 def worker(concurrency: int, batch_size: int, poll_interval: float, drain_timeout: float, processes: int,
            worker_id: str | None, wait_limit: float | None, exit_if_unavailable: bool) -> None:

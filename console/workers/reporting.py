@@ -19,6 +19,7 @@ from sqlkit.messages import ClaimedMessage
 
 from .capacity import Capacity
 from .dispatchers import Target
+from .failure_log import FailureLog
 from .faults import one_line
 from .leases import Leases
 from .outcome import Outcome, OutcomeKind
@@ -59,6 +60,7 @@ class Reporter:
         self._unreported_failures: dict[int, int] = defaultdict(int)
         self._failed_endpoint: dict[int, int] = {}
         self._report_wake = asyncio.Event()
+        self.failures = FailureLog()
 
     def unreported(self) -> int:
         """Outcomes held, waiting or in a report on its way (max_unreported bounds it)."""
@@ -78,6 +80,7 @@ class Reporter:
             if outcome.kind != OutcomeKind.SUCCESS:
                 self._unreported_failures[target.id] += 1
                 self._failed_endpoint[message.id] = target.id
+                self.failures.record(target.name, outcome)
         self._reports.extend(reports)
         self._report_wake.set()
 
@@ -125,6 +128,7 @@ class Reporter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._report_wake.wait(), 1.0)
             self._report_wake.clear()
+            self.failures.flush()
             if not self._stopping.is_set() and self._busy():
                 # A busy endpoint claims again within moments, and its claim carries these
                 # outcomes in the same round trip; a quiet pool reports them at once.
@@ -147,6 +151,7 @@ class Reporter:
                     continue
                 self._reports_sending -= len(batch)
             if self._stopping.is_set() and drained():
+                self.failures.flush(all_of_them=True)
                 return
 
     def _unsettled(self, batch: list[Report], settled: set[int]) -> list[Report]:
