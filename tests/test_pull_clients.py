@@ -120,6 +120,9 @@ def test_the_cli_cycle_as_the_issue_shows_it(courier, conn, tmp_path):  # noqa: 
                                          "--error", "upstream 500")).out
     late = courier("ack", str(held[0]["id"]), str(held[0]["lease"]), "--json")
     assert late.code == 1 and late.json()["result"] == "not_found"
+    # The nacked message waits in the queue again: a settle says it is not leased, not "not found".
+    pending = courier("nack", str(held[1]["id"]), str(held[1]["lease"]))
+    assert pending.code == 1 and "not leased (it is pending" in pending.out
     listed = assert_ok(courier("topic", "list", "--json")).json()
     assert listed[0]["topic"] == "orders" and listed[0]["pending"] == 1 and listed[0]["max_depth"] == 100000
     assert assert_ok(courier("peek", "orders", "--json")).json()["estimate"] == 1

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import click
+import psycopg
 from rich.table import Table
 
 from sqlkit import pull
@@ -229,11 +230,27 @@ def _short(value: Any) -> str:
     return json.dumps(value)
 
 
-def _report(message_id: int, lease: int, result: str) -> None:
+def _report(conn: psycopg.Connection, message_id: int, lease: int, result: str) -> None:
+    said = result.replace("_", " ")
+    if result == "not_found" and _pending(conn, message_id):
+        said = "not leased (it is pending: dequeue it first, and settle it with the lease that returns)"
+    elif result == "not_found":
+        said = "not found under a lease (acked, nacked, dead-lettered, expired or never sent)"
+    elif result == "lease_lost":
+        said = "lease lost (its visibility timeout passed; it was taken back or dequeued again)"
     emit({"id": message_id, "lease": lease, "result": result},
-         lambda: console.print(f"message {message_id}: {result.replace('_', ' ')}", highlight=False))
+         lambda: console.print(f"message {message_id}: {said}", highlight=False))
     if result in ("lease_lost", "not_found"):
         raise SystemExit(1)
+
+
+def _pending(conn: psycopg.Connection, message_id: int) -> bool:
+    """Whether the message waits in the queue unleased (False where this login cannot tell)."""
+    try:
+        return conn.execute("SELECT status = 'pending' FROM courier.queue WHERE id = %s",
+                            (message_id,)).fetchone() == (True,)
+    except psycopg.Error:
+        return False
 
 
 @click.command("ack")
@@ -243,7 +260,7 @@ def _report(message_id: int, lease: int, result: str) -> None:
 def ack(message_id: int, lease: int) -> None:
     """Ack MESSAGE_ID held under LEASE: it is done. Exit 1 if the lease was lost."""
     with open_connection() as conn:
-        _report(message_id, lease, pull.ack(conn, [message_id], [lease])[0].result)
+        _report(conn, message_id, lease, pull.ack(conn, [message_id], [lease])[0].result)
 
 
 @click.command("nack")
@@ -254,7 +271,7 @@ def ack(message_id: int, lease: int) -> None:
 def nack(message_id: int, lease: int, error: str | None) -> None:
     """Nack MESSAGE_ID held under LEASE: retry it, or past max_retries move it to TOPIC.dlq."""
     with open_connection() as conn:
-        _report(message_id, lease, pull.nack(conn, [message_id], [lease], error)[0].result)
+        _report(conn, message_id, lease, pull.nack(conn, [message_id], [lease], error)[0].result)
 
 
 @click.command("receive")
