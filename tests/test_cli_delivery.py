@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import uuid
 
+import psycopg
 import pytest
 
+from console.bench.scratch import with_dbname
 from console.sink import WebhookSink
+from tests.conftest import drop_database
 from tests.helpers import report, scalar
 from tests.test_cli import assert_ok, assert_one_line_error, run
 from tests.workers import start_worker_process, wait_for
@@ -120,11 +124,18 @@ def test_dlq_show_redacts_producer_credentials(courier, conn):
         assert "t0p-s3cret" not in shown.out and "acme" in shown.out
 
 
-def test_demo_runs_producer_workers_and_the_live_view(courier, conn):
-    shown = assert_ok(courier("demo", "--seconds", "6", "--rate", "80"))
-    assert "Courier demo" in shown.out and "demo-down" in shown.out
-    names = {n for (n,) in conn.execute("SELECT name FROM courier.endpoints")}
-    assert names == {"demo-healthy", "demo-flaky", "demo-slow", "demo-down"}
-    assert scalar(conn, "SELECT count(*) FROM courier.archive WHERE status = 'completed'") > 50
-    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'") == 0  # drained on exit
-    assert scalar(conn, "SELECT state FROM courier.workers WHERE worker_id LIKE 'console:%'") == "stopped"
+def test_demo_runs_producer_workers_and_the_live_view(courier, conn, server_dsn):
+    # The demo works in a database of its own beside the one --dsn names; --keep keeps it to look at.
+    database = "courier_demo_t_" + uuid.uuid4().hex[:10]
+    try:
+        shown = assert_ok(courier("demo", "--seconds", "6", "--rate", "80", "--keep", "--database", database))
+        assert "Courier demo" in shown.out and "demo-down" in shown.out
+        assert scalar(conn, "SELECT count(*) FROM courier.endpoints") == 0
+        with psycopg.connect(with_dbname(server_dsn, database), autocommit=True) as kept:
+            names = {n for (n,) in kept.execute("SELECT name FROM courier.endpoints")}
+            assert names == {"demo-healthy", "demo-flaky", "demo-slow", "demo-down"}
+            assert scalar(kept, "SELECT count(*) FROM courier.archive WHERE status = 'completed'") > 50
+            assert scalar(kept, "SELECT count(*) FROM courier.queue WHERE status = 'processing'") == 0  # drained
+            assert scalar(kept, "SELECT state FROM courier.workers WHERE worker_id LIKE 'console:%'") == "stopped"
+    finally:
+        drop_database(server_dsn, database)

@@ -24,6 +24,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -46,11 +48,16 @@ NOT_RUN = {
     "courier console": "the interactive console needs a terminal; tests/test_console_*.py drive it with Pilot",
     "courier  ": "the interactive console (bare `courier`), as above",
 }
-RUN_FOR_SECONDS = {"courier worker": 4.0, "courier events --follow": 2.0, "courier demo --headless": 8.0,
+RUN_FOR_SECONDS = {"courier worker": 8.0, "courier events --follow": 2.0, "courier demo --headless": 8.0,
                    'COURIER_DSN="$(courier db url)" python consume_orders.py': 8.0,
                    'COURIER_DSN="$(courier db url)" python receive_orders.py': 8.0}
 PROGRAM_NAME = re.compile(r"^# (\w+\.py)\n")
 BACKGROUND = ("courier serve",)
+# The loopback ports the README's own servers listen on (`courier serve`, `courier sink`): each
+# is swapped for a free port in every example, so that whatever else holds 8080 on the machine
+# cannot fail the test. Brokers' ports (6379, 5672, ...) are real services, and stay.
+LOCAL_PORTS = (8080, 8443, 9000)
+LOCAL_ADDRESS = re.compile(r"(?<=127\.0\.0\.1:)(\d+)\b")
 
 # Placeholder -> the SQL that finds its value at the moment the line runs.
 PLACEHOLDERS = {
@@ -58,8 +65,10 @@ PLACEHOLDERS = {
     ("<id>", "<lease>"): """
         SELECT q.id::text, q.lease::text FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
         WHERE e.protocol = 'pull' AND q.status = 'processing' ORDER BY q.id LIMIT 1""",
+    # The HTTP API's opaque receipt: base64url of (message id, lease) as console.serve.messages.RECEIPT packs them.
     ("<receipt>",): """
-        SELECT q.lease::text FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
+        SELECT translate(encode(int8send(q.id) || int4send(q.lease), 'base64'), '+/', '-_')
+        FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
         WHERE e.protocol = 'pull' AND q.status = 'processing' ORDER BY q.id LIMIT 1""",
     ("<dlq-id>",): "SELECT max(id)::text FROM courier.dlq WHERE status = 'failed'",
     ("<archive-id>",): "SELECT max(id)::text FROM courier.archive",
@@ -123,9 +132,12 @@ class Session:
         self.variables.write_text("")
         self.env = {key: value for key, value in os.environ.items()
                     if not key.startswith("PG") and key not in ("COURIER_DSN", "DATABASE_URL")}
-        # `courier db start` starts an embedded server of the test's own, stopped at the end.
+        # `courier db start` starts an embedded server of the test's own, stopped at the end;
+        # `courier demo` makes its database beside COURIER_DSN's under a name of this run's own,
+        # as another run may share the server.
         self.env.update(COURIER_DSN=dsn, PATH=f"{BIN}{os.pathsep}{self.env.get('PATH', '')}", COLUMNS="120",
-                        PYTHONPATH=str(ROOT), COURIER_DATA_DIR=str(folder / "embedded"))
+                        PYTHONPATH=str(ROOT), COURIER_DATA_DIR=str(folder / "embedded"),
+                        COURIER_DEMO_DATABASE=f"{psycopg.conninfo.conninfo_to_dict(dsn)['dbname']}_demo")
         self.background: list[subprocess.Popen[bytes]] = []
         self.skipped: list[tuple[int, str]] = []
 
@@ -218,6 +230,9 @@ class Session:
 
     def close(self) -> None:
         subprocess.run([str(BIN / "courier"), "db", "stop"], env=self.env, capture_output=True, timeout=60)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:  # in case a demo was cut short
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(self.env["COURIER_DEMO_DATABASE"])))
         for process in self.background:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -225,6 +240,25 @@ class Session:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
+
+
+def free_ports(wanted: tuple[int, ...]) -> dict[int, int]:
+    """A free loopback port for each of wanted (all bound at once, so they differ)."""
+    sockets = []
+    try:
+        for _ in wanted:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return {port: sock.getsockname()[1] for port, sock in zip(wanted, sockets, strict=True)}
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def on_ports(text: str, ports: dict[int, int]) -> str:
+    """text with 127.0.0.1:PORT moved to ports[PORT] where ports has it (line numbers kept)."""
+    return LOCAL_ADDRESS.sub(lambda match: str(ports.get(int(match.group(1)), match.group(1))), text)
 
 
 def _quotes_closed(command: str) -> bool:
@@ -264,9 +298,11 @@ def test_every_readme_example_runs_as_written(empty_dsn: str, tmp_path: Path) ->
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
                     "-keyout", "key.pem", "-out", "cert.pem"], cwd=tmp_path, check=True, capture_output=True)
     session = Session(empty_dsn, tmp_path)
+    ports = free_ports(LOCAL_PORTS)
+    readme = on_ports(README.read_text(), ports)
     ran = 0
     try:
-        for example in examples(README.read_text()):
+        for example in examples(readme):
             if example.language == "sh":
                 for line, command in shell_lines(example):
                     session.run_shell(line, command)
@@ -297,6 +333,15 @@ def test_every_readme_example_runs_as_written(empty_dsn: str, tmp_path: Path) ->
     assert ran > 50
     # Only what NOT_RUN declares was left out.
     assert {reason for _, reason in session.skipped} <= set(NOT_RUN.values())
+
+
+def test_readme_servers_move_to_free_ports() -> None:
+    ports = free_ports(LOCAL_PORTS)
+    assert len(set(ports.values())) == len(LOCAL_PORTS)
+    moved = on_ports("courier serve --listen 127.0.0.1:8080 & curl http://127.0.0.1:8080/x "
+                     "redis://127.0.0.1:6379/0 http://127.0.0.1:9000/hook", ports)
+    assert moved == (f"courier serve --listen 127.0.0.1:{ports[8080]} & curl http://127.0.0.1:{ports[8080]}/x "
+                     f"redis://127.0.0.1:6379/0 http://127.0.0.1:{ports[9000]}/hook")
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -1,6 +1,7 @@
-"""`courier demo`: the embedded database, demo endpoints on a local webhook sink, a producer
-and the worker pool (console.demo.DemoRuntime), watched in the console or, with --headless,
-through a status line every 5 seconds."""
+"""`courier demo`: a database of its own (courier_demo) on the embedded PostgreSQL or the given
+server, demo endpoints on a local webhook sink, a producer and the worker pool
+(console.demo.DemoRuntime), watched in the console or, with --headless, through a status line
+every 5 seconds."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from dataclasses import dataclass
 
 import click
 
-from console.demo import DEMO_ENDPOINTS, DemoRuntime
+from console.demo import DEMO_DATABASE, DEMO_ENDPOINTS, DemoRuntime
 from sqlkit import observability
 from sqlkit.connection import connect
-from sqlkit.dsn import resolve_dsn
+from sqlkit.dsn import resolve_dsn, without_password
 from sqlkit.errors import CourierError
 
 from .context import FiniteFloatRange, common_options, console, emit, error_console, machine_output
@@ -35,14 +36,25 @@ STATUS_EVERY = 5.0
               help="Messages in flight at once in the demo's worker pool.")
 @click.option("--headless", is_flag=True,
               help="No console: print a status line every 5 seconds (for scripts, CI and dumb terminals).")
+@click.option("--keep", is_flag=True,
+              help="Carry on with the demo database of an earlier --keep run, and keep it at exit to look "
+                   "around in (default: made afresh, dropped at exit).")
+@click.option("--database", metavar="NAME", default=DEMO_DATABASE, show_default=True,
+              envvar="COURIER_DEMO_DATABASE",
+              help="The demo's own database, made beside yours on the same server (env: COURIER_DEMO_DATABASE).")
 @common_options
-def demo(rate: float, seconds: float, workers: int, headless: bool) -> None:
-    """Start the embedded PostgreSQL with demo endpoints, traffic and workers, and watch.
+def demo(rate: float, seconds: float, workers: int, headless: bool, keep: bool, database: str) -> None:
+    """Demo endpoints, traffic and workers in a database of their own, and watch.
 
-    If this command started the embedded PostgreSQL, quitting stops it (its data stays on disk
-    for the next run); a server that was already running is left running."""
+    The demo runs in database courier_demo (--database) on the embedded PostgreSQL, or, given
+    --dsn / COURIER_DSN, on that server beside the database the DSN names, which it never
+    writes to. It is made afresh at start and dropped at exit, so your own database never sees
+    the demo's endpoints, open circuits or backlog; --keep keeps it (and carries on with it
+    next time). If this command started the embedded PostgreSQL, quitting stops it; a server
+    that was already running is left running."""
     choice = resolve_dsn(click.get_current_context().meta.get("courier.dsn"))
-    runtime = DemoRuntime(None if choice.is_embedded else (choice.dsn or ""), rate=rate, workers=workers)
+    runtime = DemoRuntime(None if choice.is_embedded else (choice.dsn or ""), rate=rate, workers=workers,
+                          database=database, keep=keep)
     began: float | None = None
     # Until the loop takes over signals, SIGTERM interrupts like Ctrl-C, so that the cleanup
     # below runs even for a demo stopped while it starts.
@@ -138,8 +150,9 @@ def _run_headless(runtime: DemoRuntime, seconds: float) -> None:
 def _banner(runtime: DemoRuntime, seconds: float) -> str:
     pool = runtime.pool.state
     until = f"for {seconds:g}s, " if seconds else ""
-    return (f"Courier demo ({until}Ctrl-C stops): {runtime.rate:g} messages/s to "
-            f"{', '.join(DEMO_ENDPOINTS)} on the sink at {runtime.sink.url if runtime.sink else '?'}; "
+    fate = "kept at exit" if runtime.keep else "dropped at exit"
+    return (f"Courier demo ({until}Ctrl-C stops) in database {runtime.database} ({fate}): {runtime.rate:g} "
+            f"messages/s to {', '.join(DEMO_ENDPOINTS)} on the sink at {runtime.sink.url if runtime.sink else '?'}; "
             f"{pool.concurrency} workers in process {pool.pid} (log: {pool.log_path})")
 
 
@@ -205,19 +218,30 @@ def _summary(runtime: DemoRuntime, outcome: DemoOutcome) -> None:
         "dlq": final.dlq if final else None, "circuits": final.circuits if final else None,
         "worker_exit_code": outcome.worker_exit_code, "worker_log": str(runtime.worker_log),
         "embedded_stopped": outcome.embedded_stopped,
+        "database": runtime.database, "database_reused": runtime.reused, "database_kept": runtime.keep,
+        "database_dropped": runtime.dropped,
     }
 
     def render() -> None:
         if final is not None:
             console.print(f"stopped: {final.line(outcome.seconds)}", highlight=False)
         if outcome.embedded_stopped:
-            console.print("the embedded PostgreSQL this demo started is stopped; its data stays for the next "
-                          "run (`courier db start` to look around)", highlight=False)
-        console.print(
-            f"database: {outcome.dsn}\n"
-            "Everything stays in the database: look around with `courier status`, `courier dlq list`, "
-            "`courier archive partitions`, `courier events` or psql \"$(courier db url)\"; "
-            "run the workers again with `courier worker`.", highlight=False)
+            console.print("the embedded PostgreSQL this demo started is stopped"
+                          + ("; `courier db start` starts it again" if runtime.keep else ""), highlight=False)
+        if runtime.keep:
+            shown, password = without_password(outcome.dsn)
+            shown = outcome.dsn if not password else shown  # a password is never printed
+            console.print(
+                f"database {runtime.database} is kept: look around with COURIER_DSN='{shown}' and "
+                "`courier status`, `courier dlq list`, `courier archive partitions`, `courier events`, or "
+                f"psql '{shown}'{' (with your password)' if password else ''}. `courier demo --keep` carries "
+                "on with it; `courier demo` starts afresh and drops it at exit.", highlight=False)
+        elif runtime.dropped:
+            console.print(f"database {runtime.database}, the demo's own, is dropped; your database was not "
+                          "touched. `courier demo --keep` keeps it to look around in.", highlight=False)
+        else:
+            console.print(f"database {runtime.database} could not be dropped ({runtime.drop_error}): drop it "
+                          f"with DROP DATABASE {runtime.database}, or run `courier demo` again", highlight=False)
 
     emit(data, render)
 
