@@ -24,23 +24,26 @@ def _all() -> dict[str, str]:
     return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
-def query(name: str, relation: tuple[str, str] | None = None) -> sql.Composable:
-    """The named query; {relation} is filled with a quoted schema-qualified table name."""
+def query(name: str, relation: tuple[str, str] | None = None, **parts: sql.Composable) -> sql.Composable:
+    """The named query; {relation} is filled with a quoted schema-qualified table name, and
+    any other {name} with the composed SQL given for it (e.g. a WHERE clause's conditions)."""
     text = sql.SQL(_all()[name])  # type: ignore[arg-type]
-    return text.format(relation=sql.Identifier(*relation)) if relation else text
+    if relation:
+        parts = {**parts, "relation": sql.Identifier(*relation)}
+    return text.format(**parts) if parts else text
 
 
 def rows(conn: psycopg.Connection, name: str, params: Any = None,
-         relation: tuple[str, str] | None = None) -> list[dict[str, Any]]:
+         relation: tuple[str, str] | None = None, **parts: sql.Composable) -> list[dict[str, Any]]:
     with translated(), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query(name, relation), params)
+        cur.execute(query(name, relation, **parts), params)
         return cur.fetchall() if cur.description else []
 
 
 def value(conn: psycopg.Connection, name: str, params: Any = None,
-          relation: tuple[str, str] | None = None) -> Any:
+          relation: tuple[str, str] | None = None, **parts: sql.Composable) -> Any:
     with translated(), conn.cursor() as cur:
-        cur.execute(query(name, relation), params)
+        cur.execute(query(name, relation, **parts), params)
         row = cur.fetchone() if cur.description else None
         return None if row is None else row[0]
 

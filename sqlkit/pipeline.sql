@@ -13,6 +13,21 @@ SELECT min(id) AS low, max(id) AS high FROM {relation};
 -- name: relation_rows
 SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%(relation)s);
 
+-- Before Spark starts (console/pipeline/plan.py): the archived rows a job will read, counted
+-- exactly with the conditions the data source reads them with ({where}). A range of
+-- created_at prunes the monthly partitions and uses the BRIN index.
+-- name: count_archive
+SELECT count(*) FROM courier.archive WHERE {where};
+
+-- The same for a replay, per endpoint name (NULL: an endpoint dropped since), with how many
+-- of them were replayed before: a dry run's whole answer.
+-- name: count_replay
+SELECT e.name AS endpoint, count(*) AS matched, count(r.archive_id) AS replayed
+FROM (SELECT id, endpoint_id FROM courier.archive WHERE {where}) a
+LEFT JOIN courier.endpoints e ON e.id = a.endpoint_id
+LEFT JOIN courier.replayed_messages r ON r.archive_id = a.id
+GROUP BY e.name;
+
 -- name: endpoint_names
 SELECT id, name, enabled FROM courier.endpoints ORDER BY id;
 

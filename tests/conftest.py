@@ -7,6 +7,7 @@ Set COURIER_TEST_DSN to run against another server instead, e.g. the local Postg
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -23,6 +24,11 @@ from console.bench.scratch import with_dbname
 from sqlkit import migrate
 
 TEMPLATE_PREFIX = "courier_tpl_"
+
+# The run logs of every command the tests start (the pipeline's Spark logs) go to a folder of
+# the session's own, removed at its end: they never push the user's out of theirs.
+os.environ["COURIER_LOG_DIR"] = tempfile.mkdtemp(prefix="courier-test-logs-")
+atexit.register(shutil.rmtree, os.environ["COURIER_LOG_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

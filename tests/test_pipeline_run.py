@@ -57,17 +57,19 @@ def test_a_failed_job_names_this_runs_log_file(spark, dsn, tmp_path):  # noqa: F
     assert named == run_session.current_run().log_path
 
 
-def test_verbose_prints_the_phases_and_every_command_ends_with_rows_and_time(spark, archive_dsn):  # noqa: F811
+def test_verbose_prints_the_phases_and_every_command_ends_with_rows_and_time(spark, archive_dsn,  # noqa: F811
+                                                                             monkeypatch):
     quiet = _pipeline("replay", "--dry-run", "--dsn", archive_dsn)
     assert quiet.exit_code == 0, quiet.output
     assert re.search(r"replay \(dry run\): 3,000 row\(s\) in \d+\.\d s\n$", quiet.stderr)
     assert "Spark job" not in quiet.stderr and " s  " not in quiet.stderr
 
+    monkeypatch.setenv("COURIER_PIPELINE_TINY_ROWS", "0")  # 3,000 rows would be aggregated in SQL, without Spark
     verbose = _pipeline("analytics", "--dsn", archive_dsn, "--verbose")
     assert verbose.exit_code == 0, verbose.output
     phases = re.findall(r"^ +(\d+\.\d\d) s  (.+)$", verbose.stderr, re.MULTILINE)
     names = [name for _, name in phases]
-    assert "estimate the archive's size" in names
+    assert "count the archive's rows in range (SQL)" in names
     assert "analytics: read the archive here, in the driver" in names  # 3,000 rows: a small input
     assert {"analytics: summary (Spark job)", "analytics: hourly (Spark job)", "analytics: attempts (Spark job)",
             "analytics: errors (Spark job)", "analytics: store the results in PostgreSQL"} <= set(names)

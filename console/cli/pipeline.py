@@ -14,15 +14,15 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from .context import common_options, console, database_url, emit, error_console, wants_json
+from .context import common_options, console, database_url, emit, error_console, print_table, wants_json
 
 DEFAULT_MASTER = os.environ.get("COURIER_SPARK_MASTER", "local[*]")
 
 
 def spark_options(func: Callable[..., Any]) -> Callable[..., Any]:
     func = click.option("--verbose", is_flag=True,
-                        help="Print each phase and Spark job with its time (stderr); keep Spark's warnings "
-                             "in this run's log file too.")(func)
+                        help="Print each phase and Spark job with its time, and where this run's Spark log is "
+                             "(stderr).")(func)
     return click.option("--master", default=DEFAULT_MASTER, show_default=True,
                         help="Spark master: local[N], or spark://host:port of a Spark 4 cluster.")(func)
 
@@ -33,7 +33,8 @@ def _utc(moment: datetime | None) -> datetime | None:
 
 def _begin(verbose: bool) -> Any:
     """Every pipeline command starts here: the spark extra checked (before pyspark is
-    imported), then this run's clock, phases and Spark log file."""
+    imported), then this run's clock and phases. Spark itself starts only if the job needs it
+    (_session): an empty or tiny job is answered without it (console/pipeline/plan.py)."""
     from console.extras import require
 
     require("spark", "courier pipeline")
@@ -46,27 +47,37 @@ def _session(run: Any, master: str, verbose: bool, input_rows: int | None) -> An
     from console.pipeline.session import get_session, java_executable
 
     if not wants_json() and java_executable():
-        size = "" if input_rows is None else f" for about {input_rows:,} row(s)"
+        size = "" if input_rows is None else f" for {input_rows:,} row(s)"
         more = f"Spark's log: {run.log_path}" if verbose else "--verbose shows where the time goes"
         error_console.print(Text(f"starting Spark ({master}){size}; {more}", style="dim"), highlight=False)
     return get_session(master, verbose=verbose, input_rows=input_rows)
+
+
+def _without_spark(run: Any, rows: int) -> None:
+    """Says (under --verbose) that this run needs no Spark, and why."""
+    from console.pipeline.plan import tiny_rows
+
+    if run.verbose and not wants_json():
+        why = "nothing to read" if not rows else f"{rows:,} row(s), at most {tiny_rows():,}: done here"
+        error_console.print(Text(f"no Spark: {why}", style="dim"), highlight=False)
 
 
 def _finish(run: Any, spark: Any, before: set[int], what: str, rows: int) -> None:
     """The last line of every command (stderr): rows and time; under --verbose each Spark job first."""
     from console.pipeline.session import print_jobs
 
-    if run.verbose:
+    if run.verbose and spark is not None:
         print_jobs(spark, before)
     if not wants_json():
         error_console.print(Text(f"{what}: {rows:,} row(s) in {run.elapsed:.1f} s", style="dim"), highlight=False)
 
 
-def _archive_rows(dsn: str, run: Any) -> int:
-    from console.pipeline.source import archive_rows
+def _progress(spark: Any, label: str) -> Any:
+    import contextlib
 
-    with run.phase("estimate the archive's size"):
-        return archive_rows(dsn)
+    from console.pipeline.session import progress
+
+    return contextlib.nullcontext() if spark is None else progress(spark, label, enabled=not wants_json())
 
 
 @click.group("pipeline")
@@ -86,14 +97,21 @@ def analytics_command(since: datetime | None, until: datetime | None, master: st
     running again over the same range replaces those hours."""
     run = _begin(verbose)
     from console.pipeline import analytics
+    from console.pipeline.plan import tiny
     from console.pipeline.session import job_ids, one_line_errors, progress
 
     dsn = database_url()
-    size = _archive_rows(dsn, run)
-    spark = _session(run, master, verbose, size)
-    before = job_ids(spark)
-    with one_line_errors(), progress(spark, "analysing the archive", enabled=not wants_json()):
-        result = analytics.run(spark, dsn, _utc(since), _utc(until), master, input_rows=size)
+    range_from, range_to = analytics.bounds(_utc(since), _utc(until))
+    size = analytics.count(dsn, range_from, range_to)
+    spark, before = None, set()
+    if tiny(size):  # the same aggregation in PostgreSQL: no Spark to start
+        _without_spark(run, size)
+        result = analytics.run(None, dsn, range_from, range_to, master, input_rows=size)
+    else:
+        spark = _session(run, master, verbose, size)
+        before = job_ids(spark)
+        with one_line_errors(), progress(spark, "analysing the archive", enabled=not wants_json()):
+            result = analytics.run(spark, dsn, range_from, range_to, master, input_rows=size)
     rows = [{"endpoint": e.endpoint, "delivered": e.delivered, "failed": e.failed, "expired": e.expired,
              "dead_lettered": e.dead_lettered, "p50_ms": e.p50_ms, "p95_ms": e.p95_ms, "p99_ms": e.p99_ms}
             for e in result.endpoints]
@@ -110,7 +128,7 @@ def analytics_command(since: datetime | None, until: datetime | None, master: st
             counts = (f"{row[k]:,}" for k in ("delivered", "failed", "expired", "dead_lettered"))
             table.add_row(row["endpoint"], *counts,
                           *("-" if row[k] is None else f"{row[k]:,.1f}" for k in ("p50_ms", "p95_ms", "p99_ms")))
-        console.print(table)
+        print_table(table)  # piped: whole values, as wide as they are
 
     emit(rows, render)
     _finish(run, spark, before, "analytics", result.rows_read)
@@ -131,12 +149,17 @@ def export_command(older_than: datetime, to: Path, drop: bool, master: str, verb
     Interrupted, it resumes: verified months are skipped and unverified files redone."""
     run = _begin(verbose)
     from console.pipeline import export
-    from console.pipeline.session import job_ids, one_line_errors, progress
+    from console.pipeline.session import job_ids, one_line_errors
 
     dsn = database_url()
-    size = _archive_rows(dsn, run)
-    spark = _session(run, master, verbose, size)
-    before = job_ids(spark)
+    states = export.plan(dsn, _utc(older_than), to)
+    size = export.rows_to_write(states)
+    spark, before = None, set()
+    if any(state.needs_spark for state in states):  # Parquet is written (and read back) by Spark
+        spark = _session(run, master, verbose, size)
+        before = job_ids(spark)
+    else:
+        _without_spark(run, 0)
 
     def report(month: export.MonthExport) -> None:
         if not wants_json():
@@ -144,8 +167,9 @@ def export_command(older_than: datetime, to: Path, drop: bool, master: str, verb
             console.print(f"{month.month}: {month.state}, {month.rows:,} row(s), checksum {month.checksum}{dropped}",
                           highlight=False)
 
-    with one_line_errors(), progress(spark, "exporting", enabled=not wants_json()):
-        done = export.run(spark, dsn, _utc(older_than), to, drop=drop, on_month=report, input_rows=size)
+    with one_line_errors(), _progress(spark, "exporting"):
+        done = export.run(spark, dsn, _utc(older_than), to, drop=drop, on_month=report, input_rows=size,
+                          states=states)
     emit([vars(m) for m in done], lambda: console.print(
         f"{len(done)} month(s) in {to}" if done else "no whole month of the archive is older than --before",
         highlight=False))
@@ -182,12 +206,27 @@ def replay_command(source: Path | None, endpoints: tuple[str, ...], since: datet
     selection = replay.Selection(endpoints, _utc(since), _utc(until), statuses, correlation_ids, where)
     if source is not None:
         replay.check_source(source)
+    from console.pipeline.plan import tiny
+
     dsn = database_url()
-    size = replay.source_rows(source) if source is not None else _archive_rows(dsn, run)
-    spark = _session(run, master, verbose, size)
-    before = job_ids(spark)
-    with one_line_errors(), progress(spark, "replaying", enabled=not wants_json()):
-        result = replay.run(spark, dsn, selection, source, dry_run=dry_run, again=again, input_rows=size)
+    spark, before = None, set()
+    if source is None:
+        # One SQL count first: a dry run's whole answer, and what decides whether Spark is needed.
+        counted = replay.count(dsn, selection, dry_run=dry_run, again=again)
+        size: int | None = counted.matched
+        local = dry_run or tiny(size) or not counted.would_enqueue
+    else:
+        size = replay.source_rows(source)
+        local = size == 0
+        counted = replay.ReplayResult(0, 0, dry_run=dry_run, again=again)
+    if local:
+        _without_spark(run, counted.matched)
+        result = replay.run_without_spark(dsn, selection, counted, dry_run=dry_run, again=again)
+    else:
+        spark = _session(run, master, verbose, size)
+        before = job_ids(spark)
+        with one_line_errors(), progress(spark, "replaying", enabled=not wants_json()):
+            result = replay.run(spark, dsn, selection, source, dry_run=dry_run, again=again, input_rows=size)
     skipped = "copied again (--again)" if again else "skipped (--again enqueues fresh copies)"
 
     def render() -> None:
@@ -225,13 +264,17 @@ def ingest_command(path: Path, endpoint: str, priority: int, file_format: str | 
     run that failed part way is finished by running it again. Exits 1 if any row was bad."""
     run = _begin(verbose)
     from console.pipeline import ingest
-    from console.pipeline.session import job_ids, one_line_errors, progress
+    from console.pipeline.session import job_ids, one_line_errors
 
     dsn = database_url()
     size = ingest.estimate_rows(path, file_format)
-    spark = _session(run, master, verbose, size)
-    before = job_ids(spark)
-    with one_line_errors(), progress(spark, "ingesting", enabled=not wants_json()):
+    spark, before = None, set()
+    if ingest.needs_no_spark(path, file_format, size):  # checked and enqueued here
+        _without_spark(run, size or 0)
+    else:
+        spark = _session(run, master, verbose, size)
+        before = job_ids(spark)
+    with one_line_errors(), _progress(spark, "ingesting"):
         result = ingest.run(spark, dsn, path, endpoint, priority=priority, file_format=file_format,
                             envelope=envelope, input_rows=size)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from sqlkit import analytics as store
@@ -84,10 +85,7 @@ def compute(spark: SparkSession, dsn: str, since: datetime | None, until: dateti
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    options = {"dsn": dsn, "table": "archive", "columns": COLUMNS, "time_column": "completed_at",
-               "until": until.isoformat()}
-    if since is not None:
-        options["since"] = since.isoformat()
+    options = read_options(dsn, since, until)
     # Only the derived columns are cached: the raw error histories are the bulk of each row.
     def error_class(entry: Any) -> Any:
         outcome, error = entry["outcome"], entry["error"]
@@ -143,23 +141,74 @@ def _copy_in(conn: Any, table: str, rows: list[dict[str, Any]], columns: tuple[s
             copy.write_row([row[c] for c in columns])
 
 
-def run(spark: SparkSession, dsn: str, since: datetime | None, until: datetime | None = None,
+# What analytics_runs.master records for a run computed in PostgreSQL, without Spark.
+IN_SQL = "PostgreSQL (no Spark)"
+
+
+def bounds(since: datetime | None, until: datetime | None, now: datetime | None = None) -> tuple[
+        datetime | None, datetime]:
+    """The range a run analyses: from the hour of `since` (None: the beginning) to `until` (now)."""
+    return (floor_hour(since) if since is not None else None,
+            (until or now or datetime.now(UTC)).astimezone(UTC))
+
+
+def read_options(dsn: str, since: datetime | None, until: datetime) -> dict[str, Any]:
+    options = {"dsn": dsn, "table": "archive", "columns": COLUMNS, "time_column": "completed_at",
+               "until": until.isoformat()}
+    if since is not None:
+        options["since"] = since.isoformat()
+    return options
+
+
+def count(dsn: str, since: datetime | None, until: datetime | None) -> int:
+    """The archived messages a run over this range reads, counted exactly in SQL (no Spark)."""
+    from .plan import count_archive
+
+    range_from, range_to = bounds(since, until)
+    with phase("count the archive's rows in range (SQL)"):
+        return count_archive(dsn, read_options(dsn, range_from, range_to))
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    """A SQL result row as the Spark path gives it: numeric as float (a double in Spark)."""
+    return {key: float(value) if isinstance(value, Decimal) else value for key, value in row.items()}
+
+
+def compute_in_sql(dsn: str, since: datetime | None, until: datetime) -> dict[str, Any]:
+    """compute()'s results by the same aggregation in PostgreSQL (sqlkit/pipeline.sql's
+    sql_analytics_* queries, which tests/test_pipeline.py holds equal to the Spark job), for a
+    tiny range (plan.TINY_ROWS) or an empty one: no Spark to start."""
+    params = {"from": since, "to": until, "top": TOP_ERRORS}
+    found: dict[str, Any] = {}
+    with phase("analytics: aggregate in PostgreSQL"), connect(dsn) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        for name in ("summary", "hourly", "attempts", "errors"):
+            found[name] = [_plain(row) for row in store.rows(conn, f"sql_analytics_{name}", params)]
+    # Every archived row is completed, expired or failed (a CHECK of courier.archive).
+    found["rows_read"] = sum(r["delivered"] + r["expired"] + r["dead_lettered"] for r in found["summary"])
+    return found
+
+
+def run(spark: SparkSession | None, dsn: str, since: datetime | None, until: datetime | None = None,
         master: str = "local[*]", input_rows: int | None = None) -> AnalyticsResult:
-    """input_rows: the archive's size (an estimate); up to SMALL_INPUT_ROWS it is read in the driver."""
+    """input_rows: the archive's size in range; up to SMALL_INPUT_ROWS it is read in the driver.
+    spark None: computed in PostgreSQL (compute_in_sql), for an empty or tiny range."""
     started = datetime.now(UTC)
-    range_from = floor_hour(since) if since is not None else None
-    range_to = (until or started).astimezone(UTC)
-    found = compute(spark, dsn, range_from, range_to, local=small_input(input_rows))
+    range_from, range_to = bounds(since, until, started)
+    if spark is None:
+        found, master = compute_in_sql(dsn, range_from, range_to), IN_SQL
+    else:
+        found = compute(spark, dsn, range_from, range_to, local=small_input(input_rows))
     with phase("analytics: store the results in PostgreSQL"), connect(dsn, autocommit=False) as conn, \
             conn.transaction():
         names = store.endpoint_names(conn)
         endpoints = sorted((EndpointSummary(endpoint=names.get(row["endpoint_id"], f"#{row['endpoint_id']}"), **row)
                             for row in found["summary"]), key=lambda s: s.endpoint)
-        bounds = {"from": range_from, "to": range_to}
+        span = {"from": range_from, "to": range_to}
         for table in ("hourly", "attempts", "errors"):
-            store.value(conn, f"clear_analytics_{table}", bounds)
+            store.value(conn, f"clear_analytics_{table}", span)
         run_id = store.value(conn, "insert_analytics_run", {
-            **bounds, "master": master, "rows_read": found["rows_read"], "started_at": started,
+            **span, "master": master, "rows_read": found["rows_read"], "started_at": started,
             "endpoints": json.dumps([asdict(e) for e in endpoints])})
         _copy_in(conn, "analytics_hourly", [{**row, "run_id": run_id} for row in found["hourly"]], HOURLY)
         _copy_in(conn, "analytics_attempts", found["attempts"], ("endpoint_id", "hour", "attempts", "messages"))

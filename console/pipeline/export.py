@@ -100,21 +100,55 @@ def _publish(staging: Path, final: Path, manifest: dict[str, Any]) -> None:
     (final / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
 
 
-def export_month(spark: SparkSession, dsn: str, root: Path, month: datetime, *, drop: bool,
-                 local: bool = False) -> MonthExport:
-    final = month_folder(root, month)
+@dataclass(frozen=True)
+class MonthState:
+    """Where one month stands before it is exported, found in SQL and on disk (no Spark)."""
+    month: datetime
+    rows: int
+    checksum: str
+    recorded: Any  # the archive_exports row (sqlkit.analytics.ArchiveExport), or None
+    done: bool     # exported, verified and unchanged since: nothing to write
+    gone: bool     # exported and dropped before, and no rows since: nothing to do
+
+    @property
+    def needs_spark(self) -> bool:
+        return not (self.done or self.gone)
+
+
+def month_state(dsn: str, root: Path, month: datetime) -> MonthState:
     with connect(dsn) as conn:
         rows, checksum = pg_checksum(conn, month)
         recorded = store.archive_export(conn, month)
-    manifest = _manifest(final)
+    manifest = _manifest(month_folder(root, month))
     done = (recorded is not None and manifest is not None and recorded.dropped_at is None
             and (manifest.get("rows"), manifest.get("checksum")) == (recorded.rows, recorded.checksum)
             == (rows, checksum))
-    if recorded is not None and recorded.dropped_at is not None and rows == 0:
+    gone = recorded is not None and recorded.dropped_at is not None and rows == 0
+    return MonthState(month, rows, checksum, recorded, done, gone)
+
+
+def plan(dsn: str, before: datetime, root: Path) -> list[MonthState]:
+    """Every month an export before `before` covers, with what it needs, without Spark: an
+    export whose months all need nothing (or that has no month) starts no Spark."""
+    with phase("export: find the months and what each needs (SQL)"):
+        with connect(dsn) as conn:
+            months = months_before(conn, before)
+        return [month_state(dsn, root, month) for month in months]
+
+
+def export_month(spark: SparkSession | None, dsn: str, root: Path, month: datetime, *, drop: bool,
+                 local: bool = False, known: MonthState | None = None) -> MonthExport:
+    """known: the month's state found by plan() just before (else found now)."""
+    final = month_folder(root, month)
+    found = known or month_state(dsn, root, month)
+    rows, checksum, recorded, done = found.rows, found.checksum, found.recorded, found.done
+    if found.gone:
         return MonthExport(f"{month:%Y-%m}", recorded.rows, recorded.checksum, recorded.location,
                            "already exported", True)
     state = "already exported"
     if not done:
+        if spark is None:
+            raise PipelineError(f"{month:%Y-%m} needs writing, which needs Spark")
         staging = root / f".staging-month={month:%Y-%m}-{uuid.uuid4().hex[:8]}"
         with phase(f"export: write {month:%Y-%m} to Parquet (Spark job)"):
             spark.sparkContext.setJobDescription(f"export: write {month:%Y-%m}")
@@ -157,17 +191,24 @@ def _drop_month(dsn: str, month: datetime, rows: int, checksum: str) -> None:
         store.value(conn, "record_archive_drop", {"month": month})
 
 
-def run(spark: SparkSession, dsn: str, before: datetime, root: Path, *, drop: bool = False,
-        on_month: Callable[[MonthExport], None] | None = None, input_rows: int | None = None) -> list[MonthExport]:
-    """input_rows: the archive's size (an estimate); up to SMALL_INPUT_ROWS it is read in the driver."""
+def rows_to_write(states: list[MonthState]) -> int:
+    return sum(state.rows for state in states if state.needs_spark)
+
+
+def run(spark: SparkSession | None, dsn: str, before: datetime, root: Path, *, drop: bool = False,
+        on_month: Callable[[MonthExport], None] | None = None, input_rows: int | None = None,
+        states: list[MonthState] | None = None) -> list[MonthExport]:
+    """input_rows: the rows to write; up to SMALL_INPUT_ROWS they are read in the driver.
+    states: plan()'s answer, found just before; spark may be None when no month needs_spark
+    (what remains, the checks and drops, is SQL)."""
     root.mkdir(parents=True, exist_ok=True)
     for leftover in root.glob(".staging-month=*"):
         shutil.rmtree(leftover, ignore_errors=True)  # an interrupted run's unverified files
-    with connect(dsn) as conn:
-        months = months_before(conn, before)
+    if states is None:
+        states = plan(dsn, before, root)
     done = []
-    for month in months:
-        result = export_month(spark, dsn, root, month, drop=drop, local=small_input(input_rows))
+    for state in states:
+        result = export_month(spark, dsn, root, state.month, drop=drop, local=small_input(input_rows), known=state)
         done.append(result)
         if on_month:
             on_month(result)

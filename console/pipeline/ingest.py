@@ -24,7 +24,7 @@ from sqlkit import analytics as store
 from sqlkit.connection import connect
 
 from .session import PipelineError, phase, small_input
-from .source import MESSAGE_FIELDS, in_order, write_in_one_task
+from .source import MESSAGE_FIELDS, in_order, write_here
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -349,13 +349,25 @@ def _write(good: Any, options: dict[str, Any]) -> dict[str, Any]:
         return json.loads(report.read_text()) if report.exists() else {}
 
 
-def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: int = 0,
+def needs_no_spark(path: Path, file_format: str | None, input_rows: int | None) -> bool:
+    """A text file of up to plan.TINY_ROWS lines is checked and enqueued here, without Spark
+    (Parquet is read by Spark whatever its size)."""
+    from .plan import tiny
+
+    try:
+        kind = detect_format(path, file_format)
+    except PipelineError:
+        return False
+    return kind != "parquet" and path.is_file() and small_input(input_rows) and tiny(input_rows)
+
+
+def run(spark: SparkSession | None, dsn: str, path: Path, endpoint: str, *, priority: int = 0,
         file_format: str | None = None, batch_size: int = 1000, envelope: bool = False,
         input_rows: int | None = None) -> IngestResult:
     """With envelope, each JSONL line or CSV row is a message object (ENVELOPE_FIELDS); a Parquet
     file with a payload column always is. `priority` is the default for rows that set none.
-    A small text file (input_rows up to SMALL_INPUT_ROWS) is checked here, in the driver, and
-    only the enqueueing runs on Spark; a larger one is checked by Spark tasks."""
+    A small text file (input_rows up to SMALL_INPUT_ROWS and plan.TINY_ROWS) is checked and
+    enqueued here, without Spark (spark may be None); a larger one is checked by Spark tasks."""
     from pyspark.sql import functions as F
 
     if not path.exists():
@@ -370,7 +382,9 @@ def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: i
         raise PipelineError(f'endpoint "{endpoint}" is disabled', "55000",
                             "Enable it with `courier endpoint enable`")
     scope = f"ingest:{endpoint}:{fingerprint(path)}"
-    small = kind != "parquet" and path.is_file() and small_input(input_rows)
+    small = needs_no_spark(path, file_format, input_rows)
+    if not small and spark is None:
+        raise PipelineError(f"{path.name} needs Spark: it is not a small text file")
     if small:
         with phase("ingest: read and check the rows (in the driver)"):
             checked = _checked_lines(path, kind, envelope)
@@ -388,15 +402,16 @@ def run(spark: SparkSession, dsn: str, path: Path, endpoint: str, *, priority: i
             already = int(store.value(conn, "ledger_count", {"scope": scope}))
         options = {"dsn": dsn, "endpoint": endpoint, "priority": priority, "scope": scope, "batch_size": batch_size,
                    "skip_refused": "true"}
-        with phase("ingest: enqueue the good rows (Spark job)"):
-            spark.sparkContext.setJobDescription("ingest: enqueue")
-            if small:  # one task, one transaction, in line order
-                written = write_in_one_task(spark, [
+        if small:  # here, by the same writer a Spark task runs: one transaction, in line order
+            with phase("ingest: enqueue the good rows (here, in one transaction)"):
+                written = write_here([
                     {"key": str(row[0]), "payload": row[1], **dict(zip(MESSAGE_FIELDS, row[3:], strict=True))}
                     for row in sorted(checked, key=lambda r: r[0]) if row[2] is None], options)
-            else:
+        else:
+            with phase("ingest: enqueue the good rows (Spark job)"):
+                spark.sparkContext.setJobDescription("ingest: enqueue")
                 written = _write(rows.where(F.col("error").isNull()), options)
-            spark.sparkContext.setJobDescription(None)
+                spark.sparkContext.setJobDescription(None)
     finally:
         if not small:
             rows.unpersist()

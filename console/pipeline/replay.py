@@ -7,6 +7,7 @@ each batch's transaction; `again` asks for fresh copies."""
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -84,6 +85,74 @@ def source_rows(source: Path) -> int | None:
         return None
 
 
+def archive_read(dsn: str, selection: Selection) -> tuple[dict[str, Any], list[tuple[str, str, Any]], dict[str, int]]:
+    """How the archive is read for a selection: the data source's options, the filters a Spark
+    read pushes down to PostgreSQL (as pushFilters keeps them), and the endpoints' ids by name.
+    The count before Spark (plan.count_replay) and the read without it use the same ones."""
+    options = {"dsn": dsn, "table": "archive", "columns": ",".join(("id", "endpoint_id", "status", "created_at",
+                                                                    *CARRIED))}
+    if selection.since:
+        options["since"] = selection.since.isoformat()
+    if selection.until:
+        options["until"] = selection.until.isoformat()
+    if selection.where:  # evaluated by PostgreSQL itself: payload @@ jsonpath
+        options["payload_filter"] = json.dumps([predicates.parse(text).jsonpath for text in selection.where])
+    with connect(dsn) as conn:
+        known = {name: id_ for id_, name in store.endpoint_names(conn).items()}
+    pushed: list[tuple[str, str, Any]] = []
+    if selection.endpoints:
+        missing = [e for e in selection.endpoints if e not in known]
+        if missing:
+            raise PipelineError(f"no endpoint named {', '.join(missing)}",
+                                hint="List endpoints with `courier endpoint list`")
+        pushed.append(("endpoint_id", "in", [known[e] for e in selection.endpoints]))
+    if selection.statuses:
+        pushed.append(("status", "in", list(selection.statuses)))
+    if selection.correlation_ids:
+        pushed.append(("correlation_id", "in", list(selection.correlation_ids)))
+    return options, pushed, known
+
+
+def count(dsn: str, selection: Selection, *, dry_run: bool = False, again: bool = False) -> ReplayResult:
+    """The selection in the archive counted in one SQL statement, without Spark: what matches,
+    per endpoint, and how many were replayed before. A dry run's whole answer."""
+    from .plan import count_replay
+
+    options, pushed, _ = archive_read(dsn, selection)
+    with phase("replay: count the matching messages (SQL)"):
+        found = count_replay(dsn, options, pushed)
+    return ReplayResult(found.matched, found.already_replayed, by_endpoint=found.by_endpoint,  # type: ignore[arg-type]
+                        dry_run=dry_run, again=again)
+
+
+def replayed_from_text(metadata: str | None, archive_id: int) -> str:
+    """_replayed_from's column expression for one row, in Python (Java's \\s is [ \\t\\n\\x0B\\f\\r],
+    Spark's trim removes spaces)."""
+    opened = re.sub(r"\}[ \t\n\x0b\f\r]*$", "", "{}" if metadata is None else metadata)
+    if opened.strip(" ") == "{":
+        return f'{{"replayed_from": {archive_id:d}}}'
+    return f'{opened}, "replayed_from": {archive_id:d}}}'
+
+
+def enqueue_here(dsn: str, selection: Selection, *, again: bool = False, batch_size: int = 1000) -> dict[str, Any]:
+    """A tiny selection enqueued without Spark: the archive read here with the data source's
+    reader (the same query a Spark task sends), the rows laid out as the Spark path lays them
+    out (id order, metadata naming replayed_from), written by the same courier writer in one
+    transaction. Returns the writer's totals."""
+    from .source import read_here, write_here
+
+    options, pushed, known = archive_read(dsn, selection)
+    names = {id_: name for name, id_ in known.items()}
+    with phase("replay: read the archive here (SQL)"):
+        _, table = read_here(options, pushed)
+    rows = sorted(table.to_pylist(), key=lambda row: row["id"])
+    records = [{"endpoint": names.get(row["endpoint_id"]),
+                **{name: row[name] for name in CARRIED if name != "metadata"},
+                "metadata": replayed_from_text(row["metadata"], row["id"]), "key": str(row["id"])} for row in rows]
+    with phase("replay: enqueue here, in one transaction"):
+        return write_here(records, {"dsn": dsn, "replay": "again" if again else "once", "batch_size": batch_size})
+
+
 def select(spark: SparkSession, dsn: str, selection: Selection, source: Path | None, *,
            local: bool = False) -> DataFrame:
     """id, endpoint and the CARRIED fields of every selected message. local: a small archive,
@@ -92,24 +161,11 @@ def select(spark: SparkSession, dsn: str, selection: Selection, source: Path | N
 
     tests = [predicates.parse(text) for text in selection.where]
     if source is None:
-        options = {"dsn": dsn, "table": "archive", "columns": ",".join(("id", "endpoint_id", "status", "created_at",
-                                                                        *CARRIED))}
-        if selection.since:
-            options["since"] = selection.since.isoformat()
-        if selection.until:
-            options["until"] = selection.until.isoformat()
-        if tests:  # evaluated by PostgreSQL itself: payload @@ jsonpath
-            options["payload_filter"] = json.dumps([test.jsonpath for test in tests])
+        options, _, known = archive_read(dsn, selection)
         with phase("replay: read the archive here, in the driver" if local else "replay: plan the archive's read"):
             df = load(spark, options, local=local)
-        with connect(dsn) as conn:
-            known = {name: id_ for id_, name in store.endpoint_names(conn).items()}
         names = endpoint_frame(spark, known)
         if selection.endpoints:
-            missing = [e for e in selection.endpoints if e not in known]
-            if missing:
-                raise PipelineError(f"no endpoint named {', '.join(missing)}",
-                                    hint="List endpoints with `courier endpoint list`")
             df = df.where(F.col("endpoint_id").isin([known[e] for e in selection.endpoints]))
         df = df.join(F.broadcast(names), df.endpoint_id == names._endpoint_id, "left")
     else:
@@ -156,6 +212,30 @@ def _count_replayed(dsn: str) -> Any:
     return count
 
 
+def check_usable(dsn: str, counts: dict[Any, int]) -> None:
+    """Every endpoint the selection would replay into exists and is enabled."""
+    with connect(dsn) as conn:
+        enabled = {row["name"]: row["enabled"] for row in store.rows(conn, "endpoint_names")}
+    unusable = sorted(str(e) for e in counts if not enabled.get(e))
+    if unusable:
+        raise PipelineError(f"cannot replay into {', '.join(unusable)}: no such endpoint, or it is disabled",
+                            hint="Create or enable it, or narrow the selection with --endpoint")
+
+
+def run_without_spark(dsn: str, selection: Selection, counted: ReplayResult, *, dry_run: bool = False,
+                      again: bool = False, batch_size: int = 1000) -> ReplayResult:
+    """A replay from the archive that needs no Spark: a dry run (the SQL count is its answer),
+    nothing matching, nothing left to enqueue (all replayed before, without --again), or a
+    tiny selection (plan.TINY_ROWS) enqueued here by enqueue_here."""
+    if dry_run or not counted.matched:
+        return counted
+    check_usable(dsn, counted.by_endpoint)
+    if not counted.would_enqueue:  # every match replayed before, and no --again: the writer would skip them all
+        return ReplayResult(counted.matched, counted.already_replayed, 0, counted.by_endpoint, again=again)
+    totals = enqueue_here(dsn, selection, again=again, batch_size=batch_size)
+    return ReplayResult(counted.matched, counted.already_replayed, totals["sent"], counted.by_endpoint, again=again)
+
+
 def run(spark: SparkSession, dsn: str, selection: Selection, source: Path | None = None, *,
         dry_run: bool = False, batch_size: int = 1000, again: bool = False,
         input_rows: int | None = None) -> ReplayResult:
@@ -180,15 +260,10 @@ def run(spark: SparkSession, dsn: str, selection: Selection, source: Path | None
                 counts = {row["endpoint"]: row["count"] for row in chosen.groupBy("endpoint").count().collect()}
             with phase("replay: count those replayed before (Spark job)"):
                 already = int(chosen.select("id").rdd.mapPartitions(_count_replayed(dsn)).sum()) if counts else 0
-        with connect(dsn) as conn:
-            enabled = {row["name"]: row["enabled"] for row in store.rows(conn, "endpoint_names")}
         result = ReplayResult(sum(counts.values()), already, by_endpoint=counts, dry_run=dry_run, again=again)
         if dry_run or not counts:
             return result
-        unusable = sorted(str(e) for e in counts if not enabled.get(e))
-        if unusable:
-            raise PipelineError(f"cannot replay into {', '.join(unusable)}: no such endpoint, or it is disabled",
-                                hint="Create or enable it, or narrow the selection with --endpoint")
+        check_usable(dsn, counts)
         with phase("replay: enqueue (Spark job)"), tempfile.TemporaryDirectory(prefix="courier-replay-") as folder:
             report = Path(folder) / "report.json"
             (in_order(chosen, "id")

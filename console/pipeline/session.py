@@ -11,6 +11,7 @@ import shutil
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -52,8 +53,12 @@ def java_executable() -> str | None:
     return shutil.which("java")
 
 
+LOG_DIR_ENV = "COURIER_LOG_DIR"  # a folder of its own for the run logs (the test suite sets one)
+
+
 def log_dir() -> Path:
-    folder = Path(platformdirs.user_log_dir("courier"))
+    """Where each run's Spark log goes: $COURIER_LOG_DIR, else the user's log folder."""
+    folder = Path(os.environ.get(LOG_DIR_ENV) or platformdirs.user_log_dir("courier"))
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -70,11 +75,23 @@ def new_log_path(now: datetime | None = None, keep: int = KEEP_LOGS) -> Path:
 
 @dataclass
 class Run:
-    """One pipeline command: its Spark log file, its phases and their times, its clock."""
+    """One pipeline command: its Spark log file, its phases and their times, its clock. The
+    log file is named (and the oldest pruned) only when Spark starts: a run answered without
+    Spark leaves the log folder alone."""
     verbose: bool = False
-    log_path: Path = field(default_factory=new_log_path)
     started: float = field(default_factory=time.perf_counter)
     phases: list[tuple[str, float]] = field(default_factory=list)
+    _log_path: Path | None = field(default=None, repr=False)
+
+    @property
+    def log_path(self) -> Path:
+        if self._log_path is None:
+            self._log_path = new_log_path()
+        return self._log_path
+
+    @log_path.setter
+    def log_path(self, path: Path) -> None:
+        self._log_path = path
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -157,6 +174,8 @@ def get_session(master: str | None = None, *, verbose: bool = False,
         if small:  # spark-submit's launcher is a JVM of its own, started before Spark's
             os.environ.setdefault("SPARK_LAUNCHER_OPTS", " ".join(FAST_START_JVM))
         with run.log_path.open("ab") as log_file:
+            log_file.write(log_header(master or DEFAULT_MASTER, input_rows).encode())
+            log_file.flush()
             try:
                 gateway = launch_gateway(conf, popen_kwargs={"stdout": log_file, "stderr": log_file})
             except Exception as error:
@@ -166,15 +185,39 @@ def get_session(master: str | None = None, *, verbose: bool = False,
             context = SparkContext(conf=conf, gateway=gateway)
         except Exception as error:
             raise _did_not_start(error) from None
-        context.setLogLevel("WARN" if verbose else "ERROR")
+        context.setLogLevel("WARN")  # into this run's log file, never the terminal
     with run.phase("start the SparkSession, register the courier data source"):
         session = SparkSession(context)
         register(session)
     return session
 
 
+def log_header(master: str, input_rows: int | None) -> str:
+    """The first lines of a run's log: what ran, and what the file holds."""
+    import click
+
+    context = click.get_current_context(silent=True)  # its name only: an option may hold a password
+    command = context.command_path if context is not None else "a pipeline job (no command)"
+    rows = "unknown" if input_rows is None else f"{input_rows:,}"
+    return (f"# courier pipeline run: {command}\n"
+            f"# started {datetime.now().astimezone():%Y-%m-%d %H:%M:%S %z}, pid {os.getpid()}, master {master}, "
+            f"input rows {rows}\n"
+            "# This file holds what the Spark JVM of this run printed (its start-up banner) and Spark's own\n"
+            "# warnings and errors (log4j, level WARN), then any failed job's whole error as Python saw it.\n")
+
+
+def append_to_log(text: str) -> None:
+    """Adds a note to the current run's log, if Spark started and so made one."""
+    run = _current
+    if run is None or run._log_path is None:
+        return
+    with contextlib.suppress(OSError), run._log_path.open("a", encoding="utf-8") as log_file:
+        log_file.write(text if text.endswith("\n") else text + "\n")
+
+
 def _did_not_start(error: Exception) -> PipelineError:
     first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    append_to_log(f"# Spark did not start ({type(error).__name__}):\n{error}")
     return PipelineError(f"Spark did not start: {first}", hint=f"Spark's log of this run: {_run_log_hint()}")
 
 
@@ -184,7 +227,7 @@ def session_conf(small: bool, verbose: bool) -> dict[str, str]:
     stage, and no whole-stage code generation; for a large or unknown one, shuffles that
     adaptive execution sizes and generated code."""
     log4j = resources.files("console.pipeline").joinpath("log4j2-quiet.properties")
-    java = [f"-Dlog4j2.configurationFile=file:{log4j}", f"-Dcourier.log.level={'warn' if verbose else 'error'}"]
+    java = [f"-Dlog4j2.configurationFile=file:{log4j}", "-Dcourier.log.level=warn"]
     if small:
         java += FAST_START_JVM
     return {
@@ -324,6 +367,8 @@ def one_line_errors() -> Iterator[None]:
         if not (module.startswith("pyspark") or module.startswith("py4j")):
             raise
         text = str(error)
+        append_to_log(f"# {datetime.now():%H:%M:%S} the Spark job failed ({type(error).__name__}):\n{text}\n"
+                      + "".join(traceback.format_exception(error)))
         reasons = [m.group(1).strip() for m in _TASK_ERROR.finditer(text)]
         reason = next((r for r in reversed(reasons) if "[courier]" in r), reasons[-1] if reasons else None)
         first = reason or (text.strip().splitlines() or [type(error).__name__])[0]

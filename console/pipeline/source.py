@@ -108,30 +108,22 @@ def load(spark: Any, options: dict[str, Any], *, local: bool = False) -> Any:
         for key, value in options.items():
             reader = reader.option(key, value)
         return reader.load()
+    schema, table = read_here(options)
+    return spark.createDataFrame(table, schema=schema)
+
+
+def read_here(options: dict[str, Any], pushed: Sequence[tuple[str, str, Any]] = ()) -> tuple[StructType, Any]:
+    """The data source's rows read in this process, without Spark: its schema and one Arrow
+    table. pushed: filters as pushFilters keeps them, (column, op, value), applied by
+    PostgreSQL as a Spark read applies the filters it pushes down."""
     import pyarrow as pa
 
     source = CourierDataSource({key: str(value) for key, value in options.items()})
     schema = source.schema()
     reader = source.reader(schema)
+    reader.pushed.extend(pushed)
     batches = [batch for part in reader.partitions() for batch in reader.read(part)]
-    table = pa.Table.from_batches(batches, schema=pa.schema([(c.name, c.arrow_type) for c in reader.columns]))
-    return spark.createDataFrame(table, schema=schema)
-
-
-def archive_rows(dsn: str) -> int:
-    """The archive's rows as the planner estimates them, without counting: each partition's
-    statistics, or its id range where it has none yet (an upper bound)."""
-    from sqlkit import analytics, archive
-
-    total = 0
-    with _connect(dsn) as conn:
-        for part in archive.partitions(conn):
-            estimate = analytics.value(conn, "relation_rows", {"relation": f"courier.{part.partition_name}"})
-            if estimate is None or estimate <= 0:
-                bounds = analytics.rows(conn, "id_bounds", relation=("courier", part.partition_name))[0]
-                estimate = 0 if bounds["low"] is None else int(bounds["high"]) - int(bounds["low"]) + 1
-            total += int(estimate)
-    return total
+    return schema, pa.Table.from_batches(batches, schema=pa.schema([(c.name, c.arrow_type) for c in reader.columns]))
 
 
 def _timestamp(text: str | None) -> datetime | None:
@@ -263,7 +255,17 @@ class CourierReader(DataSourceReader):
         selected = sql.SQL(", ").join(
             sql.SQL("{}::text").format(sql.Identifier(c.name)) if c.is_text and c.pg_type not in ("text", "jsonb")
             else sql.Identifier(c.name) for c in self.columns)
-        where = [sql.SQL("id BETWEEN {} AND {}").format(sql.Literal(part.low), sql.Literal(part.high))]
+        where = [sql.SQL("id BETWEEN {} AND {}").format(sql.Literal(part.low), sql.Literal(part.high)),
+                 *self.conditions()]
+        return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT WITH (FORMAT csv)").format(
+            selected, sql.Identifier("courier", part.relation), sql.SQL(" AND ").join(where))
+
+    def conditions(self) -> list[Any]:
+        """The WHERE conditions of every slice but its id range: the time range, the payload
+        filters and the pushed filters. plan.py counts with the same ones."""
+        from psycopg import sql
+
+        where = []
         if self.since:
             where.append(sql.SQL("{} >= {}").format(sql.Identifier(self.time_column), sql.Literal(self.since)))
         if self.until:
@@ -278,8 +280,7 @@ class CourierReader(DataSourceReader):
                 where.append(sql.SQL("{} = ANY({})").format(column, sql.Literal(value)))
             else:
                 where.append(sql.SQL("{} " + op + " {}").format(column, sql.Literal(value)))
-        return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT WITH (FORMAT csv)").format(
-            selected, sql.Identifier("courier", part.relation), sql.SQL(" AND ").join(where))
+        return where
 
     def read(self, partition: Slice) -> Iterator[Any]:
         import pyarrow as pa
@@ -560,6 +561,17 @@ class CourierWriter(DataSourceWriter):
         if report:
             with open(report, "w", encoding="utf-8") as out:
                 json.dump(self.totals(messages), out)
+
+
+def write_here(rows: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
+    """A few rows (dicts of the writer's columns, in order) enqueued by the courier writer in
+    this process, in one transaction, without Spark: what write_in_one_task does in a Spark task."""
+    from pyspark.sql import Row
+
+    if not rows:
+        return {"rows": 0, "sent": 0, "skipped": 0, "refused": [], "refused_count": 0}
+    writer = CourierWriter({key: str(value) for key, value in options.items()}, list(rows[0]))
+    return writer.totals([writer.write(iter([Row(**row) for row in rows]))])
 
 
 def write_in_one_task(spark: Any, rows: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
