@@ -76,7 +76,7 @@ def test_console_survives_the_database_going_away_and_coming_back(dsn, conn):
         await wait_for(pilot, lambda: not app.connection_error, timeout=30, what="the reconnection")
         assert not app.main.query_one(ConnectionBanner).has_class("-lost")
         conn.execute("SELECT courier.send('sink', '{}')")
-        await wait_for(pilot, lambda: app.pane.samples and app.pane.samples[-1].pending == 1, timeout=15,
+        await wait_for(pilot, lambda: str(app.pane.query_one("#tile-pending").render()) == "1", timeout=15,
                        what="fresh data after the reconnection")
     try:
         run_console(proxy.proxied_dsn, scenario, refresh_scale=0.25)

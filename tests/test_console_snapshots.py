@@ -51,8 +51,9 @@ def test_pane(snap_compare, showcase_dsn, pane, size):
     assert snap_compare(showcase_app(showcase_dsn), terminal_size=SIZES[size], run_before=before)
 
 
-def test_overview_collecting_at_80x24(snap_compare, showcase_dsn):
-    """One poll so far: each chart says it is collecting, with no axes around nothing."""
+def test_overview_at_once_at_80x24(snap_compare, showcase_dsn):
+    """One poll so far: the charts are drawn from the maintenance leader's samples at once, with
+    the gap where no leader sampled (a console need not have been watching)."""
     async def before(pilot) -> None:
         await showcase.open_pane(pilot, "overview")
     assert snap_compare(showcase_app(showcase_dsn), terminal_size=(80, 24), run_before=before)

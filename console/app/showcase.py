@@ -1,9 +1,10 @@
 """The showcase: a deterministic queue for screenshots and snapshot tests, and the fixed
 clock and time zone the console is shown with, so every picture is the same each time.
 
-The queue has a recent past too (showcase_history.sql): play_history walks the console
-through its last five minutes, poll by poll, so the Overview's charts and every "delivered"
-rate are drawn from what the console read, as they are in use."""
+The queue has a recent past too (showcase_history.sql): the maintenance leader's samples of its
+last five minutes (seed writes them, step by step), which the Overview's charts and rates are
+drawn from; play_history walks the console through those minutes, poll by poll, so the rates
+the other panes measure themselves are drawn from what they read, as they are in use."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ NOW = datetime(2026, 11, 2, 12, 0, 0, tzinfo=UTC)
 ARCHIVE_MONTHS = ((2026, 9), (2026, 10), (2026, 11), (2026, 12))
 HISTORY_STEPS = 30  # polls of the recent past, HISTORY_STEP apart, the last at NOW
 HISTORY_STEP = timedelta(seconds=10)
+SAMPLING_GAP = range(19, 23)  # steps without a sample: none between 11:56:10 and 11:57:00
 
 
 def fixed_clock() -> datetime:
@@ -31,8 +33,30 @@ def seed(dsn: str) -> None:
         with conn.transaction():
             conn.execute(resources.files("console.app").joinpath("showcase.sql").read_text(encoding="utf-8"))
             _archive(conn)
+        _samples(conn)
         # Fixed sizes and row estimates for the archive pane: no autovacuum may change them later.
         conn.execute("VACUUM ANALYZE courier.archive")
+
+
+def _samples(conn: psycopg.Connection) -> None:
+    """The maintenance leader's samples of the recent past, one per step (at the showcase
+    clock's times: record_metric_samples() would stamp them now), ending with the showcase
+    as seeded. None was taken for SAMPLING_GAP: the workers were being restarted, and the
+    charts show the gap."""
+    conn.execute("DELETE FROM courier.metric_samples")
+    # The steps add and remove messages: the queue's next id must stay the showcase's own.
+    sequence = sql.SQL(conn.execute("SELECT pg_get_serial_sequence('courier.queue', 'id')").fetchone()[0])
+    last_id, called = conn.execute(sql.SQL("SELECT last_value, is_called FROM {}").format(sequence)).fetchone()
+    for n in range(HISTORY_STEPS, -1, -1):
+        rewind(conn, n)
+        if n in SAMPLING_GAP:
+            continue
+        conn.execute("INSERT INTO courier.metric_samples (sampled_at, endpoint_id, interval_seconds, pending, "
+                     "processing, dlq, delivered, failed, dead_lettered) "
+                     "SELECT %s, r.endpoint_id, %s, r.pending, r.processing, r.dlq, r.delivered, r.failed, "
+                     "r.dead_lettered FROM courier._metric_sample_rows() r",
+                     (NOW - n * HISTORY_STEP, HISTORY_STEP.total_seconds()))
+    conn.execute("SELECT setval(pg_get_serial_sequence('courier.queue', 'id'), %s, %s)", (last_id, called))
 
 
 def _archive(conn: psycopg.Connection) -> None:

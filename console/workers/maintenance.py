@@ -1,5 +1,6 @@
 """The maintenance leader: one worker in the cluster runs expiry, stale and dead-worker
-recovery, archiving, partition upkeep and retention, elected by a lease in the database.
+recovery, archiving, partition upkeep, retention and the metric samples, elected by a lease in
+the database.
 
 Every pool runs a `MaintenanceLeader`. It holds a connection of its own; whichever one's
 `try_lead_maintenance()` wins the lease leads while it renews it (before every job) from
@@ -14,14 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import psycopg
 
-from sqlkit import queries
+from sqlkit import queries, samples
 from sqlkit.archive_retention import LOCK_NOT_AVAILABLE, drop_expired_partitions
 from sqlkit.connection import connect, connect_async
 from sqlkit.errors import CourierError, DatabaseUnavailable
@@ -50,6 +52,8 @@ class MaintenanceJob:
     runner: Callable[[str, float], int] | None = None
     """Instead of the query: a function of (dsn, time budget) run in a thread on a connection
     of its own, for work a SQL function cannot do (DETACH PARTITION ... CONCURRENTLY)."""
+    call: Callable[[psycopg.AsyncConnection], Awaitable[int]] | None = None
+    """Instead of the query: a sqlkit call on the leader's own connection."""
 
 
 @dataclass
@@ -81,6 +85,12 @@ class MaintenanceSchedule:
     queue is far below it (courier.estimate_active_messages())."""
     hot_table_vacuum: float = 5.0
     """How often the leader looks for dead rows in the hot tables (see sqlkit.hot_table_vacuum)."""
+    metric_samples: float = samples.DEFAULT_INTERVAL
+    """Seconds between the samples of depth and outcome totals the console's charts and `courier
+    status --history` read (courier.record_metric_samples(); kept for the database setting
+    metric_samples_retention_hours, 24 by default). Samples further apart than two of these
+    are a gap. 10 s: a five-minute chart gets 30 points, and with ten endpoints an hour of
+    samples is about 0.5 MB of table and 1.3 MB of WAL (ARCHITECTURE.md, "Metric samples")."""
     months_ahead: int = 3
     """Archive partitions kept ready beyond the current month."""
     job_time_budget: float = 5.0
@@ -102,6 +112,9 @@ class MaintenanceSchedule:
             MaintenanceJob("counter_compaction", "compact_queue_depth", self.counter_compaction),
             MaintenanceJob("depth_rebuild", "rebuild_queue_depth", self.depth_rebuild),
             MaintenanceJob("active_estimate", "estimate_active_messages", self.active_estimate),
+            # After depth_rebuild: a new leader's first sample after a crash counts the rebuilt depth.
+            MaintenanceJob("metric_samples", "", self.metric_samples,
+                           call=functools.partial(samples.record_async, interval=self.metric_samples)),
             MaintenanceJob("worker_pruning", "prune_workers", self.counter_compaction),
             MaintenanceJob("hot_table_vacuum", "", self.hot_table_vacuum, runner=_vacuum_hot_tables),
         ]
@@ -180,6 +193,8 @@ class MaintenanceLeader:
 
     async def _run_job(self, conn: psycopg.AsyncConnection, job: MaintenanceJob, stopping: asyncio.Event) -> int:
         params = {"batch_size": job.batch, "months_ahead": self.schedule.months_ahead}
+        if job.call is not None:
+            return await job.call(conn)
         if job.runner is not None:
             # On a connection of its own, and a VACUUM of a big queue can outlast the lease:
             # renewed meanwhile, so that nobody else takes over maintenance under a live leader.

@@ -348,3 +348,150 @@ AS $$
         ELSE 'unknown'
     END
 $$;
+
+-- Metric samples (issue 41) --------------------------------------------------------------------
+-- What one sample holds: a row per endpoint (its depth, DLQ and cumulative outcome totals) and
+-- one for the whole queue (endpoint_id 0, their sums).
+CREATE OR REPLACE FUNCTION courier._metric_sample_rows()
+RETURNS TABLE (endpoint_id integer, pending bigint, processing bigint, dlq bigint, delivered bigint, failed bigint,
+               dead_lettered bigint)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    WITH depth AS (
+        SELECT d.endpoint_id,
+               sum(d.messages) FILTER (WHERE d.status = 'pending') AS pending,
+               sum(d.messages) FILTER (WHERE d.status = 'processing') AS processing
+        FROM courier.queue_depth d GROUP BY d.endpoint_id),
+    dlq AS (
+        SELECT d.endpoint_id, sum(d.messages) FILTER (WHERE d.status = 'failed') AS dlq
+        FROM courier.dlq_depth d GROUP BY d.endpoint_id),
+    totals AS (
+        SELECT t.endpoint_id,
+               sum(t.total) FILTER (WHERE t.outcome = 'delivered') AS delivered,
+               sum(t.total) FILTER (WHERE t.outcome = 'failed_attempt') AS failed,
+               sum(t.total) FILTER (WHERE t.outcome = 'dead_lettered') AS dead_lettered
+        FROM courier.delivery_totals t GROUP BY t.endpoint_id),
+    endpoint_rows AS (
+        SELECT e.id AS endpoint_id,
+               coalesce(d.pending, 0)::bigint AS pending, coalesce(d.processing, 0)::bigint AS processing,
+               coalesce(q.dlq, 0)::bigint AS dlq, coalesce(t.delivered, 0)::bigint AS delivered,
+               coalesce(t.failed, 0)::bigint AS failed, coalesce(t.dead_lettered, 0)::bigint AS dead_lettered
+        FROM courier.endpoints e
+        LEFT JOIN depth d ON d.endpoint_id = e.id
+        LEFT JOIN dlq q ON q.endpoint_id = e.id
+        LEFT JOIN totals t ON t.endpoint_id = e.id)
+    SELECT * FROM endpoint_rows
+    UNION ALL
+    SELECT 0, coalesce(sum(r.pending), 0)::bigint, coalesce(sum(r.processing), 0)::bigint,
+           coalesce(sum(r.dlq), 0)::bigint, coalesce(sum(r.delivered), 0)::bigint,
+           coalesce(sum(r.failed), 0)::bigint, coalesce(sum(r.dead_lettered), 0)::bigint
+    FROM endpoint_rows r
+$$;
+
+-- The maintenance leader's sample of the queue (_metric_sample_rows(), all at now()), every
+-- MaintenanceSchedule.metric_samples seconds; then the samples older than
+-- metric_samples_retention_hours are deleted. It writes nothing when a sample was taken less
+-- than half an interval ago (a leader that hung past its lease and came back must not write a
+-- second series beside its successor's), nor while the depth counters wait for their rebuild
+-- after a crash (a gap is the truth; a depth of 0 would not be). Returns 0: a maintenance job's
+-- count of work to report, and this never leaves any.
+CREATE OR REPLACE FUNCTION courier.record_metric_samples(p_interval_seconds real DEFAULT 10) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+BEGIN
+    IF p_interval_seconds IS NULL OR p_interval_seconds <= 0 THEN
+        RAISE EXCEPTION '[courier] a sampling interval must be more than 0 seconds, got %', p_interval_seconds
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT EXISTS (SELECT FROM courier.queue_depth_built)
+       OR EXISTS (SELECT FROM courier.metric_samples s
+                  WHERE s.sampled_at > now() - make_interval(secs => p_interval_seconds / 2)
+                    AND s.endpoint_id = 0) THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO courier.metric_samples (sampled_at, endpoint_id, interval_seconds, pending, processing, dlq,
+                                        delivered, failed, dead_lettered)
+    SELECT now(), r.endpoint_id, p_interval_seconds, r.pending, r.processing, r.dlq, r.delivered, r.failed,
+           r.dead_lettered
+    FROM courier._metric_sample_rows() r;
+    DELETE FROM courier.metric_samples s
+    WHERE s.sampled_at < now() - make_interval(hours => courier._setting_int('metric_samples_retention_hours')::integer);
+    RETURN 0;
+END
+$$;
+
+-- The samples taken from p_since to p_until (NULL: now), oldest first: the whole queue's
+-- (endpoint_name NULL), or with p_per_endpoint each endpoint's that still exists. Each row has
+-- the depth it saw, and what happened since the sample before it (also the one just before
+-- p_since, so that the first row has its rate too): how many messages were delivered, failed
+-- an attempt or were dead-lettered, and those per second of the time actually between the two
+-- samples. The totals are unlogged and count from zero after a crash: a total below the one
+-- before is a reset, whose increase is the new total (what was counted since), never a negative
+-- rate; an endpoint new since the sample before counts from zero too. gap: the sample before
+-- was more than two intervals earlier (no leader sampled in between); its counts are what
+-- happened over the whole gap, and its rates are NULL, since when in the gap they happened is
+-- not known. The first sample of all has neither (seconds NULL). interval_seconds: how often
+-- the leader meant to sample, so that a reader can also tell a gap after the newest sample.
+CREATE OR REPLACE FUNCTION courier.metric_history(p_since timestamptz, p_until timestamptz DEFAULT NULL,
+                                                  p_per_endpoint boolean DEFAULT false)
+RETURNS TABLE (sampled_at timestamptz, endpoint_name text, seconds double precision, gap boolean,
+               interval_seconds real, pending bigint, processing bigint, dlq bigint, delivered bigint, failed bigint,
+               dead_lettered bigint, delivered_per_second double precision, failed_per_second double precision,
+               dead_lettered_per_second double precision)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+    WITH ticks AS (
+        SELECT t.sampled_at, t.interval_seconds,
+               lag(t.sampled_at) OVER (ORDER BY t.sampled_at) AS previous_at
+        FROM courier.metric_samples t
+        WHERE t.endpoint_id = 0 AND t.sampled_at <= coalesce(p_until, 'infinity')
+          AND t.sampled_at >= coalesce((SELECT max(b.sampled_at) FROM courier.metric_samples b
+                                        WHERE b.endpoint_id = 0 AND b.sampled_at < p_since), p_since)),
+    steps AS (
+        SELECT t.sampled_at, s.endpoint_id, t.previous_at, t.interval_seconds,
+               extract(epoch FROM t.sampled_at - t.previous_at)::double precision AS seconds,
+               t.sampled_at - t.previous_at > make_interval(secs => 2 * t.interval_seconds) AS gap,
+               s.pending, s.processing, s.dlq,
+               CASE WHEN t.previous_at IS NULL THEN NULL
+                    WHEN p.delivered IS NULL OR s.delivered < p.delivered THEN s.delivered
+                    ELSE s.delivered - p.delivered END AS delivered,
+               CASE WHEN t.previous_at IS NULL THEN NULL
+                    WHEN p.failed IS NULL OR s.failed < p.failed THEN s.failed
+                    ELSE s.failed - p.failed END AS failed,
+               CASE WHEN t.previous_at IS NULL THEN NULL
+                    WHEN p.dead_lettered IS NULL OR s.dead_lettered < p.dead_lettered THEN s.dead_lettered
+                    ELSE s.dead_lettered - p.dead_lettered END AS dead_lettered
+        FROM ticks t
+        JOIN courier.metric_samples s ON s.sampled_at = t.sampled_at
+        LEFT JOIN courier.metric_samples p ON p.sampled_at = t.previous_at AND p.endpoint_id = s.endpoint_id
+        WHERE t.sampled_at >= p_since),
+    rows AS (
+        SELECT s.sampled_at, e.name AS endpoint_name, s.seconds, s.gap, s.interval_seconds, s.pending, s.processing, s.dlq,
+               s.delivered, s.failed, s.dead_lettered
+        FROM steps s JOIN courier.endpoints e ON e.id = s.endpoint_id
+        WHERE p_per_endpoint
+        UNION ALL
+        -- The whole queue's increase is its endpoints' added up (a dropped endpoint's totals
+        -- leaving the sum is no reset); its depth is its own row's.
+        SELECT w.sampled_at, NULL, w.seconds, w.gap, w.interval_seconds, w.pending, w.processing, w.dlq,
+               x.delivered, x.failed, x.dead_lettered
+        FROM steps w
+        LEFT JOIN (SELECT x.sampled_at, sum(x.delivered) AS delivered, sum(x.failed) AS failed,
+                          sum(x.dead_lettered) AS dead_lettered
+                   FROM steps x WHERE x.endpoint_id <> 0 AND NOT p_per_endpoint
+                   GROUP BY x.sampled_at) x ON x.sampled_at = w.sampled_at
+        WHERE w.endpoint_id = 0 AND NOT p_per_endpoint)
+    SELECT r.sampled_at, r.endpoint_name, r.seconds, coalesce(r.gap, false), r.interval_seconds,
+           r.pending, r.processing, r.dlq,
+           CASE WHEN r.seconds IS NULL THEN NULL ELSE coalesce(r.delivered, 0) END::bigint,
+           CASE WHEN r.seconds IS NULL THEN NULL ELSE coalesce(r.failed, 0) END::bigint,
+           CASE WHEN r.seconds IS NULL THEN NULL ELSE coalesce(r.dead_lettered, 0) END::bigint,
+           CASE WHEN r.seconds > 0 AND NOT r.gap THEN coalesce(r.delivered, 0) / r.seconds END,
+           CASE WHEN r.seconds > 0 AND NOT r.gap THEN coalesce(r.failed, 0) / r.seconds END,
+           CASE WHEN r.seconds > 0 AND NOT r.gap THEN coalesce(r.dead_lettered, 0) / r.seconds END
+    FROM rows r
+    ORDER BY r.sampled_at, r.endpoint_name
+$$;

@@ -148,6 +148,9 @@ GRANT EXECUTE ON FUNCTION
     courier.peek(text),
     courier.topics()
 TO courier_monitor;
+-- What the maintenance leader sampled: counts and rates over time, no message in them.
+GRANT SELECT ON courier.metric_samples TO courier_monitor;
+GRANT EXECUTE ON FUNCTION courier.metric_history(timestamptz, timestamptz, boolean) TO courier_monitor;
 
 -- Admins run Courier: every function, including the worker primitives, and the rows of every
 -- table, but no DDL-like rights (TRIGGER, TRUNCATE, REFERENCES) on them.

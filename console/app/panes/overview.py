@@ -1,12 +1,11 @@
-"""Overview: depth by status and endpoint, throughput and depth over time, oldest pending
-message, DLQ depth and workers."""
+"""Overview: depth by status and endpoint, throughput and depth over the last minutes from the
+maintenance leader's samples (with their gaps), oldest pending message, DLQ depth and workers."""
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import psycopg
 from rich.text import Text
@@ -14,32 +13,27 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Static
 
-from sqlkit import observability
-from sqlkit.observability import DeliveryTotals, EndpointHealth, QueueStatus
+from sqlkit import observability, samples
+from sqlkit.observability import EndpointHealth, QueueStatus
+from sqlkit.samples import MetricSample
 
 from ..formatting import age, count, rate, state_text
 from ..live import LivePane
-from ..rates import DeliveryRates
 from ..widgets.chart import Chart, line_chart
 from ..widgets.live_table import LiveTable
 
 WINDOW_SECONDS = 300.0  # the charts show the last five minutes
-HISTORY = 300  # samples kept for them: five minutes at the default 2 s poll, with room to spare
+NO_SAMPLES = "no samples: a running worker's\nmaintenance leader takes one every 10 s"
 
 
 @dataclass(frozen=True)
 class OverviewData:
     status: QueueStatus
     health: list[EndpointHealth]
-    totals: dict[str, DeliveryTotals]
-
-
-@dataclass(frozen=True)
-class Sample:
-    at: datetime
-    delivered: int
-    pending: int
-    processing: int
+    samples: list[MetricSample]
+    """The whole queue's samples of the last WINDOW_SECONDS, oldest first."""
+    rates: dict[str, float]
+    """Each endpoint's delivered/s in the newest sample, when it has one."""
 
 
 class OverviewPane(LivePane):
@@ -56,8 +50,8 @@ class OverviewPane(LivePane):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.samples: deque[Sample] = deque(maxlen=HISTORY)
-        self.rates = DeliveryRates()
+        self.samples: list[MetricSample] = []
+        """What the charts draw: the whole queue's samples of the last WINDOW_SECONDS."""
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="tiles"):
@@ -74,22 +68,19 @@ class OverviewPane(LivePane):
                         id="overview-endpoints")
 
     def fetch(self, conn: psycopg.Connection) -> OverviewData:
-        return OverviewData(observability.queue_status(conn), observability.endpoint_health(conn),
-                            observability.delivery_totals(conn))
+        now = self.courier.clock()
+        history = samples.history(conn, now - timedelta(seconds=WINDOW_SECONDS), now)
+        rates: dict[str, float] = {}
+        if history and _fresh(history[-1], now):
+            # The newest sample per endpoint, with the one before it for its rate.
+            rates = samples.latest_rates(samples.history(conn, history[-1].sampled_at, now, per_endpoint=True))
+        return OverviewData(observability.queue_status(conn), observability.endpoint_health(conn), history, rates)
 
     def show(self, data: OverviewData) -> None:
         now = self.courier.clock()
         protocols = {h.endpoint_name: h.protocol for h in data.health}
-        self.rates.update(data.totals, now)
         depth = data.status.queue_depth
-        delivered = sum(t.delivered for t in data.totals.values())
-        if self.samples and now <= self.samples[-1].at:
-            # Two polls at one instant (a fixed clock) keep the later; a clock set back starts over.
-            if now < self.samples[-1].at:
-                self.samples.clear()
-            else:
-                self.samples.pop()
-        self.samples.append(Sample(now, delivered, depth.get("pending", 0), depth.get("processing", 0)))
+        self.samples = data.samples
         oldest = min((h.oldest_pending_message for h in data.health if h.oldest_pending_message), default=None)
         colors = self.app.get_css_variables()
         self._tile("#tile-pending", "pending", count(depth.get("pending", 0)))
@@ -101,12 +92,12 @@ class OverviewPane(LivePane):
         alive = [w for w in data.status.workers if w.alive_at(now)]
         leader = any(w.maintenance_leader for w in alive)
         self._tile("#tile-workers", "workers", f"{len(alive)}{' ★' if leader else ''}")
-        self._draw_charts()
+        self._draw_charts(now)
         table = self.query_one("#overview-endpoints", LiveTable)
         table.sync(
             (e.endpoint, [e.endpoint, self._circuit(e.circuit, e.enabled, protocols.get(e.endpoint), colors),
                           count(e.pending),
-                          count(e.processing), count(e.dlq_failed), rate(self.rates.of(e.endpoint))])
+                          count(e.processing), count(e.dlq_failed), rate(data.rates.get(e.endpoint))])
             for e in data.status.endpoints)
 
     def _tile(self, selector: str, label: str, value: str | Text) -> None:
@@ -124,29 +115,51 @@ class OverviewPane(LivePane):
             return Text("—", style="dim")
         return state_text(circuit, colors)
 
-    def _draw_charts(self) -> None:
-        """Both charts over the samples of the last WINDOW_SECONDS: the x axis in minutes
-        before now, the y axis from 0 to a round number above the highest value. Until there
-        are two points to join, each chart says it is collecting instead of drawing axes
-        around nothing."""
-        now = self.samples[-1].at
-        samples = [s for s in self.samples if (now - s.at).total_seconds() <= WINDOW_SECONDS]
-        # A rate needs two polls; the counters only grow, so a drop (a reset) counts as 0.
-        rates = [((b.at - now).total_seconds(),
-                  max(0, b.delivered - a.delivered) / (b.at - a.at).total_seconds())
-                 for a, b in itertools.pairwise(samples) if b.at > a.at]
-        depth_xs = [(s.at - now).total_seconds() for s in samples]
+    def _draw_charts(self, now: datetime) -> None:
+        """Both charts over the samples of the last WINDOW_SECONDS, the x axis in minutes before
+        now and the y axis from 0 to a round number above the highest value. A line joins only
+        consecutive samples: none is drawn across a gap (no leader sampled), nor after the newest
+        sample to now. Until there is something to draw, each chart says why instead of drawing
+        axes around nothing."""
+        history = self.samples
+        stale = "" if not history or _fresh(history[-1], now) else \
+            f" · no sample for {age((now - history[-1].sampled_at).total_seconds())}"
+        rates = _segments(history, lambda s: s.delivered_per_second, now)
         throughput = self.query_one("#throughput-chart", Chart)
-        if len(rates) < 2:
-            throughput.wait("delivered/s")
+        if not any(len(segment) > 1 for segment in rates):
+            throughput.wait("delivered/s", "collecting…" if history else NO_SAMPLES)
         else:
-            xs, ys = zip(*rates, strict=True)
-            throughput.replot(lambda plt: line_chart(plt, "delivered/s", [("delivered", xs, ys)],
-                                                     span=-depth_xs[0], whole=False))
+            throughput.replot(lambda plt: line_chart(plt, "delivered/s" + stale, [("delivered", rates)],
+                                                     span=WINDOW_SECONDS, whole=False))
         depth = self.query_one("#depth-chart", Chart)
-        if len(samples) < 2:
-            depth.wait("depth")
+        pending = _segments(history, lambda s: s.pending, now)
+        if not any(len(segment) > 1 for segment in pending):
+            depth.wait("depth", "collecting…" if history else NO_SAMPLES)
         else:
-            depth.replot(lambda plt: line_chart(plt, "depth", [
-                ("pending", depth_xs, [s.pending for s in samples]),
-                ("in flight", depth_xs, [s.processing for s in samples])], span=-depth_xs[0]))
+            in_flight = _segments(history, lambda s: s.processing, now)
+            depth.replot(lambda plt: line_chart(plt, "depth" + stale, [("pending", pending), ("in flight", in_flight)],
+                                                span=WINDOW_SECONDS))
+
+
+def _fresh(sample: MetricSample, now: datetime) -> bool:
+    """Whether the leader is still sampling: its newest sample is at most two intervals old."""
+    return (now - sample.sampled_at).total_seconds() <= 2 * sample.interval_seconds
+
+
+def _segments(history: Sequence[MetricSample], value: Callable[[MetricSample], float | None],
+              now: datetime) -> list[list[tuple[float, float]]]:
+    """The (seconds before now, value) points of the samples, in runs without a gap: a new run
+    starts after each gap, and wherever the value is unknown (the rate of a gap's sample)."""
+    runs: list[list[tuple[float, float]]] = []
+    current: list[tuple[float, float]] = []
+    for sample in history:
+        y = value(sample)
+        if sample.gap or y is None:
+            if current:
+                runs.append(current)
+            current = []
+        if y is not None:
+            current.append(((sample.sampled_at - now).total_seconds(), float(y)))
+    if current:
+        runs.append(current)
+    return runs

@@ -18,6 +18,14 @@ from textual_plotext import Plot, PlotextPlot
 from ..formatting import count
 
 NICE_STEPS = (1, 1.5, 2, 3, 4, 5, 6, 8, 10)
+LOOKS = (("braille", "blue+"), ("hd", "green+"), ("x", "red+"))
+"""Each series' marker and colour, in order: a second line differs from the first by its
+marker too (a legend of colours alone tells nothing to whoever cannot tell them apart)."""
+
+Run = Sequence[tuple[float, float]]
+"""(x, y) points joined by a line."""
+Series = tuple[str, Sequence[Run]]
+"""A labelled line in runs: nothing is drawn between one run and the next (a gap)."""
 
 
 class Chart(PlotextPlot):
@@ -79,16 +87,32 @@ def _hours_before(hours: float) -> str:
     return "end" if round(hours) == 0 else f"{round(hours)}h"  # hours < 0: "-12h"
 
 
-def line_chart(plt: Plot, title: str, series: Sequence[tuple[str, Sequence[float], Sequence[float]]], *,
+def line_chart(plt: Plot, title: str, series: Sequence[tuple[str, Sequence[float], Sequence[float]] | Series], *,
                span: float, hours: bool = False, whole: bool = True) -> None:
-    """Lines (label, xs, ys) over the span before 0, xs in seconds before now (or in hours
-    before the end, hours=True): y from 0 to a round number above the highest value, ticked
-    at 0, half and top; x ticked at round times. whole: the values are counts, so no tick at
-    half of one."""
+    """Lines over the span before 0, xs in seconds before now (or in hours before the end,
+    hours=True): y from 0 to a round number above the highest value, ticked at 0, half and top;
+    x ticked at round times. whole: the values are counts, so no tick at half of one. A series
+    is (label, xs, ys), one line, or (label, runs), a line broken where one run ends and the
+    next begins; each series has its own marker and colour (LOOKS)."""
     plt.title(title)
-    for label, xs, ys in series:
-        plt.plot(list(xs), list(ys), label=label if len(series) > 1 else None, marker="braille")
-    top = nice_top(max((max(ys, default=0) for _, _, ys in series), default=0))
+    highest = 0.0
+    for n, line in enumerate(series):
+        if len(line) == 3:  # one unbroken line in plotext's own colours, as before runs
+            label, xs, ys = line
+            plt.plot(list(xs), list(ys), label=label if len(series) > 1 else None, marker="braille")
+            highest = max(highest, *ys, 0)
+            continue
+        label, runs = line
+        marker, color = LOOKS[n % len(LOOKS)]
+        labelled = len(series) == 1
+        for run in runs:
+            if not run:
+                continue
+            xs, ys = zip(*run, strict=True)
+            highest = max(highest, *ys)
+            plt.plot(list(xs), list(ys), marker=marker, color=color, label=None if labelled else label)
+            labelled = True
+    top = nice_top(highest)
     if whole:
         top = max(top, 2)
     plt.ylim(0, top)
