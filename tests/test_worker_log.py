@@ -70,3 +70,23 @@ def test_failures_are_summed_per_endpoint_per_interval():
         assert len(logged) == 2
     finally:
         logging.getLogger("courier.worker").removeHandler(handler)
+
+
+def test_the_leader_logs_each_circuit_that_opens_and_closes(dsn, conn):
+    """A circuit that opens is a WARNING line from the maintenance leader, once, whichever
+    worker's report opened it; its closing an info line."""
+    conn.execute("SELECT courier.create_endpoint('inventory', 'http', %s::jsonb, '{\"max_retries\": 50, "
+                 "\"backoff\": \"fixed\", \"base_delay_seconds\": 1}')",
+                 (json.dumps({"url": "http://127.0.0.1:9/in", "allow_internal": True}),))
+    for n in range(20):
+        conn.execute("SELECT courier.send('inventory', %s::jsonb)", (json.dumps({"n": n}),))
+    worker = start_worker_process(dsn)
+    try:
+        wait_for(lambda: scalar(conn, "SELECT circuit_state FROM courier.endpoints") == "open", timeout=60)
+        wait_for(lambda: "\"circuit opened\"" in worker.stderr.so_far(), timeout=15)
+    finally:
+        worker.terminate()
+        assert worker.wait(30) == 0
+    lines = [json.loads(line) for line in worker.stderr.read().splitlines() if line.startswith("{")]
+    opened = [line for line in lines if line["msg"] == "circuit opened"]
+    assert len(opened) == 1 and opened[0]["level"] == "warning" and opened[0]["endpoint"] == "inventory"

@@ -30,6 +30,8 @@ from sqlkit.errors import CourierError, DatabaseUnavailable
 from sqlkit.hot_table_vacuum import vacuum_hot_tables
 from sqlkit.reaper_schedule import run_delete_reaper_if_scheduled
 
+from .circuit_log import CircuitLog
+
 log = logging.getLogger("courier.maintenance")
 
 LEADER_APPLICATION_NAME = "courier-maintenance"
@@ -85,6 +87,8 @@ class MaintenanceSchedule:
     queue is far below it (courier.estimate_active_messages())."""
     hot_table_vacuum: float = 5.0
     """How often the leader looks for dead rows in the hot tables (see sqlkit.hot_table_vacuum)."""
+    circuit_log: float = 1.0
+    """How often the leader logs the circuits that opened or closed since (see circuit_log.py)."""
     metric_samples: float = samples.DEFAULT_INTERVAL
     """Seconds between the samples of depth and outcome totals the console's charts and `courier
     status --history` read (courier.record_metric_samples(); kept for the database setting
@@ -114,10 +118,21 @@ class MaintenanceSchedule:
             MaintenanceJob("active_estimate", "estimate_active_messages", self.active_estimate),
             # After depth_rebuild: a new leader's first sample after a crash counts the rebuilt depth.
             MaintenanceJob("metric_samples", "", self.metric_samples,
-                           call=functools.partial(samples.record_async, interval=self.metric_samples)),
+                           call=_quietly(functools.partial(samples.record_async, interval=self.metric_samples))),
+            MaintenanceJob("circuit_log", "", self.circuit_log, call=_quietly(CircuitLog())),
             MaintenanceJob("worker_pruning", "prune_workers", self.counter_compaction),
             MaintenanceJob("hot_table_vacuum", "", self.hot_table_vacuum, runner=_vacuum_hot_tables),
         ]
+
+
+def _quietly(call: Callable[[psycopg.AsyncConnection], Awaitable[int]]
+             ) -> Callable[[psycopg.AsyncConnection], Awaitable[int]]:
+    """A job that runs every few seconds and says what it did itself (or nothing worth a line):
+    no "maintenance" info line for each run."""
+    async def run(conn: psycopg.AsyncConnection) -> int:
+        await call(conn)
+        return 0
+    return run
 
 
 class MaintenanceLeader:
