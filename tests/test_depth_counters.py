@@ -152,3 +152,4 @@ def test_an_estimate_older_than_two_seconds_is_not_trusted(conn: psycopg.Connect
     assert conn.execute("SELECT courier.send('hook', '{}')").fetchone()[0]
     assert conn.execute("SELECT courier.estimate_active_messages()").fetchone()[0] == 0
     assert conn.execute("SELECT active_estimate FROM courier.send_limits").fetchone()[0] == 11
+

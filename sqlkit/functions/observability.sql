@@ -109,10 +109,17 @@ RETURNS TABLE (worker_id text, hostname text, pid integer, state text, concurren
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
+    -- A worker is judged by its sessions. Those registered before the server last started
+    -- ended with it: a live worker registers new ones within seconds of the database coming
+    -- back (each new connection does, and it heartbeats every 5 s), so one that has not after
+    -- 15 s died meanwhile (issue 41: it showed alive for up to 30 s, by its last heartbeat).
     WITH sessions AS (
-        SELECT l.worker_id, bool_or(l.alive) AS connected
+        SELECT l.worker_id,
+               CASE WHEN bool_or(l.registered_at >= pg_postmaster_start_time())
+                    THEN bool_or(l.alive AND l.registered_at >= pg_postmaster_start_time())
+                    WHEN now() - pg_postmaster_start_time() > interval '15 seconds' THEN false
+               END AS connected
         FROM courier._worker_session_liveness() l
-        WHERE l.registered_at >= pg_postmaster_start_time()
         GROUP BY l.worker_id)
     SELECT w.worker_id, w.hostname, w.pid, w.state, w.concurrency, w.in_flight, w.delivered, w.failed,
            w.started_at, w.last_heartbeat,
