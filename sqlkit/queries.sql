@@ -653,3 +653,19 @@ WHERE %(topics)s::text[] IS NULL OR %(endpoint)s = ANY (%(topics)s::text[]) OR c
 
 -- name: publish_event
 SELECT courier.publish(%(event_type)s, %(payload)s, %(idempotency_key)s, %(correlation_id)s);
+
+-- name: cancel_message
+-- Issue 42's verbs (functions/verbs.sql): each records p_actor, on whose behalf, in the event log.
+SELECT id, endpoint_name, was FROM courier.cancel_message(%(id)s, %(actor)s);
+
+-- name: cancel_message_by_key
+SELECT id, endpoint_name, was FROM courier.cancel_message_by_key(%(endpoint)s, %(key)s, %(actor)s);
+
+-- name: delete_message
+SELECT courier.delete_message(%(id)s, %(actor)s);
+
+-- name: purge_queue_count
+SELECT courier.purge_queue_count(%(endpoint)s, %(dlq)s);
+
+-- name: purge_queue
+SELECT courier.purge_queue(%(endpoint)s, %(dlq)s, %(archive)s, %(actor)s);

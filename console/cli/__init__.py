@@ -90,6 +90,7 @@ def _register() -> None:
         serve,
         sink,
         status,
+        verbs,
         worker,
     )
 
@@ -97,6 +98,8 @@ def _register() -> None:
                    demo, console, pipeline, serve, doctor, sink):
         for command in module.COMMANDS:
             main.add_command(command)
+    for command in verbs.COMMANDS:  # `courier message cancel|delete` and `courier purge`
+        main.add_command(command)
 
 
 _register()

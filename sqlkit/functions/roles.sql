@@ -96,6 +96,12 @@ GRANT EXECUTE ON FUNCTION
     courier.topic_id(text),
     courier.topic_sends_committing(text)
 TO courier_application;
+-- A producer may take back what it sent (River's JobCancel, issue 42): by the id its send
+-- returned or by its idempotency key. Purge and delete stay with the admin.
+GRANT EXECUTE ON FUNCTION
+    courier.cancel_message(bigint, text),
+    courier.cancel_message_by_key(text, text, text)
+TO courier_application;
 
 -- Monitors see counts, states and health: the counter tables whole, and of the tables that
 -- hold messages, endpoints and events only the columns that say where things stand.

@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable
 
-from sqlkit import dlq
+from sqlkit import dlq, verbs
 from sqlkit.dlq import DlqDetail, DlqEntry
 from sqlkit.errors import CourierError
 
@@ -48,6 +48,8 @@ class DlqPane(LivePane):
         Binding("E", "redrive_endpoint", "Endpoint", tooltip="Redrive every failed entry of this endpoint",
                 id="dlq.redrive_endpoint"),
         Binding("A", "redrive_all", "All", tooltip="Redrive every failed entry", id="dlq.redrive_all"),
+        Binding("P", "purge_endpoint", "Purge", tooltip="Delete every failed entry of this endpoint for good",
+                show=False, id="dlq.purge"),
         Binding("t", "toggle_redriven", "Redriven", tooltip="Show or hide redriven entries", show=False,
                 id="dlq.toggle_redriven"),
         Binding("slash", "filter", "Filter", id="dlq.filter"),
@@ -182,3 +184,24 @@ class DlqPane(LivePane):
             f"in batches of {REDRIVE_BATCH:,}.",
             lambda conn: dlq.redrive_everything(conn, endpoint, REDRIVE_BATCH),
             f"redrove {{result}} message(s) of {scope}")
+
+    def action_purge_endpoint(self) -> None:
+        if entry := self._current():
+            self._count_then_purge(entry.endpoint_name)
+
+    @work(thread=True, exit_on_error=False, group="count")
+    def _count_then_purge(self, name: str) -> None:
+        try:
+            total = self.courier.database.run(lambda conn: verbs.purge_count(conn, name, dlq=True))
+        except CourierError as error:
+            self.app.call_from_thread(self.notify, error.one_line(), severity="error", timeout=5)
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.write(lambda conn: verbs.purge(conn, name, dlq=True, actor="console"),
+                           f"purged {{result}} DLQ entries of {name}")
+        self.app.call_from_thread(
+            self.app.push_screen,
+            ConfirmModal(f"Purge the {total:,} failed DLQ entries of endpoint {name}? They are deleted for good "
+                         "(their messages stay in the archive as failed).", "Purge"), answered)

@@ -13,12 +13,13 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Select
 
-from sqlkit import messages
+from sqlkit import messages, verbs
 from sqlkit.errors import CourierError
 from sqlkit.messages import Message, MessageSummary
 
 from ..formatting import count, one_line, since, state_text, when
 from ..live import LivePane
+from ..widgets.confirm import ConfirmModal
 from ..widgets.detail import DetailModal
 from ..widgets.live_table import LiveTable
 
@@ -51,6 +52,8 @@ class MessagesPane(LivePane):
         Binding("slash", "focus_search", "Search", id="messages.search"),
         Binding("escape", "focus_table", "Results", show=False, id="messages.results"),
         Binding("o", "open", "Open", tooltip="Open the message (enter)", id="messages.open"),
+        Binding("x", "cancel_message", "Cancel", tooltip="Cancel the message: it leaves the queue for the archive "
+                "as cancelled (in processing: its outcome is discarded)", show=False, id="messages.cancel"),
     ]
 
     def compose(self) -> ComposeResult:
@@ -134,3 +137,17 @@ class MessagesPane(LivePane):
             self.app.call_from_thread(self.notify, error.one_line(), severity="error", timeout=5)
             return
         self.app.call_from_thread(self.app.push_screen, message_detail(message, self.courier.tz))
+
+    def action_cancel_message(self) -> None:
+        key = self.query_one(LiveTable).current_key
+        if key is None:
+            return
+        message_id = int(key)
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.write(lambda conn: verbs.cancel(conn, message_id, "console").was,
+                           f"cancelled message {message_id} ({{result}})")
+        self.app.push_screen(ConfirmModal(f"Cancel message {message_id}? Pending, it leaves the queue at once; in "
+                                          "processing, its delivery's outcome is discarded and it is never retried. "
+                                          "It ends in the archive as cancelled.", "Cancel message"), answered)
