@@ -59,7 +59,12 @@ def _fraction(text: str) -> float | JsonNumber:
 
 def loads(text: str | bytes) -> Any:
     """Python's JSON reader, with numbers kept exactly; raises NotJsonNumber for NaN and the
-    infinities, and ValueError (json.JSONDecodeError) for text that is not JSON."""
+    infinities, and ValueError (json.JSONDecodeError) for text that is not JSON. Bytes must be
+    UTF-8 (RFC 8259): Python's reader would take the UTF-8 spelling of a lone surrogate
+    (b"\\xed\\xb0\\x80") as that surrogate, which PostgreSQL cannot store (UnicodeDecodeError, a
+    ValueError, instead)."""
+    if isinstance(text, bytes):
+        text = text.decode()
     return json.loads(text, parse_int=_integer, parse_float=_fraction, parse_constant=_refuse_constant)
 
 

@@ -53,6 +53,15 @@ def test_a_lone_surrogate_in_any_text_field_is_a_400_naming_it(server, conn, ord
         assert "surrogate" in answer["message"]
 
 
+def test_a_body_that_is_not_utf_8_is_a_400(server, conn, orders):
+    """The UTF-8 spelling of a lone surrogate, raw in the body (not escaped): Python's JSON
+    reader took it for the surrogate, and the dequeue failed with a 500 (found by the fuzz test)."""
+    app = token(conn, "app", ["enqueue", "consume"])
+    for body in (b'{"topic": "\xd9\xa1=\xed\xbf\xbf\xed\xb0\x80"}', b'{"topic": "\xff"}'):
+        status, answer, _ = raw_call(server, "POST", "/api/messages/dequeue", app, body)
+        assert (status, answer["error"]) == (400, "invalid"), answer
+
+
 @pytest.mark.parametrize("digit", ["\u00b9", "\u0661", "\uff11", "\u2460"])
 def test_an_id_of_digits_that_are_not_0_to_9_is_a_400(server, conn, orders, digit):
     """str.isdigit() takes ¹ (int() then raised: a 500) and Arabic-Indic digits (int() read them)."""
