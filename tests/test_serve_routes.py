@@ -423,7 +423,9 @@ def test_a_message_wakes_one_waiting_poll_not_all_of_them(dsn, conn, orders):
                 return after_one, await asyncio.to_thread(woken_and_waiting), got, took
 
         (woken, waiting), (woken_after, waiting_after), got, took = asyncio.run(main())
-        assert woken <= 3 and waiting == 49, (woken, waiting)
+        # One, the two a full batch passes on, and one more: the server began to LISTEN when
+        # the polls came, and looks once for a producer whose NOTIFY it may have missed.
+        assert woken <= 4 and waiting == 49, (woken, waiting)
         ids = [message["id"] for messages in got for message in messages]
         assert len(ids) == len(set(ids)) == 50
         assert took < 5 and waiting_after == 0

@@ -56,6 +56,9 @@ class TopicWakeups:
         self._wanted = asyncio.Event()
         """Set while polls wait (or have waited within IDLE_SECONDS): LISTEN."""
         self._listening = asyncio.Event()
+        self._listening_since = -LINGER_LIMIT
+        """When the LISTEN last began (the loop's clock)."""
+        self._lingered_since_listen: set[int] = set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._listen(), name="listen")
@@ -115,9 +118,14 @@ class TopicWakeups:
         """A poll's first dequeue found nothing. If the topic was notified within a linger's
         length, producers that left their NOTIFY to another may still be committing: linger,
         and wake a poll to look once they are done."""
+        now = asyncio.get_running_loop().time()
         notified_at = self._notified_at.get(topic_id)
-        if (notified_at is not None and topic_id not in self._lingering
-                and asyncio.get_running_loop().time() - notified_at < LINGER_LIMIT):
+        notified = notified_at is not None and now - notified_at < LINGER_LIMIT
+        # A NOTIFY sent before the LISTEN began was missed: a LISTEN that began within a
+        # linger's length counts as a NOTIFY just then, once per topic.
+        listened = now - self._listening_since < LINGER_LIMIT and topic_id not in self._lingered_since_listen
+        if topic_id not in self._lingering and (notified or listened):
+            self._lingered_since_listen.add(topic_id)
             self._start_linger(topic_id, owed=False)
 
     def _notified(self, topic_id: int) -> None:
@@ -167,6 +175,8 @@ class TopicWakeups:
             try:
                 async with self._db.listen() as notifications:
                     self._listening.set()
+                    self._listening_since = asyncio.get_running_loop().time()
+                    self._lingered_since_listen.clear()
                     if lost:  # polls waited through the gap: anything may have been sent meanwhile
                         self._wake_all()
                         lost = False
