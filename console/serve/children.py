@@ -1,6 +1,7 @@
 """Child processes `courier serve` keeps running beside itself (its `--workers` pool, its
-`--processes` siblings): each restarted when it dies, after a back-off that doubles while it
-keeps dying young, and every exit logged; stopped with SIGTERM, and killed if it will not go."""
+`--processes` siblings): each restarted when it dies, after the pause `courier worker` gives its
+pools (growing while it keeps dying young), and every exit logged; stopped with SIGTERM, and
+killed if it will not go."""
 
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from console.workers.processes import HEALTHY_AFTER, restart_pause
+
 log = logging.getLogger("courier.serve")
 
-FIRST_BACKOFF_SECONDS = 1.0
-MAX_BACKOFF_SECONDS = 60.0
-HEALTHY_SECONDS = 60.0
-"""A child that ran this long before it died is restarted after the first back-off again."""
 
 
 class Supervised:
@@ -29,19 +28,13 @@ class Supervised:
         self._lock = threading.Lock()  # no child is started once stop() has begun
         self._process: subprocess.Popen[bytes] | None = None
         self._thread = threading.Thread(target=self._keep_running, name=f"supervise-{name}", daemon=True)
-        self.restarts = 0
 
     def start(self) -> Supervised:
         self._thread.start()
         return self
 
-    @property
-    def pid(self) -> int | None:
-        process = self._process
-        return process.pid if process is not None and process.poll() is None else None
-
     def _keep_running(self) -> None:
-        backoff = FIRST_BACKOFF_SECONDS
+        failures = 0
         while True:
             with self._lock:
                 if self._stopping.is_set():
@@ -55,14 +48,12 @@ class Supervised:
             code = self._process.wait() if self._process is not None else None
             if self._stopping.is_set():
                 return
-            if time.monotonic() - started >= HEALTHY_SECONDS:
-                backoff = FIRST_BACKOFF_SECONDS
+            failures = 1 if time.monotonic() - started >= HEALTHY_AFTER else failures + 1
+            pause = restart_pause(failures)
             log.warning(f"{self.name} exited; restarting it", extra={
-                "exit_code": code, "signal": _signal_name(code), "restart_in_seconds": backoff})
-            if self._stopping.wait(backoff):
+                "exit_code": code, "signal": _signal_name(code), "restart_in_seconds": pause})
+            if self._stopping.wait(pause):
                 return
-            self.restarts += 1
-            backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
 
     def request_stop(self) -> None:
         """SIGTERM, and no restart after it (stop() then waits for it)."""

@@ -60,6 +60,6 @@ class FailureLog:
                     else "delivery failures", extra={
                         "endpoint": endpoint, "retryable": failures.retryable, "permanent": failures.permanent,
                         "last_error": failures.last_error,
-                        **({} if quiet else {"over_seconds": round(min(now - failures.logged_at, 1e9), 1)})})
+                        **({} if quiet else {"over_seconds": round(now - failures.logged_at, 1)})})
         failures.retryable = failures.permanent = 0
         failures.logged_at = now

@@ -39,6 +39,12 @@ HEALTHY_AFTER = 60.0
 """A pool that ran this many seconds before dying is restarted after the shortest pause."""
 
 
+def restart_pause(failures: int) -> float:
+    """The pause before restarting a child that died `failures` times in a row soon after its
+    start (1 for one that ran HEALTHY_AFTER first): the pools here, and `courier serve`'s."""
+    return RESTART_PAUSES[min(failures, len(RESTART_PAUSES)) - 1]
+
+
 def default_processes() -> int:
     """One pool per core this process may run on, up to 4. On two cores, webhook delivery
     (dispatch-http) measured 1.7-2.0k msg/s with two pools against 1.3-1.4k with one, and a
@@ -122,7 +128,7 @@ class Supervisor:
             if code is None:
                 return
             pool.failures = 1 if now - pool.started_at >= HEALTHY_AFTER else pool.failures + 1
-            pause = RESTART_PAUSES[min(pool.failures, len(RESTART_PAUSES)) - 1]
+            pause = restart_pause(pool.failures)
             log.warning("pool exited; restarting it", extra={"pool": pool.share.index + 1, "pid": pool.process.pid,
                                                                "exit_code": code, "restart_in": pause})
             pool.process = None
@@ -132,7 +138,7 @@ class Supervisor:
                 self._start(pool)
             except OSError as error:  # out of processes or file descriptors: try again later
                 pool.failures += 1
-                pool.restart_at = now + RESTART_PAUSES[min(pool.failures, len(RESTART_PAUSES)) - 1]
+                pool.restart_at = now + restart_pause(pool.failures)
                 log.error("pool could not be started", extra={"pool": pool.share.index + 1, "error": str(error)})
 
     def _drain(self) -> int:
