@@ -336,7 +336,7 @@ def test_a_keyed_enqueue_replaces_a_message_whose_visibility_timeout_passed(conn
     assert row == ("pending", {"v": 2}, 1, "lease_expired")
     assert scalar(conn, "SELECT courier.ack(%s, %s)", (first, lease)) == "lease_lost"  # the old holder is fenced
     [(again, new_lease)] = dequeue(conn)
-    assert again == first and new_lease > lease
+    assert again == first and new_lease != lease  # leases are random (issue 40): only ever a new one
 
 
 def test_a_keyed_enqueue_dead_letters_a_lapsed_message_past_max_retries_and_queues_the_new_one(conn):
