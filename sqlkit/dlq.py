@@ -104,7 +104,9 @@ def list_entries_page(conn: psycopg.Connection, endpoint: str | None = None, sta
 
 
 def get(conn: psycopg.Connection, dlq_id: int) -> DlqDetail:
-    row = queries.fetch_one(conn, "get_dlq", {"id": dlq_id})
+    """One entry in full. Its payload, headers and metadata keep every number as stored: one
+    no float holds is a JsonNumber (print them with exact_json.dumps_like)."""
+    row = queries.fetch_one(conn, "get_dlq", {"id": dlq_id}, exact=True)
     if row is None:
         raise NotFound(f"DLQ entry {dlq_id} does not exist", "P0002", "List entries with `courier dlq list`")
     return DlqDetail(**row)

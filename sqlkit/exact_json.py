@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 import orjson
-from psycopg.types.json import Jsonb
+from psycopg.abc import AdaptContext
+from psycopg.types.json import Jsonb, set_json_loads
 
 INT64_LOW, UINT64_HIGH = -(2**63), 2**64 - 1
 """The integers orjson reads and writes exactly."""
@@ -149,3 +153,49 @@ def fragment(text: str | None) -> orjson.Fragment | None:
     """JSON text from the database (a jsonb column cast to text), to be put into an orjson
     answer as it is: never parsed, so never rounded."""
     return None if text is None else orjson.Fragment(text)
+
+
+def _whole(text: str) -> int | JsonNumber:
+    return int(text) if len(text) <= 4300 else JsonNumber(text)
+
+
+def stored_loads(raw: str | bytes) -> Any:
+    """A stored json or jsonb value as Python's reader makes it, but with a fraction no float
+    holds as a JsonNumber, not the nearest float; integers stay Python's (exact at any size),
+    but for one Python refuses to read (over 4,300 digits), a JsonNumber too."""
+    return json.loads(raw, parse_int=_whole, parse_float=_fraction)
+
+
+def read_exactly(context: AdaptContext) -> None:
+    """Make `context` (a cursor or connection) read json and jsonb columns with stored_loads,
+    for the paths that show a stored payload (a message's or DLQ entry's detail, a dequeue's
+    answer): psycopg's own reader turns 0.1000000000000000055511151231257827 into 0.1."""
+    set_json_loads(stored_loads, context=context)
+
+
+def holds_exact_numbers(value: Any) -> bool:
+    """Whether a JsonNumber is anywhere in `value`."""
+    return _holds(value, JsonNumber)
+
+
+def dumps_like(value: Any, dump: Callable[..., str] = json.dumps, **options: Any) -> str:
+    """dump(value, **options) (json.dumps' spacing, indent and escaping, say) with every
+    JsonNumber in `value` written as its text, unquoted: the way to print a value read with
+    read_exactly() as any other, never rounded."""
+    if not _holds(value, JsonNumber):
+        return dump(value, **options)
+    marker = f"courier-exact-number-{uuid.uuid4().hex}-"
+    numbers: list[str] = []
+
+    def swapped(item: Any) -> Any:
+        if isinstance(item, JsonNumber):
+            numbers.append(item.text)
+            return f"{marker}{len(numbers) - 1}"
+        if isinstance(item, dict):
+            return {key: swapped(inner) for key, inner in item.items()}
+        if isinstance(item, list | tuple):
+            return [swapped(inner) for inner in item]
+        return item
+
+    text = dump(swapped(value), **options)
+    return re.sub(f'"{marker}([0-9]+)"', lambda found: numbers[int(found[1])], text)

@@ -59,6 +59,24 @@ class Message:
     visible_at: datetime | None = None
     """Pull messages: when it is due, or while processing, when its visibility timeout ends."""
 
+    @property
+    def attempts(self) -> int:
+        """The attempts made at it: retry_count counts the failed ones (and lapsed leases), so
+        a completed message adds the one that succeeded."""
+        return self.retry_count + (self.status == "completed")
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """Every attempt, as a detail shows it: error_history holds the failed ones only (what
+        the analytics count as failures), so a completed message's last, successful attempt
+        is added here. A message delivered after a 503 showed `completed`, attempts 1, and
+        only the 503."""
+        if self.status != "completed":
+            return self.error_history
+        return [*self.error_history, {"attempt": self.attempts, "outcome": "success",
+                                      "at": self.completed_at and self.completed_at.isoformat(),
+                                      "error": ""}]
+
 
 @dataclass(frozen=True)
 class MessageSummary:
@@ -146,7 +164,7 @@ def send_batch(conn: psycopg.Connection, endpoint: str, payloads: Sequence[Any],
 
 
 def get(conn: psycopg.Connection, message_id: int) -> Message:
-    row = queries.fetch_one(conn, "get_message", {"id": message_id})
+    row = queries.fetch_one(conn, "get_message", {"id": message_id}, exact=True)  # shown: numbers as stored
     if row is None:
         raise NotFound(f"message {message_id} is not in the queue", "P0002")
     return Message(**row)

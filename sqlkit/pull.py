@@ -112,7 +112,10 @@ def enqueue(conn: psycopg.Connection, topic: str, payload: Any, *, key: str | No
 
 def dequeue(conn: psycopg.Connection, topic: str, count: int = 1,
             visibility_timeout: int | None = None) -> list[LeasedMessage]:
+    """Up to `count` messages under a lease; payloads and metadata keep every number as stored
+    (a JsonNumber where no float holds it; exact_json.read_exactly)."""
     with translated(), conn.cursor(row_factory=class_row(LeasedMessage)) as cur:
+        exact_json.read_exactly(cur)
         return cur.execute("SELECT * FROM courier.dequeue(%s, %s, %s)",
                            (topic, count, visibility_timeout)).fetchall()
 
@@ -131,7 +134,9 @@ def nack(conn: psycopg.Connection, ids: Sequence[int], leases: Sequence[int],
 
 
 def receive(conn: psycopg.Connection, topic: str, count: int = 1) -> list[ReceivedMessage]:
+    """Up to `count` messages, taken and deleted; numbers kept as stored, as dequeue() keeps them."""
     with translated(), conn.cursor(row_factory=class_row(ReceivedMessage)) as cur:
+        exact_json.read_exactly(cur)
         return cur.execute("SELECT * FROM courier.receive(%s, %s)", (topic, count)).fetchall()
 
 

@@ -11,6 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from .errors import translated
+from .exact_json import read_exactly
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 
@@ -30,8 +31,13 @@ def query(name: str) -> str:
         raise KeyError(f"no query named {name!r} in sqlkit/queries.sql") from None
 
 
-def fetch_one(conn: psycopg.Connection, name: str, params: Any = None) -> dict[str, Any] | None:
+def fetch_one(conn: psycopg.Connection, name: str, params: Any = None, *,
+              exact: bool = False) -> dict[str, Any] | None:
+    """The first row of query `name`. exact: read its json and jsonb columns keeping every
+    number as stored (exact_json.read_exactly), for a path that shows them."""
     with translated(), conn.cursor(row_factory=dict_row) as cur:
+        if exact:
+            read_exactly(cur)
         cur.execute(query(name), params)
         return cur.fetchone()
 

@@ -35,7 +35,9 @@ def test_a_conflict_names_only_the_same_endpoints_message(conn, two_endpoints):
     billed = send(conn, "billing", '{"order": 1}', "order-1")
     with pytest.raises(psycopg.errors.UniqueViolation) as caught:
         send(conn, "billing", '{"order": 2}', "order-1")
-    assert caught.value.diag.message_hint == f"Message {billed} holds this key until it leaves pending/processing"
+    retention = scalar(conn, "SELECT courier._setting_int('idempotency_retention_seconds')")
+    assert caught.value.diag.message_hint == (f"Message {billed} holds this key while it is queued, and for "
+                                              f"idempotency_retention_seconds ({retention}) after it is delivered")
 
 
 def deliver_all(conn) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, tzinfo
 from typing import Any
 
 from rich.text import Text
+
+from sqlkit import exact_json
 
 # Theme variables, not colours, and the text-* ones that themes make readable on their own
 # background: the same table reads on dark and light themes.
@@ -77,7 +78,8 @@ def size(n: int | None) -> str:
 
 
 def pretty_json(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=False, ensure_ascii=False, default=str)
+    """value as indented JSON; a number read exactly (exact_json.JsonNumber) is written as stored."""
+    return exact_json.dumps_like(value, indent=2, sort_keys=False, ensure_ascii=False, default=str)
 
 
 def one_line(text: str | None, width: int = 60) -> str:

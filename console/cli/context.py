@@ -161,9 +161,13 @@ _EXACT_FLOAT = 2 ** 53
 def plain(value: Any) -> Any:
     """value as JSON's types. A whole number stays an integer: numeric columns (a topic's limits)
     arrive as Decimal and double precision ones (metrics) as float, and 5 must not print as 5.0;
-    a fractional one stays a number (2.5)."""
+    a fractional one stays a number (2.5). A number read exactly (exact_json.JsonNumber: one no
+    float holds, in a stored payload) stays one: the writers here print it as stored."""
+    if isinstance(value, exact_json.JsonNumber):
+        return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {k: plain(v) for k, v in dataclasses.asdict(value).items()}
+        # Field by field, not dataclasses.asdict, which would make a JsonNumber within a payload a dict.
+        return {field.name: plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -195,14 +199,14 @@ def emit(data: Any, render: Callable[[], None] | None = None, *, columns: Column
         sys.stdout.write(tsv(data, columns, row=csv_row if chosen == "csv" else tsv_row))
         return
     if chosen == "json" or render is None:
-        sys.stdout.write(json.dumps(plain(data), indent=2) + "\n")
+        sys.stdout.write(exact_json.dumps_like(plain(data), indent=2) + "\n")
         return
     try:
         render()
     except Exception as error:
         # What a command took (a receive deletes, a dequeue leases) must reach the user even
         # if a value will not draw as a table: print it as JSON and say why.
-        sys.stdout.write(json.dumps(plain(data), indent=2, default=str) + "\n")
+        sys.stdout.write(exact_json.dumps_like(plain(data), indent=2, default=str) + "\n")
         error_console.print(f"warning: could not draw the table ({type(error).__name__}: {error}); "
                             "printed as JSON instead", highlight=False, soft_wrap=True)
 
@@ -217,7 +221,7 @@ def tsv_cell(value: Any) -> str:
     if isinstance(value, bool):
         text = "true" if value else "false"
     elif isinstance(value, dict | list):
-        text = json.dumps(value, ensure_ascii=False, default=str)
+        text = exact_json.dumps_like(value, ensure_ascii=False, default=str)
     else:
         text = str(value)
     return printable(text.replace("\\", "\\\\"))
@@ -240,9 +244,10 @@ def csv_cell(value: Any) -> str:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int | float | Decimal):
+    if isinstance(value, int | float | Decimal | exact_json.JsonNumber):
         return str(value)
-    text = json.dumps(value, ensure_ascii=False, default=str) if isinstance(value, dict | list) else str(value)
+    text = exact_json.dumps_like(value, ensure_ascii=False, default=str) if isinstance(value, dict | list) \
+        else str(value)
     text = printable(text, lines=True)
     return "'" + text if text.startswith(FORMULA_STARTS) else text
 

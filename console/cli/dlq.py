@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sqlkit import dlq
+from sqlkit import dlq, exact_json
 
 from .context import (
     common_options,
@@ -98,8 +96,8 @@ def show(dlq_id: int) -> None:
                     "ordering_key", "original_created_at", "failed_at", "redriven_at", "redriven_message_id"):
             value = getattr(row, key)
             grid.add_row(key, str(value) if value is not None else "-")
-        grid.add_row("payload", json.dumps(row.payload, indent=2))
-        grid.add_row("headers", json.dumps(row.headers, indent=2))
+        grid.add_row("payload", exact_json.dumps_like(row.payload, indent=2))
+        grid.add_row("headers", exact_json.dumps_like(row.headers, indent=2))
         history = Table("attempt", "at", "outcome", "error", title="error history")
         for attempt in row.error_history:
             history.add_row(str(attempt.get("attempt")), str(attempt.get("at")), str(attempt.get("outcome", "")),

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import base64
-import json
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +11,7 @@ import click
 import psycopg
 from rich.table import Table
 
-from sqlkit import pull
+from sqlkit import exact_json, pull
 
 from .context import (
     common_options,
@@ -227,7 +226,7 @@ def dequeue(topic: str, count: int, visibility_timeout: int | None) -> None:
 
 
 def _short(value: Any) -> str:
-    return json.dumps(value)
+    return exact_json.dumps_like(value)
 
 
 def _report(conn: psycopg.Connection, message_id: int, lease: int, result: str) -> None:

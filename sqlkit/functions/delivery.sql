@@ -178,6 +178,9 @@ BEGIN
           AND (p_dlq_ids IS NULL OR d.id = ANY (p_dlq_ids))
           AND (p_endpoint_id IS NULL OR d.endpoint_id = p_endpoint_id)
           AND EXISTS (SELECT 1 FROM courier.endpoints e WHERE e.id = d.endpoint_id)
+          -- A topic's dead letter keeps its own expiry, as requeue() does: one past it stays
+          -- here (requeue() of it says why) rather than going back only to expire.
+          AND NOT (d.original_topic IS NOT NULL AND d.expires_at <= now())
           AND NOT (d.original_topic IS NOT NULL AND d.key IS NOT NULL
                    AND (EXISTS (SELECT 1 FROM courier.queue q
                                 WHERE q.endpoint_id = d.endpoint_id AND q.key = d.key
@@ -197,7 +200,7 @@ BEGIN
         SELECT d.endpoint_id, d.payload, d.headers, d.metadata, d.priority, d.ordering_key,
                d.correlation_id, NULL, courier._pull_visible_at(e.protocol, NULL), d.payload_binary, d.body,
                CASE WHEN t.requeued THEN d.key END,
-               CASE WHEN t.requeued THEN courier._ttl_expires_at(e.config, now()) END,
+               CASE WHEN t.requeued THEN coalesce(d.expires_at, courier._ttl_expires_at(e.config, now())) END,
                CASE WHEN t.requeued THEN d.error_history ELSE '[]' END
         FROM courier.dlq d JOIN picked USING (id) JOIN courier.endpoints e ON e.id = d.endpoint_id
         CROSS JOIN LATERAL (SELECT d.original_topic IS NOT NULL AND e.protocol = 'pull' AS requeued) t

@@ -253,8 +253,8 @@ BEGIN
         IF FOUND THEN
             RAISE EXCEPTION 'Idempotency key ''%'' conflict: same key with different payload', p_idempotency_key
                 USING ERRCODE = '23505',
-                      HINT = format('Message %s on endpoint id %s holds this key until it leaves pending/processing; nothing was published',
-                                    v_conflict.id, v_conflict.endpoint_id);
+                      HINT = format('Message %s on endpoint id %s holds this key while it is queued, and for idempotency_retention_seconds (%s) after it is delivered; nothing was published',
+                                    v_conflict.id, v_conflict.endpoint_id, courier._setting_int('idempotency_retention_seconds'));
         END IF;
     END IF;
 

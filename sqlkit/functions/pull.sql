@@ -988,8 +988,11 @@ $$;
 -- <topic>.dlq ----------------------------------------------------------------------------------
 
 -- Puts a dead-lettered pull message back on its original topic as a new pending message with
--- retry_count 0 and max_retries restored to the topic's configured value; the DLQ entry stays
--- as 'redriven' for the audit trail. Returns the new message id.
+-- retry_count 0 and max_retries restored to the topic's configured value, its key, and its own
+-- expiry (expires_at, as its ttl_seconds or the topic's TTL set it when it was enqueued; one
+-- that had none takes the topic's TTL from now, as a new message would). A message past its
+-- expiry is refused (55000): back on the topic it would only expire. The DLQ entry stays as
+-- 'redriven' for the audit trail. Returns the new message id.
 CREATE OR REPLACE FUNCTION courier.requeue(p_dlq_id bigint) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
@@ -1018,13 +1021,19 @@ BEGIN
         RAISE EXCEPTION '[courier] topic "%" of DLQ entry % no longer exists', v_row.original_topic, p_dlq_id
             USING ERRCODE = '55000', HINT = 'Recreate the topic first';
     END IF;
+    IF v_row.expires_at <= now() THEN
+        RAISE EXCEPTION '[courier] DLQ entry % expired at %: requeued, it would only expire', p_dlq_id, v_row.expires_at
+            USING ERRCODE = '55000',
+                  HINT = format('Read its payload with `courier dlq show %s` and enqueue it again to send it anew', p_dlq_id);
+    END IF;
     PERFORM courier._enforce_max_depth(v_topic.id, 1);
     PERFORM courier._require_room(1);
     BEGIN
         INSERT INTO courier.queue (endpoint_id, payload, payload_binary, body, headers, metadata, key, correlation_id,
                                    error_history, visible_at, expires_at)
         VALUES (v_topic.id, v_row.payload, v_row.payload_binary, v_row.body, v_row.headers, v_row.metadata, v_row.key,
-                v_row.correlation_id, v_row.error_history, now(), courier._ttl_expires_at(v_topic.config, now()))
+                v_row.correlation_id, v_row.error_history, now(),
+                coalesce(v_row.expires_at, courier._ttl_expires_at(v_topic.config, now())))
         RETURNING id INTO v_id;
     EXCEPTION WHEN unique_violation THEN
         RAISE EXCEPTION '[courier] cannot requeue DLQ entry %: another message of "%" with key "%" is active',

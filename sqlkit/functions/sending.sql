@@ -420,7 +420,7 @@ BEGIN
                         RAISE EXCEPTION 'Idempotency key ''%'' conflict: same key with different payload',
                                 p_idempotency_key
                             USING ERRCODE = '23505',
-                                  HINT = format('Message %s holds this key until it leaves pending/processing', v_id);
+                                  HINT = format('Message %s holds this key while it is queued, and for idempotency_retention_seconds (%s) after it is delivered', v_id, courier._setting_int('idempotency_retention_seconds'));
                     END IF;
                     RETURN v_id;  -- same payload: the existing message stands; no new NOTIFY
                 END IF;
@@ -752,7 +752,7 @@ BEGIN
             RAISE EXCEPTION '[courier] batch element %: idempotency key ''%'' conflict: same key with different payload',
                     v_held.ord, v_held.idempotency_key
                 USING ERRCODE = '23505',
-                      HINT = format('Message %s holds this key until it leaves pending/processing', v_held.id);
+                      HINT = format('Message %s holds this key while it is queued, and for idempotency_retention_seconds (%s) after it is delivered', v_held.id, courier._setting_int('idempotency_retention_seconds'));
         END IF;
         WITH held AS (
             SELECT m.ord, q.id

@@ -21,7 +21,7 @@ from ..formatting import count, one_line, since, state_text, when
 from ..live import LivePane
 from ..widgets.confirm import ConfirmModal
 from ..widgets.detail import DetailModal
-from ..widgets.live_table import LiveTable
+from ..widgets.live_table import CELL_LIMIT, LiveTable
 
 STATUSES = ("pending", "processing", "expired")
 LIMIT = 200
@@ -29,7 +29,7 @@ LIMIT = 200
 
 def message_detail(message: Message, tz) -> DetailModal:
     fields = [("id", message.id), ("endpoint", message.endpoint_name), ("status", message.status),
-              ("priority", message.priority), ("attempts", message.retry_count),
+              ("priority", message.priority), ("attempts", message.attempts),
               ("ordering key", message.ordering_key), ("correlation id", message.correlation_id),
               ("idempotency key", message.idempotency_key), ("created", when(message.created_at, tz)),
               ("scheduled", when(message.scheduled_at, tz)), ("next retry", when(message.next_retry_at, tz)),
@@ -38,7 +38,7 @@ def message_detail(message: Message, tz) -> DetailModal:
     if message.visible_at is not None:  # a pull topic's message
         deadline = "visible until" if message.status == "processing" else "due"
         fields += [("key", message.key), ("lease", message.lease), (deadline, when(message.visible_at, tz))]
-    return DetailModal(f"Message {message.id}", fields, message.payload, message.headers, message.error_history)
+    return DetailModal(f"Message {message.id}", fields, message.payload, message.headers, message.history)
 
 
 class MessagesPane(LivePane):
@@ -64,7 +64,7 @@ class MessagesPane(LivePane):
             yield Input(placeholder="correlation id", id="search-correlation-id")
         yield LiveTable([("id", "id"), ("endpoint", "endpoint"), ("status", "status"), ("priority", "prio"),
                          ("attempts", "tries"), ("ordering_key", "ordering key"), ("age", "age"),
-                         ("last_error", "last error")], id="messages-table")
+                         ("last_error", "last error")], flex="last_error", id="messages-table")
 
 
     def criteria(self) -> dict[str, object]:
@@ -103,7 +103,7 @@ class MessagesPane(LivePane):
         self.query_one(LiveTable).sync(
             (str(m.id), [str(m.id), m.endpoint_name, state_text(m.status, colors), str(m.priority),
                          count(m.retry_count), m.ordering_key or "", since(m.created_at, now),
-                         one_line(m.last_error, 40)])
+                         one_line(m.last_error, CELL_LIMIT)])
             for m in rows)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
