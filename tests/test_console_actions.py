@@ -169,23 +169,27 @@ def test_create_endpoint_with_a_bad_config_shows_the_error_and_stores_nothing(ds
     assert scalar(conn, "SELECT protocol FROM courier.endpoints WHERE name = 'orders'") == "http"
 
 
-def test_create_a_pull_topic_with_the_example_config_its_protocol_brings(dsn, conn):
-    """Choosing a protocol replaces the example config, never one the operator edited."""
+def test_the_config_example_is_a_placeholder_each_protocol_brings(dsn, conn):
+    """The config starts empty with its protocol's example as the placeholder (nothing to type in
+    front of); choosing a protocol changes the example, never what the operator typed."""
     async def scenario(pilot, app):
         await open_pane(pilot, "endpoints")
         await pilot.press("n")
         form = await wait_for(pilot, lambda: isinstance(app.screen, CreateEndpointForm) and app.screen,
                               what="the form")
         config = form.query_one("#config", TextArea)
-        form.query_one("#protocol", Select).value = "noop"
-        await wait_for(pilot, lambda: config.text == "{}", what="the noop example")
-        config.text = '{"note": "mine"}'
-        form.query_one("#protocol", Select).value = "http"
-        await pilot.pause(0.2)
-        assert config.text == '{"note": "mine"}'
-        config.text = ""
+        assert config.text == ""
+        assert "https://example.com/hook" in str(config.placeholder)
         form.query_one("#protocol", Select).value = "pull"
-        await wait_for(pilot, lambda: "visibility_timeout" in config.text, what="the pull example")
+        await wait_for(pilot, lambda: "visibility_timeout" in str(config.placeholder), what="the pull example")
+        assert config.text == ""
+        config.focus()
+        await pilot.press(*'{"visibility_timeout": 60}')
+        form.query_one("#protocol", Select).value = "noop"
+        await wait_for(pilot, lambda: str(config.placeholder) == "{}", what="the noop example")
+        form.query_one("#protocol", Select).value = "pull"
+        await pilot.pause(0.2)
+        assert config.text == '{"visibility_timeout": 60}'
         form.query_one("#name", Input).value = "picks"
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: not isinstance(app.screen, CreateEndpointForm), what="the form to close")

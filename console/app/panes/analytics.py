@@ -23,14 +23,14 @@ from ..widgets.live_table import LiveTable
 
 CHART_HOURS = 48
 
-EMPTY_STATE = """[b]No analytics yet[/b]
-
-Analytics are computed by Courier's Spark pipeline over the message history: \\
-per endpoint and hour, delivered, failed, expired and dead-lettered counts, \\
-latency percentiles, attempt histograms and the top error classes.
-
-Run [b]courier pipeline analytics[/b] to compute them; the results land in \\
-PostgreSQL and are charted here."""
+EMPTY_STATE = (
+    "[b]No analytics yet[/b]\n\n"
+    "Analytics are computed by Courier's Spark pipeline over the message history: "
+    "per endpoint and hour, delivered, failed, expired and dead-lettered counts, "
+    "latency percentiles, attempt histograms and the top error classes.\n\n"
+    "Run [b]courier pipeline analytics[/b] to compute them; the results land in "
+    "PostgreSQL and are charted here."
+)
 
 
 @dataclass(frozen=True)

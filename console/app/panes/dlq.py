@@ -22,7 +22,7 @@ from ..live import LivePane
 from ..widgets.confirm import ConfirmModal
 from ..widgets.detail import DetailModal
 from ..widgets.filter_box import FilterBox
-from ..widgets.live_table import LiveTable
+from ..widgets.live_table import CELL_LIMIT, LiveTable
 
 LIMIT = 500
 REDRIVE_BATCH = 1000
@@ -65,7 +65,7 @@ class DlqPane(LivePane):
         yield FilterBox(placeholder="filter rows (endpoint, error, id…); escape clears", id="dlq-filter")
         yield LiveTable([("mark", " "), ("id", "id"), ("endpoint", "endpoint"), ("status", "status"),
                          ("attempts", "tries"), ("failed_at", "failed"), ("last_error", "last error")],
-                        id="dlq-table")
+                        flex="last_error", id="dlq-table")
 
 
     def fetch(self, conn: psycopg.Connection) -> list[DlqEntry]:
@@ -78,7 +78,7 @@ class DlqPane(LivePane):
         self.query_one(LiveTable).sync(
             (str(e.id), [Text("●", style=colors["text-accent"]) if e.id in self.selected else "", str(e.id),
                          e.endpoint_name, state_text(e.status, colors), count(e.retry_count),
-                         clock_time(e.failed_at, self.courier.tz), one_line(e.last_error, 44)])
+                         clock_time(e.failed_at, self.courier.tz), one_line(e.last_error, CELL_LIMIT)])
             for e in rows)
 
     # Browsing --------------------------------------------------------------------------

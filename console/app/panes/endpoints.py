@@ -1,5 +1,6 @@
 """Endpoints: circuit state in colour, failures, depth and rate; enable, disable, reset a
-circuit, edit the retry policy or a pull topic's limits, create."""
+circuit, edit the retry policy or a pull topic's limits, create. The last error sits beside
+the circuit it explains and takes the width the counts leave; enter opens the endpoint whole."""
 
 from __future__ import annotations
 
@@ -10,17 +11,19 @@ import psycopg
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.widgets import DataTable
 
 from sqlkit import endpoints, observability
 from sqlkit.endpoints import Endpoint
 from sqlkit.errors import CourierError
 from sqlkit.observability import DeliveryTotals, EndpointHealth
 
-from ..formatting import clock_time, count, one_line, rate, since, state_text
+from ..formatting import clock_time, count, one_line, rate, since, state_text, when
 from ..live import LivePane
 from ..rates import DeliveryRates
+from ..widgets.detail import DetailModal
 from ..widgets.endpoint_forms import CreateEndpointForm, RetryPolicyForm
-from ..widgets.live_table import LiveTable
+from ..widgets.live_table import CELL_LIMIT, LiveTable
 from ..widgets.topic_limits import TopicLimitsForm, read_topic_limits
 
 
@@ -29,6 +32,20 @@ class EndpointsData:
     endpoints: list[Endpoint]
     health: dict[str, EndpointHealth]
     totals: dict[str, DeliveryTotals]
+
+
+def endpoint_detail(e: Endpoint, tz) -> DetailModal:
+    fields = [("endpoint", e.name), ("protocol", e.protocol), ("description", e.description),
+              ("enabled", "yes" if e.enabled else "no"),
+              ("circuit", "-" if e.protocol == "pull" else e.circuit_state.replace("_", "-")),
+              ("failures", e.circuit_failure_count), ("pending", e.pending_messages),
+              ("in flight", e.processing_messages), ("last success", when(e.last_success_at, tz)),
+              ("last failure", when(e.last_failure_at, tz)), ("last error", e.last_error)]
+    if e.protocol == "pull":
+        fields.append(("next lease ends", when(e.next_lease_deadline, tz)))
+    fields += [("created", when(e.created_at, tz)), ("updated", when(e.updated_at, tz))]
+    return DetailModal(f"Endpoint {e.name}", fields,
+                       documents=[("config (secrets redacted)", e.config), ("retry policy", e.retry_policy)])
 
 
 class EndpointsPane(LivePane):
@@ -43,6 +60,8 @@ class EndpointsPane(LivePane):
         Binding("l", "edit_limits", "Limits", tooltip="Edit a pull topic's limits (its topic config)",
                 id="endpoints.topic_limits"),
         Binding("n", "create", "New", id="endpoints.create"),
+        Binding("o", "open", "Open", tooltip="Open the endpoint: its last error, config and policy whole (enter)",
+                show=False, id="endpoints.open"),
     ]
 
     def __init__(self, **kwargs) -> None:
@@ -51,10 +70,10 @@ class EndpointsPane(LivePane):
         self.rates = DeliveryRates()
 
     def compose(self) -> ComposeResult:
-        yield LiveTable([("name", "endpoint"), ("protocol", "proto"), ("circuit", "circuit"),
+        yield LiveTable([("name", "endpoint"), ("circuit", "circuit"), ("last_error", "last error"),
                          ("failures", "fails"), ("pending", "pending"), ("processing", "in flight"),
-                         ("rate", "delivered"), ("oldest", "oldest"), ("last_error", "last error")],
-                        id="endpoints-table")
+                         ("rate", "delivered"), ("oldest", "oldest"), ("protocol", "proto")],
+                        flex="last_error", flex_min=32, id="endpoints-table")
 
     def fetch(self, conn: psycopg.Connection) -> EndpointsData:
         health = {h.endpoint_name: h for h in observability.endpoint_health(conn)}
@@ -70,16 +89,24 @@ class EndpointsPane(LivePane):
             health = data.health.get(e.name)
             oldest = since(health.oldest_pending_message, now) if health and health.oldest_pending_message else "-"
             state = e.circuit_state if e.enabled else "disabled"
-            note = one_line(e.last_error, 48)
+            note = one_line(e.last_error, CELL_LIMIT)
             if e.protocol == "pull":  # a topic: no circuit; in flight are its leased messages
                 state = "topic" if e.enabled else "disabled"
                 note = f"{count(e.processing_messages)} leased" + (
                     f", next lease ends {clock_time(e.next_lease_deadline, self.courier.tz)}"
                     if e.next_lease_deadline else "")
-            rows.append((e.name, [e.name, e.protocol, state_text(state, colors), count(e.circuit_failure_count),
+            rows.append((e.name, [e.name, state_text(state, colors), note, count(e.circuit_failure_count),
                                   count(e.pending_messages), count(e.processing_messages),
-                                  rate(self.rates.of(e.name)), oldest, note]))
+                                  rate(self.rates.of(e.name)), oldest, e.protocol]))
         self.query_one(LiveTable).sync(rows)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_open()
+
+    def action_open(self) -> None:
+        if e := self._selected():
+            self.app.push_screen(endpoint_detail(e, self.courier.tz))
 
     def _selected(self) -> Endpoint | None:
         key = self.query_one(LiveTable).current_key

@@ -1,4 +1,6 @@
-"""A read-only detail dialog: fields, pretty JSON payload and headers, the error history."""
+"""A read-only detail dialog: fields, then pretty JSON documents (a message's payload and
+headers, an endpoint's config, an event's details) and an error history, each when given.
+Every table whose cells are cut opens its row here with enter, every value shown whole."""
 
 from __future__ import annotations
 
@@ -38,6 +40,10 @@ def _shown_json(value: Any) -> str:
     return printable(text, lines=True)
 
 
+NOT_SHOWN: Any = object()
+"""A section the dialog leaves out (None is a JSON document of its own: null)."""
+
+
 class DetailModal(ModalScreen[None]):
     DEFAULT_CSS = """
     DetailModal { align: center middle; }
@@ -51,13 +57,19 @@ class DetailModal(ModalScreen[None]):
         Binding("escape,q,enter", "close", "Close", id="detail.close"),
     ]
 
-    def __init__(self, title: str, fields: Sequence[tuple[str, Any]], payload: Any, headers: Any,
-                 history: Sequence[dict[str, Any]]) -> None:
+    def __init__(self, title: str, fields: Sequence[tuple[str, Any]], payload: Any = NOT_SHOWN,
+                 headers: Any = NOT_SHOWN, history: Sequence[dict[str, Any]] | None = None, *,
+                 documents: Sequence[tuple[str, Any]] = ()) -> None:
+        """fields: (name, value) rows, shown as literal text; payload, headers and documents
+        ((heading, value) pairs): JSON sections; history: the error history, when given."""
         super().__init__()
         self.title_text = title
         self.fields = fields
         self.payload = payload
         self.headers = headers
+        self.documents = [(heading, value) for heading, value in
+                          [("payload", payload), ("headers (secrets redacted)", headers), *documents]
+                          if value is not NOT_SHOWN]
         self.history = history
 
     def compose(self) -> ComposeResult:
@@ -67,16 +79,15 @@ class DetailModal(ModalScreen[None]):
         for key, value in self.fields:
             grid.add_row(key, literal("-" if value is None else clip(str(value), DETAIL_LIMIT), lines=True))
         with VerticalScroll():
-            yield Label(self.title_text, classes="section")
+            yield Label(literal(self.title_text), classes="section")
             yield Static(grid, id="detail-fields")
-            yield Label("payload", classes="section")
-            yield Static(Syntax(_shown_json(self.payload), "json", theme="ansi_dark", background_color="default",
-                                word_wrap=True), id="detail-payload")
-            yield Label("headers (secrets redacted)", classes="section")
-            yield Static(Syntax(_shown_json(self.headers), "json", theme="ansi_dark", background_color="default",
-                                word_wrap=True), id="detail-headers")
-            yield Label("error history", classes="section")
-            yield Static(error_history_table(self.history), id="detail-history")
+            for heading, value in self.documents:
+                yield Label(literal(heading), classes="section")
+                yield Static(Syntax(_shown_json(value), "json", theme="ansi_dark", background_color="default",
+                                    word_wrap=True), id=f"detail-{heading.split()[0]}")
+            if self.history is not None:
+                yield Label("error history", classes="section")
+                yield Static(error_history_table(self.history), id="detail-history")
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -71,7 +71,7 @@ class CreateEndpointForm(DatabaseForm):
             yield Label("description")
             yield Input(placeholder="optional", compact=True, id="description")
         yield Label("config (JSON; the README lists each protocol's settings)", classes="field")
-        yield TextArea(CONFIG_EXAMPLE, language=None, compact=True, id="config")
+        yield TextArea("", language=None, compact=True, id="config", placeholder=CONFIG_EXAMPLE)
         yield Label("retry policy (JSON; blank: the defaults)", classes="field")
         yield TextArea("", compact=True, id="retry-policy", placeholder='{"max_retries": 5, "backoff": "exponential"}')
         yield Static(f"keys: {POLICY_KEYS}", classes="hint")
@@ -80,10 +80,9 @@ class CreateEndpointForm(DatabaseForm):
         self.query_one("#name", Input).focus()
 
     def on_select_changed(self, event: Select.Changed) -> None:
-        """A new protocol brings its example config, unless the config was edited."""
-        config = self.query_one("#config", TextArea)
-        if config.text.strip() in ("", *CONFIG_EXAMPLES.values()):
-            config.text = CONFIG_EXAMPLES.get(str(event.value), "{}")
+        """A new protocol brings its example config, as the placeholder: nothing to type in
+        front of or delete first."""
+        self.query_one("#config", TextArea).placeholder = CONFIG_EXAMPLES.get(str(event.value), "{}")
 
     def action_submit(self) -> None:
         name = self.query_one("#name", Input).value.strip()

@@ -1,4 +1,5 @@
-"""The help screen: every key, global and per pane, read from the bindings themselves."""
+"""The help screen: every key, global and per pane, read from the bindings themselves; esc (or
+q, or ?) closes it, as its frame and its first lines say."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ GLOBAL_KEYS = [
     ("r", "refresh now"),
     ("?", "this help"),
     ("q, ctrl+c", "quit (the embedded pool drains first)"),
+    ("esc", "close this help, a dialog or a detail; clear a filter"),
 ]
 
 
@@ -58,7 +60,9 @@ class HelpScreen(ModalScreen[None]):
                 table.add_row(f"[reverse] {spec.title} [/]", spec.summary)
                 for key, text in keys:
                     table.add_row(key, text)
-        with VerticalScroll():
+        with VerticalScroll() as scroll:
+            scroll.border_title = "Keys"
+            scroll.border_subtitle = "esc closes"
             yield Static(table)
 
     def action_close(self) -> None:

@@ -1,6 +1,11 @@
 """A DataTable that a poll updates in place by row key: no flicker, and the cursor stays on
 the row it was on (by key, wherever new rows push it). Every string cell is shown as literal
-text: DataTable would read a str as markup."""
+text: DataTable would read a str as markup.
+
+One column may be flexible: it takes the width the others leave (at least its minimum), so
+the text that explains a row (a last error, an event's details) is read at 80 columns rather
+than cut to its first letters off the right edge; a cut cell ends with an ellipsis, and the
+pane's enter opens the row whole."""
 
 from __future__ import annotations
 
@@ -23,9 +28,13 @@ class LiveTable(DataTable):
     LiveTable { height: 1fr; }
     """
 
-    def __init__(self, columns: Sequence[tuple[str, str]], **kwargs: Any) -> None:
-        """columns: (key, label) pairs."""
+    def __init__(self, columns: Sequence[tuple[str, str]], *, flex: str | None = None, flex_min: int = 20,
+                 **kwargs: Any) -> None:
+        """columns: (key, label) pairs; flex: the key of the column that takes the width left
+        over (flex_min cells at least, its widest cell at most)."""
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
+        self.flex = flex
+        self.flex_min = flex_min
         self._column_keys = [key for key, _ in columns]
         self._labels = dict(columns)
         self.filter_text = ""
@@ -36,11 +45,31 @@ class LiveTable(DataTable):
         self._ensure_columns()
 
     def on_idle(self) -> None:
+        self._fit_flex()
         # DataTable widens columns when idle but keeps the cursor row it drew before at the
         # old widths; redraw everything once the widths have changed.
         widths = tuple(column.get_render_width(self) for column in self.columns.values())
         if widths != self._widths:
             self._widths = widths
+            self._clear_caches()
+            self.refresh()
+
+    def on_resize(self) -> None:
+        self._fit_flex()
+
+    def _fit_flex(self) -> None:
+        column = self.columns.get(self.flex) if self.flex else None  # type: ignore[call-overload]
+        if column is None:
+            return
+        label = column.label.cell_len
+        natural = max(column.content_width, label)
+        others = sum(c.get_render_width(self) for key, c in self.columns.items() if key != self.flex)
+        room = self.scrollable_content_region.width - others - 2 * self.cell_padding
+        width = natural if natural <= room else max(room, min(self.flex_min, natural))
+        if column.auto_width or column.width != width:
+            column.auto_width = False
+            column.width = width
+            self._require_update_dimensions = True
             self._clear_caches()
             self.refresh()
 
@@ -130,4 +159,8 @@ class LiveTable(DataTable):
 
 
 def _cell(value: Any) -> Any:
-    return literal(clip(value, CELL_LIMIT)) if isinstance(value, str) else value
+    if isinstance(value, str):
+        value = literal(clip(value, CELL_LIMIT))
+    if isinstance(value, Text) and value.overflow is None:
+        value.overflow = "ellipsis"  # a cell cut to its column's width says so
+    return value
