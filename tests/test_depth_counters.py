@@ -153,3 +153,32 @@ def test_an_estimate_older_than_two_seconds_is_not_trusted(conn: psycopg.Connect
     assert conn.execute("SELECT courier.estimate_active_messages()").fetchone()[0] == 0
     assert conn.execute("SELECT active_estimate FROM courier.send_limits").fetchone()[0] == 11
 
+
+
+def test_every_shape_of_write_keeps_the_counters_exact(conn: psycopg.Connection):
+    """The counting triggers take a short path when a statement's rows share one endpoint and
+    one status (migration 0043) and the grouped one otherwise: both must count what is there."""
+    conn.execute("SELECT courier.create_endpoint('other', 'noop', '{}')")
+    _fill(conn)
+    steps = [
+        "SELECT courier.send('hook', '{}')",                                   # one row, one group
+        "SELECT courier.send_with_options('hook', '{}', p_priority => 7)",     # a new priority level
+        "INSERT INTO courier.queue (endpoint_id, payload, status) "            # two endpoints, two statuses
+        "SELECT e.id, '{}', s FROM courier.endpoints e, unnest(ARRAY['pending', 'processing']) s "
+        "WHERE e.name IN ('hook', 'other')",
+        "UPDATE courier.queue SET status = 'processing' WHERE id IN (SELECT id FROM courier.queue "  # two endpoints
+        "WHERE status = 'pending' AND visible_at IS NULL ORDER BY id DESC LIMIT 3)",
+        "UPDATE courier.queue SET status = CASE status WHEN 'pending' THEN 'processing' ELSE 'pending' END "
+        "WHERE visible_at IS NULL",                                            # a swap: statuses cross
+        "UPDATE courier.queue SET updated_at = now() WHERE status = 'pending'",  # no status moves
+        "UPDATE courier.queue SET status = 'processing' WHERE false",          # no rows at all
+        "SELECT count(*) FROM courier.dequeue('jobs', 5, 60)",                # one endpoint, one move
+        "SELECT count(*) FROM courier.ack(ARRAY(SELECT id FROM courier.queue WHERE status = 'processing' "
+        "AND visible_at IS NOT NULL ORDER BY id), ARRAY(SELECT lease FROM courier.queue WHERE status = 'processing' "
+        "AND visible_at IS NOT NULL ORDER BY id))",
+        "DELETE FROM courier.queue WHERE id IN (SELECT id FROM courier.queue ORDER BY id LIMIT 5)",
+        "DELETE FROM courier.queue WHERE endpoint_id = (SELECT id FROM courier.endpoints WHERE name = 'other')",
+    ]
+    for step in steps:
+        conn.execute(step)
+        assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0], step
