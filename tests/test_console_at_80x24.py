@@ -33,9 +33,9 @@ def explained(conn: psycopg.Connection) -> None:
                  (json.dumps(DETAILS),))
 
 
-def shown(widget: Static) -> str:
+def shown(widget: Static, width: int = 200) -> str:
     """What a Static shows, as plain text (markup read, had any been)."""
-    console = Console(width=200, record=True, file=io.StringIO())
+    console = Console(width=width, record=True, file=io.StringIO())
     content = widget.content
     console.print(Text.from_markup(content) if isinstance(content, str) else content)
     return console.export_text()
@@ -128,4 +128,80 @@ def test_the_help_says_esc_closes_it(dsn):
         assert "esc" in str(screen.query_one("VerticalScroll").border_subtitle)
         await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen), what="the help to close")
+    run_console(dsn, scenario, size=(80, 24))
+
+
+TOPICS = [f"warehouse-{region}-orders" for region in ("eu-west", "eu-central", "us-east", "us-west", "ap-south")]
+WORKER = "[bold]ingest-host-eu-west-1.internal.example.com[/bold]:31337:7f3a2c9e"
+
+
+def test_enter_on_a_token_opens_its_scopes_whole_and_never_its_secret(dsn, conn):
+    from sqlkit import tokens
+
+    secret = tokens.create_token(conn, "pickers", topics=TOPICS, endpoints=["billing"], actions=["consume"])
+    stored_hash = conn.execute("SELECT secret_hash FROM courier.api_tokens WHERE name = 'pickers'").fetchone()[0]
+
+    async def scenario(pilot, app):
+        await open_pane(pilot, "tokens")
+        table = app.pane.query_one(LiveTable)
+        await wait_for(pilot, lambda: table.row_count == 1, what="the token")
+        await pilot.pause(0.3)
+        start, end = visible_columns(table).get("topics", (0, 0))
+        assert end - start < len(", ".join(TOPICS))  # cut at 80 columns
+        await pilot.press("enter")
+        modal = await wait_for(pilot, lambda: isinstance(app.screen, DetailModal) and app.screen,
+                               what="the token's detail")
+        fields = shown(modal.query_one("#detail-fields", Static))
+        assert ", ".join(TOPICS) in " ".join(fields.split())
+        assert "consume" in fields and "billing" in fields and "never" in fields
+        screen = app.export_screenshot()
+        for leak in (secret, secret[len(tokens.PREFIX):], stored_hash.hex()):
+            assert leak not in fields and leak not in screen
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, DetailModal), what="the dialog to close")
+        await pilot.press("o")
+        await wait_for(pilot, lambda: isinstance(app.screen, DetailModal), what="o to open it too")
+    run_console(dsn, scenario, size=(80, 24))
+
+
+def test_enter_on_a_worker_opens_it_whole_as_data(dsn, conn):
+    conn.execute("INSERT INTO courier.workers (worker_id, hostname, pid, concurrency, in_flight, delivered, failed, "
+                 "state, started_at, last_heartbeat) VALUES (%s, 'ingest-host-eu-west-1', 31337, 32, 3, 51234, 118, "
+                 "'running', now() - interval '1 hour', now())", (WORKER,))
+
+    async def scenario(pilot, app):
+        await open_pane(pilot, "workers")
+        table = app.pane.query_one(LiveTable)
+        await wait_for(pilot, lambda: table.row_count == 1, what="the worker")
+        await pilot.pause(0.3)
+        assert table.columns["worker"].get_render_width(table) - 2 < len(WORKER) or \
+            "seen" not in visible_columns(table)  # the id is cut, or pushes columns off the right edge
+        await pilot.press("enter")
+        modal = await wait_for(pilot, lambda: isinstance(app.screen, DetailModal) and app.screen,
+                               what="the worker's detail")
+        widget = modal.query_one("#detail-fields", Static)
+        fields = shown(widget)
+        assert WORKER in fields  # whole, brackets and all
+        # and on screen: folded at the dialog's edge, not cut with an ellipsis
+        assert WORKER in "".join(line.strip() for line in shown(widget, widget.content_region.width).splitlines())
+        assert "ingest-host-eu-west-1" in fields and "31337" in fields and "51234" in fields
+    run_console(dsn, scenario, size=(80, 24))
+
+
+def test_enter_on_an_overview_endpoint_opens_its_row_whole(dsn, conn):
+    name = "inventory-eu-west-1.warehouse.example.com-orders-and-returns"
+    conn.execute("SELECT courier.create_endpoint(%s, 'http', '{\"url\": \"https://example.com/hook\"}')", (name,))
+
+    async def scenario(pilot, app):
+        await open_pane(pilot, "overview")
+        table = app.pane.query_one("#overview-endpoints", LiveTable)
+        await wait_for(pilot, lambda: table.row_count == 1, what="the endpoint")
+        await pilot.pause(0.3)
+        assert "rate" not in visible_columns(table)  # the name pushes the last columns off the right edge
+        await pilot.press("enter")
+        modal = await wait_for(pilot, lambda: isinstance(app.screen, DetailModal) and app.screen,
+                               what="the endpoint's detail")
+        fields = shown(modal.query_one("#detail-fields", Static))
+        assert name in fields
+        assert "http" in fields and "closed" in fields
     run_console(dsn, scenario, size=(80, 24))

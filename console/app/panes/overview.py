@@ -1,25 +1,29 @@
 """Overview: depth by status and endpoint, throughput and depth over the last minutes from the
-maintenance leader's samples (with their gaps), oldest pending message, DLQ depth and workers."""
+maintenance leader's samples (with their gaps), oldest pending message, DLQ depth and workers;
+enter opens an endpoint's row whole."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import ClassVar
 
 import psycopg
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
-from textual.widgets import Static
+from textual.widgets import DataTable, Static
 
 from sqlkit import observability, samples
-from sqlkit.observability import EndpointHealth, QueueStatus
+from sqlkit.observability import EndpointDepth, EndpointHealth, QueueStatus
 from sqlkit.samples import MetricSample
 
-from ..formatting import age, count, rate, state_text
+from ..formatting import age, count, rate, since, state_text, when
 from ..live import LivePane
 from ..widgets.chart import Chart, line_chart
+from ..widgets.detail import DetailModal
 from ..widgets.live_table import LiveTable
 
 WINDOW_SECONDS = 300.0  # the charts show the last five minutes
@@ -36,6 +40,24 @@ class OverviewData:
     """Each endpoint's delivered/s in the newest sample, when it has one."""
 
 
+def endpoint_row_detail(e: EndpointDepth, health: EndpointHealth | None, per_second: float | None, now, tz
+                        ) -> DetailModal:
+    """An Overview row whole, with what the endpoint's health adds to it (the Endpoints pane's
+    detail has its last error, config and policy)."""
+    pull = health is not None and health.protocol == "pull"
+    fields = [("endpoint", e.endpoint), ("protocol", health.protocol if health else None),
+              ("enabled", "yes" if e.enabled else "no"), ("circuit", "-" if pull else e.circuit.replace("_", "-")),
+              ("pending", e.pending), ("in flight", e.processing), ("dlq", e.dlq_failed),
+              ("delivered", rate(per_second))]
+    if health is not None:
+        oldest = health.oldest_pending_message
+        fields += [("failures", health.circuit_failure_count),
+                   ("oldest pending", f"{when(oldest, tz)} ({since(oldest, now)} ago)" if oldest else None),
+                   ("last success", when(health.last_success_at, tz)),
+                   ("last failure", when(health.last_failure_at, tz))]
+    return DetailModal(f"Endpoint {e.endpoint}", fields)
+
+
 class OverviewPane(LivePane):
     TITLE_TEXT = "Overview"
     DEFAULT_CSS = """
@@ -47,11 +69,16 @@ class OverviewPane(LivePane):
     OverviewPane #charts { height: 1fr; min-height: 9; }
     OverviewPane Chart { width: 1fr; height: 100%; }
     """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("o", "open", "Open", tooltip="Open the endpoint: its counts, last success and failure whole (enter)",
+                show=False, id="overview.open"),
+    ]
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.samples: list[MetricSample] = []
         """What the charts draw: the whole queue's samples of the last WINDOW_SECONDS."""
+        self.data: OverviewData | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="tiles"):
@@ -81,6 +108,7 @@ class OverviewPane(LivePane):
         protocols = {h.endpoint_name: h.protocol for h in data.health}
         depth = data.status.queue_depth
         self.samples = data.samples
+        self.data = data
         oldest = min((h.oldest_pending_message for h in data.health if h.oldest_pending_message), default=None)
         colors = self.app.get_css_variables()
         self._tile("#tile-pending", "pending", count(depth.get("pending", 0)))
@@ -99,6 +127,21 @@ class OverviewPane(LivePane):
                           count(e.pending),
                           count(e.processing), count(e.dlq_failed), rate(data.rates.get(e.endpoint))])
             for e in data.status.endpoints)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_open()
+
+    def action_open(self) -> None:
+        key = self.query_one("#overview-endpoints", LiveTable).current_key
+        data = self.data
+        found = next((e for e in data.status.endpoints if e.endpoint == key), None) if data and key else None
+        if data is None or found is None:
+            self.notify("no endpoint selected", severity="warning", timeout=3)
+            return
+        health = next((h for h in data.health if h.endpoint_name == key), None)
+        self.app.push_screen(endpoint_row_detail(found, health, data.rates.get(key), self.courier.clock(),
+                                                 self.courier.tz))
 
     def _tile(self, selector: str, label: str, value: str | Text) -> None:
         tile = self.query_one(selector, Static)

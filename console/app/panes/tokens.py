@@ -1,6 +1,6 @@
 """Tokens: the bearer tokens of the HTTP API (`courier serve`), with their scope and last use;
-create one (its secret shown once) and revoke one. A secret is never stored, and its hash is
-never read here."""
+create one (its secret shown once) and revoke one; enter opens a token whole (what the table
+shows, never a secret). A secret is never stored, and its hash is never read here."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import ClassVar
 import psycopg
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.widgets import DataTable
 
 from sqlkit import tokens
 from sqlkit.tokens import Token
@@ -16,12 +17,23 @@ from sqlkit.tokens import Token
 from ..formatting import since, state_text, when
 from ..live import LivePane
 from ..widgets.confirm import ConfirmModal
+from ..widgets.detail import DetailModal
 from ..widgets.live_table import LiveTable
 from ..widgets.token_forms import CreateTokenForm, NewToken, TokenSecretModal
 
 
 def scope(names: list[str]) -> str:
     return ", ".join(names) if names else "-"
+
+
+def token_detail(t: Token, now, tz) -> DetailModal:
+    """What the table shows of a token, whole: a Token holds no secret nor its hash."""
+    fields = [("token", t.name), ("state", "revoked" if t.revoked_at else "live"), ("can", ", ".join(t.actions)),
+              ("topics", scope(t.topics)), ("endpoints", scope(t.endpoints)),
+              ("last used", f"{when(t.last_used_at, tz)} ({since(t.last_used_at, now)} ago)"
+               if t.last_used_at else "never"),
+              ("created", when(t.created_at, tz)), ("revoked", when(t.revoked_at, tz))]
+    return DetailModal(f"Token {t.name}", fields)
 
 
 class TokensPane(LivePane):
@@ -31,6 +43,8 @@ class TokensPane(LivePane):
         Binding("n", "create", "New", tooltip="Make a token; its secret is shown once", id="tokens.create"),
         Binding("x", "revoke", "Revoke", tooltip="Revoke the token: requests that present it are refused",
                 id="tokens.revoke"),
+        Binding("o", "open", "Open", tooltip="Open the token: its scopes and uses whole (enter)", show=False,
+                id="tokens.open"),
     ]
 
     def __init__(self, **kwargs) -> None:
@@ -57,6 +71,14 @@ class TokensPane(LivePane):
             rows.append((t.name, [t.name, state, ", ".join(t.actions), scope(t.topics), scope(t.endpoints),
                                   used, when(t.created_at, tz)[:16]]))
         self.query_one(LiveTable).sync(rows)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_open()
+
+    def action_open(self) -> None:
+        if t := self._selected():
+            self.app.push_screen(token_detail(t, self.courier.clock(), self.courier.tz))
 
     def _selected(self) -> Token | None:
         key = self.query_one(LiveTable).current_key

@@ -1,5 +1,5 @@
 """Workers: the console's embedded pool (start, stop, scale) and every worker seen through
-its heartbeat, wherever it runs."""
+its heartbeat, wherever it runs; enter opens a worker whole."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import ModalScreen
-from textual.widgets import Input, Static
+from textual.widgets import DataTable, Input, Static
 
 from sqlkit import observability
 from sqlkit.observability import WorkerStatus
 
 from ...literal import literal
-from ..formatting import count, since, state_text
+from ..formatting import count, since, state_text, when
 from ..live import LivePane
+from ..widgets.detail import DetailModal
 from ..widgets.live_table import LiveTable
 
 MAX_CONCURRENCY = 10_000
@@ -56,6 +57,18 @@ class ConcurrencyPrompt(ModalScreen[int | None]):
         self.dismiss(None)
 
 
+def worker_detail(w: WorkerStatus, now, tz, embedded: bool) -> DetailModal:
+    shown = w.shown_state(now)
+    fields = [("worker", w.worker_id + (" (this console)" if embedded else "")), ("host", w.hostname),
+              ("pid", w.pid), ("state", shown if shown == w.state else f"{shown} (reported {w.state})"),
+              ("leader", "yes (maintenance leader)" if w.maintenance_leader else "no"),
+              ("slots", w.concurrency), ("in flight", w.in_flight), ("delivered", w.delivered), ("failed", w.failed),
+              ("started", when(w.started_at, tz)),
+              ("seen", f"{when(w.last_heartbeat, tz)} ({since(w.last_heartbeat, now)} ago)"),
+              ("sessions", "-" if w.connected is None else "connected" if w.connected else "gone")]
+    return DetailModal(f"Worker {w.worker_id}", fields)
+
+
 class WorkersPane(LivePane):
     TITLE_TEXT = "Workers"
     DEFAULT_CSS = """
@@ -67,7 +80,13 @@ class WorkersPane(LivePane):
         Binding("plus", "scale(1)", "+1", id="workers.scale_up"),
         Binding("minus", "scale(-1)", "-1", id="workers.scale_down"),
         Binding("equals_sign", "set_scale", "Set size", id="workers.set_scale"),
+        Binding("o", "open", "Open", tooltip="Open the worker: host, pid, counts and heartbeat whole (enter)",
+                show=False, id="workers.open"),
     ]
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.by_id: dict[str, WorkerStatus] = {}
 
     def compose(self) -> ComposeResult:
         yield Static(id="pool-state")
@@ -86,6 +105,7 @@ class WorkersPane(LivePane):
         now = self.courier.clock()
         colors = self.app.get_css_variables()
         embedded = self.courier.pool.state.worker_id if self.courier.pool is not None else None
+        self.by_id = {w.worker_id: w for w in workers}
         rows = []
         for w in sorted(workers, key=lambda w: w.last_heartbeat, reverse=True):
             shown = w.shown_state(now)
@@ -98,6 +118,20 @@ class WorkersPane(LivePane):
                                        "★" if w.maintenance_leader else "", count(w.concurrency),
                                        count(w.in_flight), count(w.delivered), count(w.failed), seen]))
         self.query_one(LiveTable).sync(rows)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_open()
+
+    def action_open(self) -> None:
+        key = self.query_one(LiveTable).current_key
+        found = self.by_id.get(key) if key else None
+        if found is None:
+            self.notify("no worker selected", severity="warning", timeout=3)
+            return
+        pool = self.courier.pool
+        embedded = pool is not None and pool.state.worker_id == found.worker_id
+        self.app.push_screen(worker_detail(found, self.courier.clock(), self.courier.tz, embedded))
 
     def _draw_pool(self) -> None:
         pool = self.courier.pool

@@ -51,7 +51,7 @@ class DetailModal(ModalScreen[None]):
         width: 100; max-width: 100%; height: 90%;
         border: thick $accent; background: $surface; padding: 0 1;
     }
-    DetailModal .section { margin-top: 1; text-style: bold; color: $accent; }
+    DetailModal .section { width: 100%; margin-top: 1; text-style: bold; color: $accent; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,q,enter", "close", "Close", id="detail.close"),
@@ -74,8 +74,8 @@ class DetailModal(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="bold")
-        grid.add_column()
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")  # a value without spaces (an id, a URL) is folded, not cut
         for key, value in self.fields:
             grid.add_row(key, literal("-" if value is None else clip(str(value), DETAIL_LIMIT), lines=True))
         with VerticalScroll():
