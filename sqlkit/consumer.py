@@ -356,9 +356,16 @@ class Consumer:
             if not carried.done():  # cancelled: the loop dequeues afresh
                 carried.set_result(None)
 
-    async def nack(self, messages: PulledMessage | Iterable[PulledMessage], error: str | None = None) -> dict[int, str]:
-        """Give messages back for a retry (or the DLQ once out of retries), with the error."""
-        return await self._settle("consumer_nack", messages, {"error": error})
+    async def nack(self, messages: PulledMessage | Iterable[PulledMessage], error: str | None = None,
+                   delay_seconds: int = 0) -> dict[int, str]:
+        """Give messages back for a retry (or the DLQ once out of retries), with the error: due
+        again after `delay_seconds` (0 to 43,200), the attempt counted."""
+        return await self._settle("consumer_nack", messages, {"error": error, "delay_seconds": delay_seconds})
+
+    async def snooze(self, messages: PulledMessage | Iterable[PulledMessage], delay_seconds: int) -> dict[int, str]:
+        """Give messages back to be taken again after `delay_seconds` (0 to 43,200), no attempt
+        counted and no error recorded (River's snooze): for work that waits on something else."""
+        return await self._settle("consumer_snooze", messages, {"delay_seconds": delay_seconds})
 
     async def _settle(self, query: str, messages: PulledMessage | Iterable[PulledMessage],
                       extra: dict[str, Any], assumed: str | None = None) -> dict[int, str]:

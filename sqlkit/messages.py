@@ -31,6 +31,8 @@ class SendOptions:
     ordering_key: str | None = None
     headers: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
+    max_retries: int | None = None
+    """This message's own limit of retries (0-1000), over the endpoint's retry policy; None: the policy's."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,7 @@ def send(conn: psycopg.Connection, endpoint: str, payload: Any,
         "ordering_key": opts.ordering_key,
         "headers": None if opts.headers is None else exact_json.jsonb(opts.headers),
         "metadata": None if opts.metadata is None else exact_json.jsonb(opts.metadata),
+        "max_retries": opts.max_retries,
     })
 
 

@@ -100,12 +100,15 @@ def topics(conn: psycopg.Connection) -> list[Topic]:
 def enqueue(conn: psycopg.Connection, topic: str, payload: Any, *, key: str | None = None,
             metadata: dict[str, Any] | None = None, payload_binary: bytes | None = None,
             body: str | None = None, scheduled_at: datetime | None = None,
-            ttl_seconds: int | None = None) -> int:
+            ttl_seconds: int | None = None, max_retries: int | None = None) -> int:
+    """Add a message to the topic; its id. `max_retries` (0-1000) is the message's own limit of
+    retries, over the topic's; without `scheduled_at` it is due after the topic's delay_seconds."""
     with translated():
         row = conn.execute(
-            "SELECT courier.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)",
+            "SELECT courier.enqueue(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (topic, None if payload is None else exact_json.jsonb(payload), key,
-             None if metadata is None else exact_json.jsonb(metadata), payload_binary, body, scheduled_at, ttl_seconds),
+             None if metadata is None else exact_json.jsonb(metadata), payload_binary, body, scheduled_at, ttl_seconds,
+             max_retries),
         ).fetchone()
     return int(row[0]) if row else 0
 
@@ -127,10 +130,19 @@ def ack(conn: psycopg.Connection, ids: Sequence[int], leases: Sequence[int]) -> 
 
 
 def nack(conn: psycopg.Connection, ids: Sequence[int], leases: Sequence[int],
-         error: str | None = None) -> list[LeaseResult]:
+         error: str | None = None, delay_seconds: int = 0) -> list[LeaseResult]:
+    """Retry them (due again after `delay_seconds`), the attempt counted; or the DLQ once out of retries."""
     with translated(), conn.cursor(row_factory=class_row(LeaseResult)) as cur:
-        return cur.execute("SELECT * FROM courier.nack(%s::bigint[], %s::integer[], %s)",
-                           (list(ids), list(leases), error)).fetchall()
+        return cur.execute("SELECT * FROM courier.nack(%s::bigint[], %s::integer[], %s, %s::integer)",
+                           (list(ids), list(leases), error, delay_seconds)).fetchall()
+
+
+def snooze(conn: psycopg.Connection, ids: Sequence[int], leases: Sequence[int],
+           delay_seconds: int) -> list[LeaseResult]:
+    """Back to be taken again after `delay_seconds`, no attempt counted and no error recorded."""
+    with translated(), conn.cursor(row_factory=class_row(LeaseResult)) as cur:
+        return cur.execute("SELECT id, result FROM courier.snooze(%s::bigint[], %s::integer[], %s::integer)",
+                           (list(ids), list(leases), delay_seconds)).fetchall()
 
 
 def receive(conn: psycopg.Connection, topic: str, count: int = 1) -> list[ReceivedMessage]:

@@ -43,7 +43,8 @@ SELECT courier.send_with_options(
     p_endpoint_name := %(endpoint)s, p_payload := %(payload)s, p_priority := %(priority)s,
     p_scheduled_at := %(scheduled_at)s, p_idempotency_key := %(idempotency_key)s,
     p_correlation_id := %(correlation_id)s, p_expires_at := %(expires_at)s,
-    p_ordering_key := %(ordering_key)s, p_headers := %(headers)s, p_metadata := %(metadata)s);
+    p_ordering_key := %(ordering_key)s, p_headers := %(headers)s, p_metadata := %(metadata)s,
+    p_max_retries := %(max_retries)s);
 
 -- name: send_batch_with_priority
 SELECT courier.send_batch_with_priority(%(endpoint)s, %(payloads)s::jsonb[], %(priority)s);
@@ -109,7 +110,10 @@ SELECT NULL, id, lease, payload, payload_binary, body, metadata, key, retry_coun
 FROM courier.dequeue(%(topic)s, %(count)s, %(visibility_timeout)s);
 
 -- name: consumer_nack
-SELECT id, result FROM courier.nack(%(ids)s::bigint[], %(leases)s::integer[], %(error)s);
+SELECT id, result FROM courier.nack(%(ids)s::bigint[], %(leases)s::integer[], %(error)s, %(delay_seconds)s::integer);
+
+-- name: consumer_snooze
+SELECT id, result FROM courier.snooze(%(ids)s::bigint[], %(leases)s::integer[], %(delay_seconds)s::integer);
 
 -- name: consumer_release
 SELECT id, result FROM courier.release(%(ids)s::bigint[], %(leases)s::integer[]);
@@ -606,7 +610,7 @@ SELECT * FROM courier.authenticate_api_token(%(secret_hash)s);
 
 -- name: pull_enqueue
 SELECT courier.enqueue(%(topic)s, NULL, %(key)s, %(metadata)s, %(payload)s, NULL, %(scheduled_at)s,
-                       %(ttl_seconds)s);
+                       %(ttl_seconds)s, %(max_retries)s);
 
 -- name: pull_dequeue
 -- The payload as the bytes a client gets (a JSON payload as its text), and the metadata as its
@@ -619,7 +623,7 @@ FROM courier.dequeue(%(topic)s, %(count)s, %(visibility_timeout)s);
 -- Ack, nack or extend, only in the topics a token may consume (NULL: every topic).
 SELECT id, result, visible_until
 FROM courier.settle_in_topics(%(verb)s, %(ids)s::bigint[], %(leases)s::integer[], %(topics)s::text[], %(error)s,
-                              %(visibility_timeout)s);
+                              %(visibility_timeout)s, %(delay_seconds)s);
 
 -- name: topic_id
 SELECT id FROM courier.endpoints WHERE name = %(topic)s AND protocol = 'pull';
@@ -648,7 +652,8 @@ SELECT courier.run_delete_reaper(%(batch_size)s);
 -- "not a pull topic" let a token store messages in a topic made a moment before). No row:
 -- out of scope, nothing sent.
 SELECT courier.send_with_options(%(endpoint)s, %(payload)s, %(priority)s, %(scheduled_at)s, %(idempotency_key)s,
-                                 %(correlation_id)s, %(expires_at)s, %(ordering_key)s, %(headers)s, %(metadata)s)
+                                 %(correlation_id)s, %(expires_at)s, %(ordering_key)s, %(headers)s, %(metadata)s,
+                                 %(max_retries)s)
 WHERE %(topics)s::text[] IS NULL OR %(endpoint)s = ANY (%(topics)s::text[]) OR courier.topic_id(%(endpoint)s) IS NULL;
 
 -- name: publish_event

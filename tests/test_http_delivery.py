@@ -121,6 +121,39 @@ def test_retry_after_is_honoured(dsn, conn, sink):
     assert 88 <= delay <= 90
 
 
+@pytest.mark.parametrize("status", [202, 429])
+def test_a_listed_status_with_retry_after_snoozes_without_spending_an_attempt(dsn, conn, sink, status):
+    """snooze_statuses (issue 42): the receiver says "not yet", and the message comes back then
+    with its attempts, history and the endpoint's circuit untouched."""
+    create(conn, "later", f"{sink.url}/status/{status}?retry_after=120", snooze_statuses=[202, 429])
+    conn.execute("UPDATE courier.endpoints SET retry_policy = '{\"max_retries\": 0}' WHERE name = 'later'")
+    message = send(conn, "later")
+    deliver(dsn, conn)
+    row = conn.execute("SELECT status, retry_count, error_history, last_error, "
+                       "extract(epoch FROM next_retry_at - now())::int FROM courier.queue WHERE id = %s",
+                       (message,)).fetchone()
+    assert row[:4] == ("pending", 0, [], None) and 118 <= row[4] <= 120  # max_retries 0, and not dead-lettered
+    assert conn.execute("SELECT circuit_failure_count, last_failure_at FROM courier.endpoints "
+                        "WHERE name = 'later'").fetchone() == (0, None)
+    assert sink.count(f"/status/{status}") == 1
+
+
+def test_a_listed_status_without_retry_after_is_classed_as_usual(dsn, conn, sink):
+    create(conn, "plain", f"{sink.url}/status/429", snooze_statuses=[429])
+    message = send(conn, "plain")
+    deliver(dsn, conn)
+    assert conn.execute("SELECT status, retry_count FROM courier.queue WHERE id = %s",
+                        (message,)).fetchone() == ("pending", 1)
+    assert classify(202, "30", [202]).kind is OutcomeKind.SNOOZE and classify(202, "30").kind is OutcomeKind.SUCCESS
+
+
+@pytest.mark.parametrize("bad", ['"429"', '[429, "x"]', "[99]", "[600]", "[4.5]"])
+def test_snooze_statuses_are_checked_where_they_enter(conn, bad):
+    with pytest.raises(Exception, match="snooze_statuses"):
+        conn.execute("SELECT courier.create_endpoint('h', 'http', %s::jsonb)",
+                     (f'{{"url": "http://example.com/", "snooze_statuses": {bad}}}',))
+
+
 def test_timeout_is_retryable(dsn, conn, sink):
     create(conn, "slow", f"{sink.url}/sleep/2000", timeout=0.3)
     message = send(conn, "slow")

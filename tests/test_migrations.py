@@ -216,7 +216,7 @@ def test_the_migrations_define_no_functions():
 
 
 # The pull API takes one id or arrays (SPEC.md), as two signatures of one name each.
-OVERLOADED = {"ack": 2, "nack": 2}
+OVERLOADED = {"ack": 2, "nack": 2, "snooze": 2}
 
 
 def _declared_functions() -> set[str]:

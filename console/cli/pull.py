@@ -26,6 +26,7 @@ from .context import (
 from .send import Timestamp
 
 MAX_COUNT = 10_000
+MAX_DELAY = 43_200  # a nack's or snooze's delay: at most a visibility timeout (12 hours)
 
 
 @click.group("topic")
@@ -53,6 +54,10 @@ LIMIT_OPTIONS = {key: click.option(f"--{flag}", key, type=kind, help=text) for k
 """The limits as options, for create and alter."""
 RESETTABLE = {flag: key for key, flag, _, _ in LIMITS}
 """What `alter --reset` takes: an option's name, for its config key."""
+DELAY_OPTION = click.option("--delay-seconds", "delay_seconds", type=click.IntRange(0, 900),
+                            help="Seconds each message waits before it is due, unless it gives its own time "
+                                 "(SQS delay queues); 0: none.")
+"""The topic's delay_seconds: a setting of the topic's own with no global default, so not one of LIMITS."""
 
 
 def limit_options(command: Any) -> Any:
@@ -70,6 +75,7 @@ def _given(limits: dict[str, Any]) -> dict[str, Any]:
 @topic_group.command("create")
 @click.argument("name")
 @limit_options
+@DELAY_OPTION
 @click.option("--description", help="Free text shown in the console.")
 @common_options
 def create(name: str, description: str | None, **limits: Any) -> None:
@@ -84,6 +90,7 @@ def create(name: str, description: str | None, **limits: Any) -> None:
 @topic_group.command("alter")
 @click.argument("name")
 @limit_options
+@DELAY_OPTION
 @click.option("--reset", "resets", multiple=True, type=click.Choice([*RESETTABLE, "all"]),
               help="Revert a limit to its global setting (repeatable; all: every one).")
 @common_options
@@ -167,9 +174,12 @@ def requeue(dlq_topic: str, dlq_id: int) -> None:
 @click.option("--scheduled-at", type=Timestamp(), help="Do not hand out before this time.")
 @click.option("--ttl", "ttl_seconds", type=click.IntRange(1, 31_536_000),
               help="Seconds this message lives from when it is due (default: the topic's TTL).")
+@click.option("--max-retries", type=click.IntRange(0, 1000),
+              help="This message's own limit of retries, over the topic's max_retries.")
 @common_options
 def enqueue(topic: str, payload: str | None, file: Any, binary: bool, key: str | None, metadata: str | None,
-            body: str | None, scheduled_at: datetime | None, ttl_seconds: int | None) -> None:
+            body: str | None, scheduled_at: datetime | None, ttl_seconds: int | None,
+            max_retries: int | None) -> None:
     """Add PAYLOAD (JSON, or bytes with --binary) to TOPIC."""
     if payload is not None and file is not None:
         raise click.UsageError("give the payload as an argument or with --file, not both")
@@ -188,7 +198,7 @@ def enqueue(topic: str, payload: str | None, file: Any, binary: bool, key: str |
         message_id = pull.enqueue(conn, topic, json_payload, key=key,
                                   metadata=parse_json_object(metadata, "--metadata") if metadata else None,
                                   payload_binary=data if binary else None, body=body, scheduled_at=scheduled_at,
-                                  ttl_seconds=ttl_seconds)
+                                  ttl_seconds=ttl_seconds, max_retries=max_retries)
     emit({"topic": topic, "id": message_id},
          lambda: console.print(f"enqueued message {message_id} on {topic}", highlight=False))
 
@@ -266,11 +276,24 @@ def ack(message_id: int, lease: int) -> None:
 @click.argument("message_id", type=click.IntRange(1))
 @click.argument("lease", type=click.IntRange(0))
 @click.option("--error", help="Why it failed, kept in the message's error history.")
+@click.option("--delay", type=click.IntRange(0, MAX_DELAY), default=0, show_default=True,
+              help="Seconds before it is due again.")
 @common_options
-def nack(message_id: int, lease: int, error: str | None) -> None:
-    """Nack MESSAGE_ID held under LEASE: retry it, or past max_retries move it to TOPIC.dlq."""
+def nack(message_id: int, lease: int, error: str | None, delay: int) -> None:
+    """Nack MESSAGE_ID held under LEASE: retry it (after --delay), or past max_retries move it to TOPIC.dlq."""
     with open_connection() as conn:
-        _report(conn, message_id, lease, pull.nack(conn, [message_id], [lease], error)[0].result)
+        _report(conn, message_id, lease, pull.nack(conn, [message_id], [lease], error, delay)[0].result)
+
+
+@click.command("snooze")
+@click.argument("message_id", type=click.IntRange(1))
+@click.argument("lease", type=click.IntRange(0))
+@click.argument("seconds", type=click.IntRange(0, MAX_DELAY))
+@common_options
+def snooze(message_id: int, lease: int, seconds: int) -> None:
+    """Give MESSAGE_ID held under LEASE back, due again in SECONDS, without counting an attempt."""
+    with open_connection() as conn:
+        _report(conn, message_id, lease, pull.snooze(conn, [message_id], [lease], seconds)[0].result)
 
 
 @click.command("receive")
@@ -320,4 +343,4 @@ def run_reaper(reaper: str) -> None:
     emit({"reaper": reaper, "count": count}, lambda: console.print(f"{verb} {count} message(s)", highlight=False))
 
 
-COMMANDS = [topic_group, enqueue, dequeue, ack, nack, receive, peek, reaper_group]
+COMMANDS = [topic_group, enqueue, dequeue, ack, nack, snooze, receive, peek, reaper_group]

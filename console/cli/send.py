@@ -97,6 +97,8 @@ def _naming_the_line(error: CourierError, source: str, lines: list[int] | None) 
 @click.option("--ordering-key", help="Deliver strictly in order with other messages of this key.")
 @click.option("-H", "--header", "headers", type=Header(), multiple=True, help="KEY=VALUE; repeatable.")
 @click.option("--metadata", help="A JSON object stored with the message.")
+@click.option("--max-retries", type=click.IntRange(0, 1000),
+              help="This message's own limit of retries, over the endpoint's retry policy.")
 @click.option("--batch", is_flag=True,
               help="The input is a JSON array or JSON Lines; send it with send_batch (one INSERT).")
 @common_options
@@ -104,7 +106,7 @@ def send(endpoint: str, payload: str | None, file: click.File | None, priority: 
          scheduled_at: datetime | None, delay: float | None, expires_at: datetime | None,
          ttl: float | None, idempotency_key: str | None, correlation_id: UUID | None,
          ordering_key: str | None, headers: tuple[tuple[str, str], ...], metadata: str | None,
-         batch: bool) -> None:
+         max_retries: int | None, batch: bool) -> None:
     """Enqueue PAYLOAD (JSON) for ENDPOINT."""
     if scheduled_at and delay is not None:
         raise click.UsageError("--scheduled-at and --delay are alternatives; give one")
@@ -115,7 +117,7 @@ def send(endpoint: str, payload: str | None, file: click.File | None, priority: 
 
     if batch:
         single_only = [idempotency_key, correlation_id, ordering_key, scheduled_at, delay,
-                       expires_at, ttl, metadata, *headers]
+                       expires_at, ttl, metadata, max_retries, *headers]
         if any(v is not None for v in single_only):
             raise click.UsageError("--batch takes only --priority; other options apply to single sends")
         payloads, lines = _batch_payloads(text, source)
@@ -138,6 +140,7 @@ def send(endpoint: str, payload: str | None, file: click.File | None, priority: 
         ordering_key=ordering_key,
         headers=dict(headers) if headers else None,
         metadata=parse_json_object(metadata, "--metadata") if metadata else None,
+        max_retries=max_retries,
     )
     body = parse_json(text, source)
     with open_connection() as conn:

@@ -56,13 +56,14 @@ def _list_of_objects(name: str, value: Any) -> list[dict[str, Any]]:
 
 
 ENQUEUE = {"topic": text(), "payload": base64_bytes, "key": text(255), "metadata": json_map,
-           "scheduled_at": timestamp, "ttl_seconds": integer(1, 31_536_000)}
+           "scheduled_at": timestamp, "ttl_seconds": integer(1, 31_536_000), "max_retries": integer(0, 1000)}
 
 
 def _enqueue_params(body: dict[str, Any]) -> dict[str, Any]:
     return {"topic": body["topic"], "payload": body["payload"], "key": body["key"],
             "metadata": exact_json.jsonb(body["metadata"]) if body["metadata"] is not None else None,
-            "scheduled_at": body["scheduled_at"], "ttl_seconds": body["ttl_seconds"]}
+            "scheduled_at": body["scheduled_at"], "ttl_seconds": body["ttl_seconds"],
+            "max_retries": body["max_retries"]}
 
 
 @routes.post("/api/messages")
@@ -206,16 +207,24 @@ def _receipt(name: str, value: Any) -> tuple[int, int]:
 
 
 ERROR = text(10_000)
+DELAY = integer(0, 43_200)
 SETTLE_ONE = {"ack": {"receipt": _receipt},
-              "nack": {"receipt": _receipt, "error": ERROR},
+              "nack": {"receipt": _receipt, "error": ERROR, "delay_seconds": DELAY},
+              "snooze": {"receipt": _receipt, "delay_seconds": DELAY},
               "extend": {"receipt": _receipt, "visibility_timeout_seconds": integer(1, 43_200)}}
-"""The body each verb takes for one message (all of it required but the error)."""
+"""The body each verb takes for one message."""
+OPTIONAL = {"error", "nack.delay_seconds"}
+"""What a body may leave out (a verb's own field as verb.field); the rest is required."""
+
+
+def _optional(verb: str, name: str) -> bool:
+    return name in OPTIONAL or f"{verb}.{name}" in OPTIONAL
 
 
 def _settle_one_route(verb: str) -> Any:
     fields = SETTLE_ONE[verb]
 
-    @api(fields, required=tuple(name for name in fields if name != "error"))
+    @api(fields, required=tuple(name for name in fields if not _optional(verb, name)))
     async def settle(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
         target = message_id(request)
         issued_for, _ = body["receipt"]
@@ -239,7 +248,9 @@ def _settle_one_route(verb: str) -> Any:
 def _settle_batch_route(verb: str) -> Any:
     shared = {name: check for name, check in SETTLE_ONE[verb].items() if name != "receipt"}
 
-    @api({"messages": _list_of_objects, **shared}, required=("messages", *(n for n in shared if n != "error")))
+    required = ("messages", *(name for name in shared if not _optional(verb, name)))
+
+    @api({"messages": _list_of_objects, **shared}, required=required)
     async def settle(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
         items = [checked_object(f"messages[{n}].", item, {"id": digits, "receipt": _receipt}, ("id", "receipt"))
                  for n, item in enumerate(body["messages"])]
@@ -253,7 +264,9 @@ def _settle_batch_route(verb: str) -> Any:
     return settle
 
 
-SETTLE_DOC = {"ack": "Ack leased messages: done, deleted", "nack": "Nack leased messages: retried, or dead-lettered",
+SETTLE_DOC = {"ack": "Ack leased messages: done, deleted",
+              "nack": "Nack leased messages: retried (after delay_seconds), or dead-lettered",
+              "snooze": "Snooze leased messages: due again after delay_seconds, no attempt counted",
               "extend": "Extend leased messages' visibility timeout"}
 for _verb in SETTLE_ONE:
     routes.post(f"/api/messages/{{id}}/{_verb}")(_settle_one_route(_verb))
@@ -268,7 +281,8 @@ async def _settle(server: Server, token: Token, verb: str, receipts: list[tuple[
         return []
     params = {"verb": verb, "ids": [message for message, _ in receipts], "leases": [lease for _, lease in receipts],
               "topics": token.topics_for("consume"), "error": body.get("error"),
-              "visibility_timeout": body.get("visibility_timeout_seconds")}
+              "visibility_timeout": body.get("visibility_timeout_seconds"),
+              "delay_seconds": body.get("delay_seconds", 0)}
     async with server.session("application") as conn:
         rows = await queries.fetch_all_async(conn, "pull_settle", params)
     return [{"id": str(row["id"]), "result": row["result"],

@@ -40,7 +40,7 @@ def uuid_text(name: str, value: Any) -> uuid.UUID:
 
 SEND = {"payload": any_json, "priority": integer(0, 10), "ordering_key": text(255), "idempotency_key": text(255),
         "scheduled_at": timestamp, "expires_at": timestamp, "correlation_id": uuid_text, "headers": header_map,
-        "metadata": json_map}
+        "metadata": json_map, "max_retries": integer(0, 1000)}
 PUBLISH = {"payload": any_json, "idempotency_key": text(255), "correlation_id": uuid_text}
 
 

@@ -34,7 +34,7 @@ class FailureLog:
         self._by_endpoint: dict[str, _Failures] = {}
 
     def record(self, endpoint: str, outcome: Outcome) -> None:
-        if outcome.kind == OutcomeKind.SUCCESS:
+        if outcome.kind in (OutcomeKind.SUCCESS, OutcomeKind.SNOOZE):  # a snooze is the receiver's "later"
             return
         failures = self._by_endpoint.setdefault(endpoint, _Failures())
         if outcome.kind == OutcomeKind.PERMANENT:

@@ -14,6 +14,7 @@ class OutcomeKind(StrEnum):
     RETRYABLE = "retryable"  # 429, 5xx, timeouts, connection errors: retry with backoff
     PERMANENT = "permanent"  # other 4xx, invalid requests: dead-letter at once
     DISABLE = "disable"  # 410 Gone: dead-letter, and disable the endpoint if so configured
+    SNOOZE = "snooze"  # a status the endpoint names, with Retry-After: again later, no attempt counted
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class Outcome:
     @classmethod
     def retryable(cls, error: str, retry_after: int | None = None) -> Outcome:
         return cls(OutcomeKind.RETRYABLE, f"[RETRYABLE] {redact_text(error)}", retry_after)
+
+    @classmethod
+    def snooze(cls, status: int, seconds: int) -> Outcome:
+        return cls(OutcomeKind.SNOOZE, f"[SNOOZE] HTTP {status}, Retry-After {seconds}", seconds)
 
     @classmethod
     def permanent(cls, error: str) -> Outcome:

@@ -211,8 +211,10 @@ class Reporter:
 
     def _count_reported(self, counts: dict[str, Any], batch: list[Report]) -> None:
         delivered, retried, dead = counts["delivered"], counts["retried"], counts["dead_lettered"]
+        # SQL counts a snooze among the retried; it is the receiver's "later", not a failure.
+        snoozed = sum(1 for _, outcome in batch if outcome.kind == OutcomeKind.SNOOZE)
         self._stats.delivered += delivered
-        self._stats.failed += retried + dead
+        self._stats.failed += max(0, retried - snoozed) + dead
         self._stats.dead_lettered += dead
         stale = counts["stale"]
         if not stale:

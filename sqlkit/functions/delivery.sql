@@ -412,9 +412,11 @@ END
 $$;
 
 -- Records what happened to each claimed message, in one call per batch. p_outcomes holds
--- 'success', 'retryable', 'permanent' or 'disable' (ulak's [RETRYABLE], [PERMANENT] and
--- [DISABLE]); p_retry_after a server-requested delay in seconds (Retry-After), capped at
--- 24 h, or NULL; p_responses captured responses or NULL.
+-- 'success', 'retryable', 'permanent', 'disable' (ulak's [RETRYABLE], [PERMANENT] and
+-- [DISABLE]) or 'snooze'; p_retry_after a server-requested delay in seconds (Retry-After),
+-- capped at 24 h, or NULL; p_responses captured responses or NULL.
+--   snooze     -> pending again after p_retry_after, no attempt counted, no error recorded,
+--                 and neither a failure nor a success to the circuit breaker (issue 42)
 --   success    -> the archive at once (one write per message, and the hot table holds only
 --                 active messages)
 --   retryable  -> pending again after the backoff delay, or the DLQ once out of retries
@@ -470,10 +472,10 @@ BEGIN
         RETURN;
     END IF;
     SELECT string_agg(DISTINCT coalesce(o, 'NULL'), ', ') INTO v_bad FROM unnest(p_outcomes) AS o
-    WHERE o IS NULL OR o NOT IN ('success', 'retryable', 'permanent', 'disable');
+    WHERE o IS NULL OR o NOT IN ('success', 'retryable', 'permanent', 'disable', 'snooze');
     IF v_bad IS NOT NULL THEN
         RAISE EXCEPTION '[courier] unknown outcome(s): %', v_bad
-            USING ERRCODE = '22023', HINT = 'Outcomes are success, retryable, permanent and disable';
+            USING ERRCODE = '22023', HINT = 'Outcomes are success, retryable, permanent, disable and snooze';
     END IF;
     v_default_max_retries := courier._setting_int('default_max_retries');
 
@@ -488,6 +490,7 @@ BEGIN
                CASE WHEN u.outcome = 'retryable' THEN
                    CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400)
                         ELSE courier.retry_delay(e.retry_policy, q.retry_count) END
+                    WHEN u.outcome = 'snooze' THEN least(greatest(coalesce(u.retry_after, 0), 0), 86400)
                END AS delay
         FROM unnest(p_ids, p_leases, p_outcomes, p_errors,
                     coalesce(p_retry_after, array_fill(NULL::integer, ARRAY[v_n])),
@@ -500,9 +503,10 @@ BEGIN
         SELECT r.endpoint_id, e.name, e.config, e.last_success_at,
                count(*) FILTER (WHERE r.outcome = 'success') AS successes,
                count(*) FILTER (WHERE r.outcome = 'retryable') AS failures,
-               count(*) FILTER (WHERE r.outcome <> 'success') AS all_failures,
+               count(*) FILTER (WHERE r.outcome NOT IN ('success', 'snooze')) AS all_failures,
                bool_or(r.outcome = 'disable') AS gone,
-               (array_agg(r.error ORDER BY r.id DESC) FILTER (WHERE r.outcome <> 'success'))[1] AS last_error
+               (array_agg(r.error ORDER BY r.id DESC) FILTER (WHERE r.outcome NOT IN ('success', 'snooze')))[1]
+                   AS last_error
         FROM reported r JOIN courier.endpoints e ON e.id = r.endpoint_id
         GROUP BY r.endpoint_id, e.name, e.config, e.last_success_at
     )
@@ -537,11 +541,12 @@ BEGIN
         -- Every failure lands in the message's history first, so a DLQ row carries it too.
         WITH failed AS (
         UPDATE courier.queue q
-        SET retry_count = q.retry_count + 1,
-            last_error = f.error,
-            error_history = q.error_history || jsonb_strip_nulls(jsonb_build_object(
+        SET retry_count = q.retry_count + CASE WHEN f.outcome = 'snooze' THEN 0 ELSE 1 END,
+            last_error = CASE WHEN f.outcome = 'snooze' THEN q.last_error ELSE f.error END,
+            error_history = CASE WHEN f.outcome = 'snooze' THEN q.error_history
+                                 ELSE q.error_history || jsonb_strip_nulls(jsonb_build_object(
                 'attempt', q.retry_count + 1, 'at', now(), 'outcome', f.outcome, 'error', f.error,
-                'worker_id', q.worker_id, 'retry_after', f.retry_after)),
+                'worker_id', q.worker_id, 'retry_after', f.retry_after)) END,
             status = 'pending', processing_started_at = NULL,
             next_retry_at = now() + make_interval(secs => coalesce(f.delay, 0)),
             updated_at = now()

@@ -258,7 +258,8 @@ AS $$
 DECLARE
     -- Push endpoints also take a TTL and a depth limit (enforced at send); the pull-only keys
     -- are refused on them by name below, with what to use instead.
-    v_common text[] := ARRAY['rate_limit', 'auto_disable_on_gone', 'concurrency', 'message_ttl_seconds', 'max_depth'];
+    v_common text[] := ARRAY['rate_limit', 'auto_disable_on_gone', 'concurrency', 'message_ttl_seconds', 'max_depth',
+                             'delay_seconds'];
     v_what text := coalesce(p_protocol, '?') || ' config';
 BEGIN
     IF p_config IS NULL OR jsonb_typeof(p_config) <> 'object' THEN
@@ -282,8 +283,17 @@ BEGIN
     WHEN 'http' THEN
         PERFORM courier._require_keys_within(v_what, p_config, v_common || ARRAY[
             'url', 'method', 'headers', 'timeout', 'connect_timeout', 'auth', 'signing', 'cloudevents',
-            'allow_internal', 'capture_response']);
+            'allow_internal', 'capture_response', 'snooze_statuses']);
         PERFORM courier._require_url(v_what, p_config, 'url', ARRAY['http', 'https']);
+        -- Statuses that, with a Retry-After, snooze a message rather than fail it (issue 42).
+        IF p_config ? 'snooze_statuses' AND (jsonb_typeof(p_config -> 'snooze_statuses') <> 'array'
+           OR EXISTS (SELECT FROM jsonb_array_elements(p_config -> 'snooze_statuses') AS s(status)
+                      WHERE jsonb_typeof(s.status) <> 'number' OR s.status::text !~ '^[0-9]+$'
+                         OR s.status::text::integer NOT BETWEEN 200 AND 599)) THEN
+            PERFORM courier._raise_invalid(format('http config.snooze_statuses must be an array of HTTP statuses '
+                                                  '(200 to 599), got %s', p_config -> 'snooze_statuses'),
+                                           'e.g. [202, 429]: with a Retry-After, the message is due again then, no attempt counted');
+        END IF;
         IF p_config ? 'method' AND upper(p_config ->> 'method') <> ALL (ARRAY['POST', 'PUT', 'PATCH', 'GET', 'DELETE']) THEN
             PERFORM courier._raise_invalid(format('http config.method must be POST, PUT, PATCH, GET or DELETE, got %s',
                                                   p_config -> 'method'));
@@ -380,7 +390,7 @@ BEGIN
         -- A JSON null means "the global default", as a missing key does (queue-ti).
         PERFORM courier._require_keys_within(v_what, p_config, ARRAY[
             'max_retries', 'message_ttl_seconds', 'max_depth', 'throughput_limit', 'visibility_timeout',
-            'dlq_threshold']);
+            'dlq_threshold', 'delay_seconds']);
         PERFORM courier._require_integer(v_what, jsonb_strip_nulls(p_config), 'max_retries', 0, 1000);
         PERFORM courier._require_integer(v_what, jsonb_strip_nulls(p_config), 'dlq_threshold', 0, 1000);
         PERFORM courier._require_positive_number(v_what, jsonb_strip_nulls(p_config), 'throughput_limit', 0, 1000000);
@@ -391,6 +401,16 @@ BEGIN
     END CASE;
     PERFORM courier._require_integer(v_what, jsonb_strip_nulls(p_config), 'message_ttl_seconds', 0, 31536000);
     PERFORM courier._require_integer(v_what, jsonb_strip_nulls(p_config), 'max_depth', 0, 2147483647);
+    -- SQS delay queues: every send, enqueue and publish to the endpoint that gives no time of
+    -- its own is due this many seconds later (0 or absent: at once). SQS's bound, 15 minutes.
+    IF p_config ? 'delay_seconds' AND jsonb_typeof(p_config -> 'delay_seconds') <> 'null'
+       AND (jsonb_typeof(p_config -> 'delay_seconds') <> 'number' OR (p_config ->> 'delay_seconds') !~ '^[0-9]{1,4}$'
+            OR (p_config ->> 'delay_seconds')::integer > 900) THEN
+        RAISE EXCEPTION '[courier] %.delay_seconds must be a whole number from 0 to 900, got %', v_what,
+                p_config -> 'delay_seconds'
+            USING ERRCODE = '22023', COLUMN = 'delay_seconds',
+                  HINT = 'Seconds each message waits before it is due (SQS delay queues allow up to 15 minutes)';
+    END IF;
     IF p_protocol IN ('redis', 'amqp', 'mqtt', 'nats') THEN
         -- Seconds a broker dispatcher waits to connect and for a batch's acknowledgements.
         PERFORM courier._require_positive_number(v_what, p_config, 'timeout', 0.001, 300);

@@ -219,20 +219,25 @@ BEGIN
     END IF;
 
     -- Each subscriber's workers or consumers are woken at commit, as a send's are (sending.sql):
-    -- a NOTIFY here would make concurrent publishers commit one at a time.
-    IF p_notify THEN
+    -- a NOTIFY here would make concurrent publishers commit one at a time. Not when every
+    -- subscriber delays its messages (delay_seconds): none of them is due.
+    IF p_notify AND EXISTS (SELECT FROM courier.endpoints e WHERE e.id = ANY (v_endpoint_ids)
+                                AND coalesce((e.config ->> 'delay_seconds')::integer, 0) = 0) THEN
         PERFORM set_config('courier.wake_at_commit', 'on', true);
     END IF;
-    -- As a send would: the endpoint's TTL, and for a pull topic the time it is due (now).
+    -- As a send would: the endpoint's delay (delay_seconds) and TTL, and for a pull topic the time
+    -- it is due (now, or after the delay).
     WITH inserted AS (
     INSERT INTO courier.queue (endpoint_id, payload, metadata, correlation_id, idempotency_key, payload_hash,
-                               expires_at, visible_at)
+                               scheduled_at, expires_at, visible_at)
     SELECT f.endpoint_id, p_payloads[f.ord],
            jsonb_build_object('event_type', v_event_type.name, 'subscription_id', f.subscription_id),
            v_correlation_ids[f.ord], p_idempotency_key, v_hash,
-           courier._ttl_expires_at(e.config, now()), courier._pull_visible_at(e.protocol, NULL)
+           d.due, courier._ttl_expires_at(e.config, coalesce(d.due, now())), courier._pull_visible_at(e.protocol, d.due)
     FROM unnest(v_endpoint_ids, v_ords, v_subscription_ids) AS f(endpoint_id, ord, subscription_id)
     JOIN courier.endpoints e ON e.id = f.endpoint_id
+    CROSS JOIN LATERAL (SELECT now() + make_interval(secs => nullif((e.config ->> 'delay_seconds')::integer, 0))
+                        AS due) d
     ORDER BY f.ord, f.subscription_id
     ON CONFLICT (endpoint_id, idempotency_key)
         WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')

@@ -184,7 +184,12 @@ $$;
 -- schedule if one is given) and keeps its id; a message with that key in processing is never
 -- touched, and the enqueue is refused (23505) until it is acked or nacked, or its visibility
 -- timeout passes (then it is due again, and replaced). A binary payload alone is stored with
--- payload JSON null.
+-- payload JSON null. Without p_scheduled_at a new message is due after the topic's delay_seconds
+-- (SQS delay queues; a replaced one keeps its due time). p_max_retries is the message's own
+-- limit of retries, over the topic's max_retries (a replacement given none keeps its own).
+-- p_max_retries came last (issue 42, item 9): the signature before it is dropped, or calls that
+-- leave it out would be ambiguous.
+DROP FUNCTION IF EXISTS courier.enqueue(text, jsonb, text, jsonb, bytea, text, timestamptz, integer);
 CREATE OR REPLACE FUNCTION courier.enqueue(
     p_topic          text,
     p_payload        jsonb,
@@ -193,7 +198,8 @@ CREATE OR REPLACE FUNCTION courier.enqueue(
     p_payload_binary bytea       DEFAULT NULL,
     p_body           text        DEFAULT NULL,
     p_scheduled_at   timestamptz DEFAULT NULL,
-    p_ttl_seconds    integer     DEFAULT NULL
+    p_ttl_seconds    integer     DEFAULT NULL,
+    p_max_retries    integer     DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
@@ -203,7 +209,8 @@ DECLARE
     v_payload jsonb := coalesce(p_payload, CASE WHEN p_payload_binary IS NOT NULL THEN 'null'::jsonb END);
     v_metadata jsonb := coalesce(p_metadata, '{}');
     v_size bigint;
-    v_due timestamptz := coalesce(p_scheduled_at, now());
+    v_scheduled_at timestamptz := p_scheduled_at;  -- with the topic's delay_seconds, when it has one
+    v_due timestamptz;
     v_id bigint;
     v_status text;
     v_lapsed boolean;
@@ -237,6 +244,13 @@ BEGIN
         RAISE EXCEPTION '[courier] ttl_seconds must be between 1 and 31536000, got %', p_ttl_seconds
             USING ERRCODE = '22023', HINT = 'Leave it out for the topic''s message_ttl_seconds';
     END IF;
+    IF p_max_retries NOT BETWEEN 0 AND 1000 THEN
+        PERFORM courier._check_max_retries(p_max_retries);
+    END IF;
+    IF p_scheduled_at IS NULL AND v_topic.config ? 'delay_seconds' THEN
+        v_scheduled_at := now() + make_interval(secs => nullif((v_topic.config ->> 'delay_seconds')::integer, 0));
+    END IF;
+    v_due := coalesce(v_scheduled_at, now());
     v_size := octet_length(v_payload::text) + coalesce(octet_length(p_payload_binary), 0) + coalesce(octet_length(p_body), 0);
     -- Every limit a send reads, in one row read once (each read was a statement of its own).
     SELECT * INTO v_limits FROM courier.send_limits;
@@ -255,6 +269,7 @@ BEGIN
         IF p_key IS NOT NULL THEN
             UPDATE courier.queue q
             SET payload = v_payload, payload_binary = p_payload_binary, body = p_body, metadata = v_metadata,
+                max_retries = coalesce(p_max_retries, q.max_retries),
                 scheduled_at = coalesce(p_scheduled_at, q.scheduled_at),
                 visible_at = coalesce(p_scheduled_at, q.visible_at),
                 expires_at = CASE WHEN p_ttl_seconds IS NOT NULL
@@ -277,16 +292,16 @@ BEGIN
             -- No key, no conflict to look for: ON CONFLICT would insert speculatively, a WAL
             -- record more (48 bytes) in every enqueue.
             INSERT INTO courier.queue (endpoint_id, payload, payload_binary, body, metadata, scheduled_at,
-                                       visible_at, expires_at)
-            VALUES (v_topic.id, v_payload, p_payload_binary, p_body, v_metadata, p_scheduled_at,
-                    v_due, v_due + make_interval(secs => coalesce(p_ttl_seconds, v_ttl)))
+                                       visible_at, expires_at, max_retries)
+            VALUES (v_topic.id, v_payload, p_payload_binary, p_body, v_metadata, v_scheduled_at,
+                    v_due, v_due + make_interval(secs => coalesce(p_ttl_seconds, v_ttl)), p_max_retries)
             RETURNING id INTO v_id;
             EXIT;
         END IF;
         INSERT INTO courier.queue (endpoint_id, payload, payload_binary, body, metadata, key, scheduled_at,
-                                   visible_at, expires_at)
-        VALUES (v_topic.id, v_payload, p_payload_binary, p_body, v_metadata, p_key, p_scheduled_at,
-                v_due, v_due + make_interval(secs => coalesce(p_ttl_seconds, v_ttl)))
+                                   visible_at, expires_at, max_retries)
+        VALUES (v_topic.id, v_payload, p_payload_binary, p_body, v_metadata, p_key, v_scheduled_at,
+                v_due, v_due + make_interval(secs => coalesce(p_ttl_seconds, v_ttl)), p_max_retries)
         ON CONFLICT (endpoint_id, key) WHERE key IS NOT NULL AND status IN ('pending', 'processing')
         DO NOTHING
         RETURNING id INTO v_id;
@@ -689,12 +704,18 @@ LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$ SELECT result FROM courier.ack(ARRAY[p_id], ARRAY[p_lease]) $$;
 
--- Nacks messages held under their leases, with an error: each goes back to pending at once
--- ('nacked', its retry_count one higher), or once that passes max_retries (the message's,
--- else the topic's max_retries, else its retry_policy's, else default_max_retries) to
--- <topic>.dlq ('dead_lettered'), or with the topic's DLQ off to the archive ('failed').
--- 'lease_lost' and 'not_found' as for ack().
-CREATE OR REPLACE FUNCTION courier.nack(p_ids bigint[], p_leases integer[], p_error text DEFAULT NULL)
+-- Nacks messages held under their leases, with an error: each goes back to pending, due again
+-- after p_delay_seconds (0: at once) ('nacked', its retry_count one higher), or once that
+-- passes max_retries (the message's, else the topic's max_retries, else its retry_policy's,
+-- else default_max_retries) to <topic>.dlq ('dead_lettered'), or with the topic's DLQ off to
+-- the archive ('failed'). 'lease_lost' and 'not_found' as for ack(). With p_count_attempt
+-- false it is a snooze (River's JobSnooze): see snooze().
+-- It took only an error before the delay and count_attempt (issue 42): the same name with more
+-- defaulted arguments would make every call with three arguments ambiguous.
+DROP FUNCTION IF EXISTS courier.nack(bigint[], integer[], text);
+DROP FUNCTION IF EXISTS courier.nack(bigint, integer, text);
+CREATE OR REPLACE FUNCTION courier.nack(p_ids bigint[], p_leases integer[], p_error text DEFAULT NULL,
+                                        p_delay_seconds integer DEFAULT 0, p_count_attempt boolean DEFAULT true)
 RETURNS TABLE (id bigint, result text)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
@@ -709,6 +730,13 @@ DECLARE
     v_failed bigint[] := '{}';
 BEGIN
     PERFORM courier._require_pull_leases(p_ids, p_leases);
+    PERFORM courier._require_delay(p_delay_seconds);
+    IF p_count_attempt IS NULL THEN
+        PERFORM courier._raise_invalid('count_attempt must be true or false, got NULL');
+    ELSIF NOT p_count_attempt THEN
+        RETURN QUERY SELECT z.id, z.result FROM courier.snooze(p_ids, p_leases, p_delay_seconds) z;
+        RETURN;
+    END IF;
     WITH held AS (
         SELECT q.id, q.retry_count + 1 > least(coalesce(q.max_retries, courier._endpoint_max_retries(e)),
                                             courier._dlq_retry_cap(e)) AS exhausted
@@ -724,7 +752,7 @@ BEGIN
             error_history = q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
                                                                   'outcome', 'nack', 'error', v_error),
             status = CASE WHEN h.exhausted THEN q.status ELSE 'pending' END,
-            visible_at = CASE WHEN h.exhausted THEN q.visible_at ELSE now() END
+            visible_at = CASE WHEN h.exhausted THEN q.visible_at ELSE now() + make_interval(secs => p_delay_seconds) END
         FROM held h
         WHERE q.id = h.id
         RETURNING q.id, h.exhausted
@@ -741,10 +769,25 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION courier.nack(p_id bigint, p_lease integer, p_error text DEFAULT NULL) RETURNS text
+CREATE OR REPLACE FUNCTION courier.nack(p_id bigint, p_lease integer, p_error text DEFAULT NULL,
+                                        p_delay_seconds integer DEFAULT 0, p_count_attempt boolean DEFAULT true)
+RETURNS text
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
-AS $$ SELECT result FROM courier.nack(ARRAY[p_id], ARRAY[p_lease], p_error) $$;
+AS $$ SELECT result FROM courier.nack(ARRAY[p_id], ARRAY[p_lease], p_error, p_delay_seconds, p_count_attempt) $$;
+
+-- How long a nack or a snooze keeps a message out of sight: 0 (due at once) to 12 hours, the
+-- bound of a visibility timeout.
+CREATE OR REPLACE FUNCTION courier._require_delay(p_delay_seconds integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_delay_seconds IS NULL OR p_delay_seconds NOT BETWEEN 0 AND 43200 THEN
+        RAISE EXCEPTION '[courier] delay_seconds must be between 0 and 43200, got %', coalesce(p_delay_seconds::text, 'NULL')
+            USING ERRCODE = '22023', HINT = 'Seconds until the message is due again (at most 12 hours)';
+    END IF;
+END
+$$;
 
 -- Extends the visibility timeout of held messages to now + p_visibility_timeout_seconds (the
 -- consumer's heartbeat for long work). Per id: 'extended' with the new deadline, or
@@ -785,9 +828,13 @@ $$;
 -- call: `courier serve` settles with the topics a token may consume, so a token's scope is
 -- checked in the same round trip as the settle. A message of another topic is left alone and
 -- answered 'forbidden'; the rest answer as ack(), nack() or extend_lease() do.
+-- It took no delay before snooze and nack's delay (issue 42): the same name with one more
+-- defaulted argument would make every call ambiguous.
+DROP FUNCTION IF EXISTS courier.settle_in_topics(text, bigint[], integer[], text[], text, integer);
 CREATE OR REPLACE FUNCTION courier.settle_in_topics(p_verb text, p_ids bigint[], p_leases integer[],
                                                     p_topics text[], p_error text DEFAULT NULL,
-                                                    p_visibility_timeout_seconds integer DEFAULT NULL)
+                                                    p_visibility_timeout_seconds integer DEFAULT NULL,
+                                                    p_delay_seconds integer DEFAULT 0)
 RETURNS TABLE (id bigint, result text, visible_until timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
@@ -798,8 +845,9 @@ DECLARE
     v_ids bigint[];
     v_leases integer[];
 BEGIN
-    IF p_verb IS NULL OR p_verb NOT IN ('ack', 'nack', 'extend') THEN
-        PERFORM courier._raise_invalid(format('verb must be ack, nack or extend, got %s', coalesce(p_verb, 'NULL')));
+    IF p_verb IS NULL OR p_verb NOT IN ('ack', 'nack', 'snooze', 'extend') THEN
+        PERFORM courier._raise_invalid(format('verb must be ack, nack, snooze or extend, got %s',
+                                              coalesce(p_verb, 'NULL')));
     END IF;
     PERFORM courier._require_pull_leases(p_ids, p_leases);
     SELECT coalesce(array_agg(q.id), '{}') INTO v_outside
@@ -816,7 +864,10 @@ BEGIN
     IF p_verb = 'ack' THEN
         RETURN QUERY SELECT a.id, a.result, NULL::timestamptz FROM courier.ack(v_ids, v_leases) a;
     ELSIF p_verb = 'nack' THEN
-        RETURN QUERY SELECT n.id, n.result, NULL::timestamptz FROM courier.nack(v_ids, v_leases, p_error) n;
+        RETURN QUERY SELECT n.id, n.result, NULL::timestamptz
+                     FROM courier.nack(v_ids, v_leases, p_error, coalesce(p_delay_seconds, 0)) n;
+    ELSIF p_verb = 'snooze' THEN
+        RETURN QUERY SELECT z.id, z.result, z.visible_until FROM courier.snooze(v_ids, v_leases, p_delay_seconds) z;
     ELSE
         RETURN QUERY SELECT x.id, x.result, x.visible_until
                      FROM courier.extend_lease(v_ids, v_leases, p_visibility_timeout_seconds) x;
@@ -850,6 +901,44 @@ BEGIN
     RETURN QUERY SELECT * FROM courier._lease_results(p_ids, p_leases, v_released, 'released', 'release');
 END
 $$;
+
+-- Snooze (River's JobSnooze): gives messages held under their leases back to be taken again
+-- after p_delay_seconds, without counting an attempt or recording an error (a job that waits on
+-- something else, not one that failed). Per id: 'snoozed' with the time it is due again, or
+-- 'lease_lost' / 'not_found' as for ack(). Its expiry still runs.
+CREATE OR REPLACE FUNCTION courier.snooze(p_ids bigint[], p_leases integer[], p_delay_seconds integer)
+RETURNS TABLE (id bigint, result text, visible_until timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+SET jit = off
+SET plan_cache_mode = force_custom_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_due timestamptz;
+    v_snoozed bigint[];
+BEGIN
+    PERFORM courier._require_pull_leases(p_ids, p_leases);
+    PERFORM courier._require_delay(p_delay_seconds);
+    v_due := now() + make_interval(secs => p_delay_seconds);
+    WITH snoozed AS (
+        UPDATE courier.queue q SET status = 'pending', visible_at = v_due, updated_at = now()
+        FROM unnest(p_ids, p_leases) AS u(id, lease)
+        WHERE q.id = ANY (p_ids) AND q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
+          AND q.visible_at IS NOT NULL
+        RETURNING q.id
+    )
+    SELECT array_agg(z.id) INTO v_snoozed FROM snoozed z;
+    RETURN QUERY
+    SELECT r.id, r.result, CASE WHEN r.result = 'snoozed' THEN v_due END
+    FROM courier._lease_results(p_ids, p_leases, v_snoozed, 'snoozed', 'snooze') r;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.snooze(p_id bigint, p_lease integer, p_delay_seconds integer) RETURNS text
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$ SELECT result FROM courier.snooze(ARRAY[p_id], ARRAY[p_lease], p_delay_seconds) $$;
 
 -- Receive and peek (NServiceBus) -----------------------------------------------------------------
 

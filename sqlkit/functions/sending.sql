@@ -230,6 +230,19 @@ BEGIN
 END
 $$;
 
+-- A message's own max_retries (send_with_options, enqueue): the range a retry policy takes.
+CREATE OR REPLACE FUNCTION courier._check_max_retries(p_max_retries integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_max_retries NOT BETWEEN 0 AND 1000 THEN
+        RAISE EXCEPTION '[courier] max_retries must be between 0 and 1000, got %', p_max_retries
+            USING ERRCODE = '22023', COLUMN = 'max_retries',
+                  HINT = 'Leave it NULL for the endpoint''s retry policy (a topic''s max_retries)';
+    END IF;
+END
+$$;
+
 -- Per-message headers are sent as HTTP headers: a flat object of string values. Framing and
 -- hop-by-hop headers, Host, User-Agent and Courier's own X-Courier-* are Courier's to set (a
 -- producer's Content-Length once truncated a payload that was then recorded as delivered),
@@ -305,10 +318,15 @@ BEGIN
 END
 $$;
 
+-- The message's due time is p_scheduled_at, else now() plus the endpoint's delay_seconds (SQS
+-- delay queues), read from the endpoint row the INSERT joins anyway: no statement of its own. A
+-- delayed message is not due, so it asks for no wake-up. p_max_retries, when given, is the
+-- message's own limit of retries, over the endpoint's retry policy or the topic's max_retries.
+DROP FUNCTION IF EXISTS courier._send_one(text, jsonb, integer, timestamptz, text, uuid, timestamptz, text, jsonb, jsonb);
 CREATE OR REPLACE FUNCTION courier._send_one(
     p_endpoint_name text, p_payload jsonb, p_priority integer, p_scheduled_at timestamptz,
     p_idempotency_key text, p_correlation_id uuid, p_expires_at timestamptz, p_ordering_key text,
-    p_headers jsonb, p_metadata jsonb
+    p_headers jsonb, p_metadata jsonb, p_max_retries integer
 ) RETURNS bigint
 LANGUAGE plpgsql
 AS $$
@@ -328,7 +346,7 @@ BEGIN
     -- IF is an expression evaluated on its own, together 3% of a plain send's instructions.
     IF p_priority IS DISTINCT FROM 0 OR p_scheduled_at IS NOT NULL OR p_expires_at IS NOT NULL
        OR p_headers IS NOT NULL OR p_metadata IS NOT NULL OR p_idempotency_key IS NOT NULL
-       OR p_ordering_key IS NOT NULL THEN
+       OR p_ordering_key IS NOT NULL OR p_max_retries IS NOT NULL THEN
         IF p_priority IS NULL OR p_priority NOT BETWEEN 0 AND 10 THEN
             PERFORM courier._check_priority(p_priority);
         END IF;
@@ -357,6 +375,9 @@ BEGIN
         IF length(p_idempotency_key) NOT BETWEEN 1 AND 255 OR length(p_ordering_key) NOT BETWEEN 1 AND 255 THEN
             RAISE EXCEPTION '[courier] idempotency and ordering keys must be 1 to 255 characters' USING ERRCODE = '22023';
         END IF;
+        IF p_max_retries NOT BETWEEN 0 AND 1000 THEN
+            PERFORM courier._check_max_retries(p_max_retries);
+        END IF;
     END IF;
     IF p_idempotency_key IS NOT NULL THEN
         v_hash := md5(p_payload::text);
@@ -368,13 +389,15 @@ BEGIN
     LOOP
         IF p_idempotency_key IS NULL THEN
             INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, scheduled_at,
-                                       correlation_id, expires_at, ordering_key, visible_at)
+                                       correlation_id, expires_at, ordering_key, visible_at, max_retries)
             SELECT e.id, p_payload, coalesce(p_headers, '{}'), coalesce(p_metadata, '{}'), p_priority,
-                   p_scheduled_at, p_correlation_id,
-                   coalesce(p_expires_at, coalesce(p_scheduled_at, now()) + make_interval(secs => nullif(
+                   d.due, p_correlation_id,
+                   coalesce(p_expires_at, coalesce(d.due, now()) + make_interval(secs => nullif(
                        coalesce((e.config ->> 'message_ttl_seconds')::numeric, l.default_message_ttl), 0))),
-                   p_ordering_key, courier._pull_visible_at(e.protocol, p_scheduled_at)
-            FROM courier.endpoints e, courier.send_limits l
+                   p_ordering_key, courier._pull_visible_at(e.protocol, d.due), p_max_retries
+            FROM courier.endpoints e, courier.send_limits l,
+                 LATERAL (SELECT coalesce(p_scheduled_at, now() + make_interval(
+                                     secs => nullif((e.config ->> 'delay_seconds')::integer, 0))) AS due) d
             WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
               AND courier._room_for(l, 1)
               AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
@@ -383,26 +406,28 @@ BEGIN
               -- The wake-up request, set as the row is made, before its depth counter write
               -- reads it (see the top of this file); here rather than in a statement of its own.
               AND set_config('courier.wake_at_commit',
-                             CASE WHEN (p_scheduled_at IS NULL OR p_scheduled_at <= now()) AND l.notify_on_send
+                             CASE WHEN (d.due IS NULL OR d.due <= now()) AND l.notify_on_send
                                   THEN 'on' ELSE 'off' END, true) IS NOT NULL
             RETURNING id INTO v_id;
         ELSE
             INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, scheduled_at,
                                        idempotency_key, payload_hash, correlation_id, expires_at, ordering_key,
-                                       visible_at)
+                                       visible_at, max_retries)
             SELECT e.id, p_payload, coalesce(p_headers, '{}'), coalesce(p_metadata, '{}'), p_priority,
-                   p_scheduled_at, p_idempotency_key, v_hash, p_correlation_id,
-                   coalesce(p_expires_at, coalesce(p_scheduled_at, now()) + make_interval(secs => nullif(
+                   d.due, p_idempotency_key, v_hash, p_correlation_id,
+                   coalesce(p_expires_at, coalesce(d.due, now()) + make_interval(secs => nullif(
                        coalesce((e.config ->> 'message_ttl_seconds')::numeric, l.default_message_ttl), 0))),
-                   p_ordering_key, courier._pull_visible_at(e.protocol, p_scheduled_at)
-            FROM courier.endpoints e, courier.send_limits l
+                   p_ordering_key, courier._pull_visible_at(e.protocol, d.due), p_max_retries
+            FROM courier.endpoints e, courier.send_limits l,
+                 LATERAL (SELECT coalesce(p_scheduled_at, now() + make_interval(
+                                     secs => nullif((e.config ->> 'delay_seconds')::integer, 0))) AS due) d
             WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
               AND courier._room_for(l, 1)
               AND (coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) = 0
                    OR coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth)
                       >= 1 + courier._active_messages(e.id))
               AND set_config('courier.wake_at_commit',
-                             CASE WHEN (p_scheduled_at IS NULL OR p_scheduled_at <= now()) AND l.notify_on_send
+                             CASE WHEN (d.due IS NULL OR d.due <= now()) AND l.notify_on_send
                                   THEN 'on' ELSE 'off' END, true) IS NOT NULL
             ON CONFLICT (endpoint_id, idempotency_key)
                 WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')
@@ -445,6 +470,10 @@ BEGIN
 END
 $$;
 
+-- p_max_retries came last (issue 42, item 9): the signature before it is dropped, or calls
+-- that leave it out would be ambiguous between the two.
+DROP FUNCTION IF EXISTS courier.send_with_options(text, jsonb, integer, timestamptz, text, uuid, timestamptz, text,
+                                                  jsonb, jsonb);
 CREATE OR REPLACE FUNCTION courier.send_with_options(
     p_endpoint_name   text,
     p_payload         jsonb,
@@ -455,14 +484,15 @@ CREATE OR REPLACE FUNCTION courier.send_with_options(
     p_expires_at      timestamptz DEFAULT NULL,
     p_ordering_key    text        DEFAULT NULL,
     p_headers         jsonb       DEFAULT NULL,
-    p_metadata        jsonb       DEFAULT NULL
+    p_metadata        jsonb       DEFAULT NULL,
+    p_max_retries     integer     DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 BEGIN
     RETURN courier._send_one(p_endpoint_name, p_payload, p_priority, p_scheduled_at, p_idempotency_key,
-                             p_correlation_id, p_expires_at, p_ordering_key, p_headers, p_metadata);
+                             p_correlation_id, p_expires_at, p_ordering_key, p_headers, p_metadata, p_max_retries);
 END
 $$;
 
@@ -471,7 +501,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 BEGIN
-    RETURN courier._send_one(p_endpoint_name, p_payload, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+    RETURN courier._send_one(p_endpoint_name, p_payload, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
 END
 $$;
 
@@ -518,6 +548,7 @@ DECLARE
     v_endpoint courier.endpoints;
     v_expires_at timestamptz;
     v_visible_at timestamptz;
+    v_scheduled_at timestamptz;
 BEGIN
     PERFORM courier._check_priority(p_priority);
     SELECT max(octet_length(payload::text)), min(ord) FILTER (WHERE payload IS NULL)
@@ -536,18 +567,21 @@ BEGIN
 
     v_endpoint := courier._endpoint_with_room(p_endpoint_name, v_count, v_largest);
     v_endpoint_id := v_endpoint.id;
-    v_expires_at := now() + make_interval(secs => courier._message_ttl(v_endpoint.config));
-    v_visible_at := courier._pull_visible_at(v_endpoint.protocol, NULL);
+    -- The endpoint's delay_seconds, if it has one, makes the whole batch due that much later.
+    v_scheduled_at := now() + make_interval(secs => nullif((v_endpoint.config ->> 'delay_seconds')::integer, 0));
+    v_expires_at := coalesce(v_scheduled_at, now()) + make_interval(secs => courier._message_ttl(v_endpoint.config));
+    v_visible_at := courier._pull_visible_at(v_endpoint.protocol, v_scheduled_at);
     IF v_count = 0 THEN
         RETURN '{}';
     END IF;
 
-    -- One wake-up per batch, whatever notify_on_send says (see the top of this file).
-    PERFORM set_config('courier.wake_at_commit', 'on', true);
+    -- One wake-up per batch, whatever notify_on_send says (see the top of this file); none for
+    -- a delayed batch, which is not due.
+    PERFORM set_config('courier.wake_at_commit', CASE WHEN v_scheduled_at IS NULL THEN 'on' ELSE 'off' END, true);
     -- The TTL and due time are the batch's, computed once above: per row they halved the rate.
     WITH inserted AS (
-        INSERT INTO courier.queue (endpoint_id, payload, priority, expires_at, visible_at)
-        SELECT v_endpoint_id, payload, p_priority, v_expires_at, v_visible_at
+        INSERT INTO courier.queue (endpoint_id, payload, priority, scheduled_at, expires_at, visible_at)
+        SELECT v_endpoint_id, payload, p_priority, v_scheduled_at, v_expires_at, v_visible_at
         FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord)
         ORDER BY ord
         RETURNING id
@@ -585,27 +619,33 @@ $$;
 -- idempotency key already held for this endpoint by a pending or processing message (or by an
 -- earlier element of the same batch) yields that message's id, or a conflict if the payload
 -- differs. Returns the ids in element order.
+DROP FUNCTION IF EXISTS courier._message_batch(jsonb[], integer[], timestamptz[], text[], uuid[], timestamptz[], text[],
+                                               jsonb[], jsonb[]);
 CREATE OR REPLACE FUNCTION courier._message_batch(
     p_payloads jsonb[], p_priorities integer[], p_scheduled_at timestamptz[], p_idempotency_keys text[],
     p_correlation_ids uuid[], p_expires_at timestamptz[], p_ordering_keys text[], p_headers jsonb[],
-    p_metadata jsonb[]
+    p_metadata jsonb[], p_max_retries integer[]
 ) RETURNS TABLE (ord integer, payload jsonb, priority integer, scheduled_at timestamptz, idempotency_key text,
-                 correlation_id uuid, expires_at timestamptz, ordering_key text, headers jsonb, metadata jsonb)
+                 correlation_id uuid, expires_at timestamptz, ordering_key text, headers jsonb, metadata jsonb,
+                 max_retries integer)
 LANGUAGE sql IMMUTABLE
 AS $$
     SELECT u.ord::integer, u.payload, CASE WHEN p_priorities IS NULL THEN 0 ELSE u.priority END, u.scheduled_at,
            u.idempotency_key, u.correlation_id, u.expires_at, u.ordering_key, coalesce(u.headers, '{}'),
-           coalesce(u.metadata, '{}')
+           coalesce(u.metadata, '{}'), u.max_retries
     FROM unnest(p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys, p_correlation_ids, p_expires_at,
-                p_ordering_keys, p_headers, p_metadata)
+                p_ordering_keys, p_headers, p_metadata, p_max_retries)
          WITH ORDINALITY AS u(payload, priority, scheduled_at, idempotency_key, correlation_id, expires_at,
-                              ordering_key, headers, metadata, ord)
+                              ordering_key, headers, metadata, max_retries, ord)
 $$;
 
+-- A message that gives no scheduled_at is due after the endpoint's delay_seconds, as in _send_one.
+DROP FUNCTION IF EXISTS courier._send_messages(text, jsonb[], integer[], timestamptz[], text[], uuid[], timestamptz[],
+                                               text[], jsonb[], jsonb[]);
 CREATE OR REPLACE FUNCTION courier._send_messages(
     p_endpoint_name text, p_payloads jsonb[], p_priorities integer[], p_scheduled_at timestamptz[],
     p_idempotency_keys text[], p_correlation_ids uuid[], p_expires_at timestamptz[], p_ordering_keys text[],
-    p_headers jsonb[], p_metadata jsonb[]
+    p_headers jsonb[], p_metadata jsonb[], p_max_retries integer[]
 ) RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
@@ -628,6 +668,7 @@ DECLARE
     v_protocol text;
     v_config jsonb;
     v_ttl double precision;
+    v_delay interval;       -- the endpoint's delay_seconds; NULL for none
     v_text text;
     v_hint text;
     v_column text;
@@ -635,16 +676,17 @@ BEGIN
     IF EXISTS (SELECT FROM unnest(ARRAY[cardinality(p_priorities), cardinality(p_scheduled_at),
                                         cardinality(p_idempotency_keys), cardinality(p_correlation_ids),
                                         cardinality(p_expires_at), cardinality(p_ordering_keys),
-                                        cardinality(p_headers), cardinality(p_metadata)]) n
+                                        cardinality(p_headers), cardinality(p_metadata),
+                                        cardinality(p_max_retries)]) n
                WHERE n <> v_count) THEN
         RAISE EXCEPTION '[courier] each per-message array must have one element per payload (% payloads)', v_count
             USING ERRCODE = '22023', HINT = 'Pass NULL instead of an array for a field no message sets';
     END IF;
 
     -- The first invalid element, with send_with_options' reason and code.
-    SELECT m.ord, x.code, x.reason INTO v_bad
+    SELECT m.ord, x.code, x.reason, CASE WHEN x.rank = 10 THEN 'max_retries' END AS field INTO v_bad
     FROM courier._message_batch(p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys, p_correlation_ids,
-                                p_expires_at, p_ordering_keys, p_headers, p_metadata) m
+                                p_expires_at, p_ordering_keys, p_headers, p_metadata, p_max_retries) m
     CROSS JOIN LATERAL (SELECT * FROM (VALUES
         (1, '22004', 'payload must not be NULL', m.payload IS NULL),
         (2, '22023', format('priority must be between 0 and 10, got %s', coalesce(m.priority::text, 'NULL')),
@@ -661,10 +703,15 @@ BEGIN
             AND jsonb_path_exists(m.metadata, 'strict $.**{32}')),
         (8, '22023', 'idempotency and ordering keys must be 1 to 255 characters',
             length(m.idempotency_key) NOT BETWEEN 1 AND 255 OR length(m.ordering_key) NOT BETWEEN 1 AND 255),
-        (9, '54000', format('exceeds max_payload_size (%s bytes)', v_limit), octet_length(m.payload::text) > v_limit)
+        (9, '54000', format('exceeds max_payload_size (%s bytes)', v_limit), octet_length(m.payload::text) > v_limit),
+        (10, '22023', format('max_retries must be between 0 and 1000, got %s', m.max_retries),
+            m.max_retries NOT BETWEEN 0 AND 1000)
     ) AS c(rank, code, reason, failed) WHERE c.failed ORDER BY c.rank LIMIT 1) x
     ORDER BY m.ord LIMIT 1;
-    IF FOUND THEN
+    IF FOUND AND v_bad.field IS NOT NULL THEN
+        RAISE EXCEPTION '[courier] batch element %: %', v_bad.ord, v_bad.reason
+            USING ERRCODE = v_bad.code, COLUMN = v_bad.field;
+    ELSIF FOUND THEN
         RAISE EXCEPTION '[courier] batch element %: %', v_bad.ord, v_bad.reason USING ERRCODE = v_bad.code;
     END IF;
     -- Header rules live in _check_headers; only a failing batch looks for the element to blame.
@@ -690,14 +737,19 @@ BEGIN
     v_protocol := v_endpoint.protocol;
     v_config := v_endpoint.config;
     v_ttl := courier._message_ttl(v_config);
+    v_delay := make_interval(secs => nullif((v_config ->> 'delay_seconds')::integer, 0));
     IF v_count = 0 THEN
         RETURN '{}';
     END IF;
 
-    -- One wake-up for the batch if any element is due now (see the top of this file).
+    -- One wake-up for the batch if any element is due now (see the top of this file). With a
+    -- delay, an element without a time of its own is not.
     PERFORM set_config('courier.wake_at_commit',
-                       CASE WHEN p_scheduled_at IS NULL
-                                 OR EXISTS (SELECT FROM unnest(p_scheduled_at) s WHERE s IS NULL OR s <= now())
+                       CASE WHEN v_delay IS NULL AND (p_scheduled_at IS NULL
+                                 OR EXISTS (SELECT FROM unnest(p_scheduled_at) s WHERE s IS NULL OR s <= now()))
+                            THEN 'on'
+                            WHEN v_delay IS NOT NULL AND p_scheduled_at IS NOT NULL
+                                 AND EXISTS (SELECT FROM unnest(p_scheduled_at) s WHERE s <= now())
                             THEN 'on' ELSE 'off' END, true);
     v_left := ARRAY(SELECT generate_series(1, v_count));
     WHILE cardinality(v_left) > 0 LOOP
@@ -710,18 +762,18 @@ BEGIN
             FROM unnest(v_left) WITH ORDINALITY AS l(ord, k)
             JOIN courier._message_batch(p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys,
                                         p_correlation_ids, p_expires_at, p_ordering_keys, p_headers,
-                                        p_metadata) m ON m.ord = l.ord
+                                        p_metadata, p_max_retries) m ON m.ord = l.ord
         ), inserted AS (
             INSERT INTO courier.queue (id, endpoint_id, payload, headers, metadata, priority, scheduled_at,
                                        idempotency_key, payload_hash, correlation_id, expires_at, ordering_key,
-                                       visible_at)
+                                       visible_at, max_retries)
             OVERRIDING SYSTEM VALUE
-            SELECT c.new_id, v_endpoint_id, c.payload, c.headers, c.metadata, c.priority, c.scheduled_at,
+            SELECT c.new_id, v_endpoint_id, c.payload, c.headers, c.metadata, c.priority, d.due,
                    c.idempotency_key, CASE WHEN c.idempotency_key IS NOT NULL THEN md5(c.payload::text) END,
                    c.correlation_id,
-                   coalesce(c.expires_at, coalesce(c.scheduled_at, now()) + make_interval(secs => v_ttl)),
-                   c.ordering_key, courier._pull_visible_at(v_protocol, c.scheduled_at)
-            FROM chosen c
+                   coalesce(c.expires_at, coalesce(d.due, now()) + make_interval(secs => v_ttl)),
+                   c.ordering_key, courier._pull_visible_at(v_protocol, d.due), c.max_retries
+            FROM chosen c CROSS JOIN LATERAL (SELECT coalesce(c.scheduled_at, now() + v_delay) AS due) d
             ORDER BY c.ord
             ON CONFLICT (endpoint_id, idempotency_key)
                 WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')
@@ -743,7 +795,7 @@ BEGIN
         -- an earlier element): the same payload yields that message, another is a conflict.
         SELECT m.ord, m.idempotency_key, q.id INTO v_held
         FROM courier._message_batch(p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys, p_correlation_ids,
-                                    p_expires_at, p_ordering_keys, p_headers, p_metadata) m
+                                    p_expires_at, p_ordering_keys, p_headers, p_metadata, p_max_retries) m
         JOIN courier.queue q ON q.endpoint_id = v_endpoint_id AND q.idempotency_key = m.idempotency_key
                             AND q.status IN ('pending', 'processing')
         WHERE m.ord = ANY (v_left) AND q.payload_hash IS DISTINCT FROM md5(m.payload::text)
@@ -757,7 +809,8 @@ BEGIN
         WITH held AS (
             SELECT m.ord, q.id
             FROM courier._message_batch(p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys,
-                                        p_correlation_ids, p_expires_at, p_ordering_keys, p_headers, p_metadata) m
+                                        p_correlation_ids, p_expires_at, p_ordering_keys, p_headers, p_metadata,
+                                        p_max_retries) m
             JOIN courier.queue q ON q.endpoint_id = v_endpoint_id AND q.idempotency_key = m.idempotency_key
                                 AND q.status IN ('pending', 'processing')
             WHERE m.ord = ANY (v_left)
@@ -773,7 +826,7 @@ BEGIN
     FOR v_kept IN SELECT m.ord, m.idempotency_key, md5(m.payload::text) AS hash
                   FROM courier._message_batch(p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys,
                                               p_correlation_ids, p_expires_at, p_ordering_keys, p_headers,
-                                              p_metadata) m
+                                              p_metadata, p_max_retries) m
                   WHERE m.idempotency_key IS NOT NULL ORDER BY m.ord LOOP
         v_delivered := courier._delivered_key_holder(p_endpoint_name, v_kept.idempotency_key, v_kept.hash);
         IF v_delivered IS NOT NULL THEN
@@ -786,6 +839,9 @@ BEGIN
 END
 $$;
 
+-- p_max_retries came last (issue 42, item 9): the signature before it is dropped.
+DROP FUNCTION IF EXISTS courier.send_batch_with_options(text, jsonb[], integer[], timestamptz[], text[], uuid[],
+                                                        timestamptz[], text[], jsonb[], jsonb[]);
 CREATE OR REPLACE FUNCTION courier.send_batch_with_options(
     p_endpoint_name    text,
     p_payloads         jsonb[],
@@ -796,14 +852,16 @@ CREATE OR REPLACE FUNCTION courier.send_batch_with_options(
     p_expires_at       timestamptz[] DEFAULT NULL,
     p_ordering_keys    text[]        DEFAULT NULL,
     p_headers          jsonb[]       DEFAULT NULL,
-    p_metadata         jsonb[]       DEFAULT NULL
+    p_metadata         jsonb[]       DEFAULT NULL,
+    p_max_retries      integer[]     DEFAULT NULL
 ) RETURNS bigint[]
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 BEGIN
     RETURN courier._send_messages(p_endpoint_name, p_payloads, p_priorities, p_scheduled_at, p_idempotency_keys,
-                                  p_correlation_ids, p_expires_at, p_ordering_keys, p_headers, p_metadata);
+                                  p_correlation_ids, p_expires_at, p_ordering_keys, p_headers, p_metadata,
+                                  p_max_retries);
 END
 $$;
 

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import hmac
 import time
+from collections.abc import Collection
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,8 +30,15 @@ from .address_guard import GuardedResolver, InternalAddressRefused, internal_lit
 RETRY_AFTER_CAP = 86_400
 
 
-def classify(status: int, retry_after: str | None) -> Outcome:
-    """ulak's classes: 2xx success; 429 and 5xx retryable; 410 disable; other 4xx permanent."""
+def classify(status: int, retry_after: str | None, snooze_statuses: Collection[int] = ()) -> Outcome:
+    """ulak's classes: 2xx success; 429 and 5xx retryable; 410 disable; other 4xx permanent. A
+    status the endpoint lists in snooze_statuses that comes with a Retry-After snoozes the
+    message: due again then, no attempt counted (River's snooze, for a receiver that says
+    "not yet"); without the header it is classed as above."""
+    if status in snooze_statuses:
+        seconds = parse_retry_after(retry_after)
+        if seconds is not None:
+            return Outcome.snooze(status, seconds)
     if 200 <= status < 300:
         return Outcome.success()
     if status == 410:
@@ -114,7 +122,7 @@ class HttpDispatcher(BaseDispatcher):
             return Outcome.retryable(f"timeout: {type(error).__name__}")
         except aiohttp.ClientError as error:
             return Outcome.retryable(f"connection error: {type(error).__name__}: {error}")
-        outcome = classify(response.status, response.headers.get("retry-after"))
+        outcome = classify(response.status, response.headers.get("retry-after"), config.get("snooze_statuses") or ())
         if capture:
             outcome = Outcome(outcome.kind, outcome.error, outcome.retry_after,
                               self._captured(response.status, content, message))
