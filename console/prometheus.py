@@ -18,6 +18,7 @@ HELP = {
     "dlq_depth": "Dead-letter queue entries by endpoint and status.",
     "endpoint_circuit_state": "Circuit breaker state: 0 closed, 1 half_open, 2 open.",
     "endpoint_enabled": "1 if the endpoint is enabled.",
+    "endpoint_paused": "1 if the endpoint is paused: sends accepted, nothing claimed or dequeued.",
     "messages_delivered_total": "Messages delivered.",
     "delivery_failures_total": "Failed delivery attempts.",
     "messages_dead_lettered_total": "Messages moved to the dead-letter queue.",

@@ -1,5 +1,5 @@
-"""Typed API over the endpoint functions: create, alter, drop, enable, disable, list, and
-reset a circuit breaker."""
+"""Typed API over the endpoint functions: create, alter, drop, enable, disable, pause, resume,
+list, and reset a circuit breaker."""
 
 from __future__ import annotations
 
@@ -36,6 +36,12 @@ class Endpoint:
     processing_messages: int
     next_lease_deadline: datetime | None = None
     """Pull topics: when the first visibility timeout still running ends."""
+    paused_at: datetime | None = None
+    """When it was paused (pause_endpoint): sends accepted, nothing claimed or dequeued."""
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
 
 
 def create(conn: psycopg.Connection, name: str, protocol: str, config: dict[str, Any],
@@ -68,6 +74,17 @@ def enable(conn: psycopg.Connection, name: str) -> bool:
 def disable(conn: psycopg.Connection, name: str) -> bool:
     """Disable the endpoint; False if it was already disabled."""
     return queries.fetch_value(conn, "disable_endpoint", {"name": name})
+
+
+def pause(conn: psycopg.Connection, name: str) -> bool:
+    """Pause the endpoint or topic: sends go on, claims, dequeues and receives stop; False if
+    it was already paused. NotFound for an unknown name."""
+    return queries.fetch_value(conn, "pause_endpoint", {"name": name})
+
+
+def resume(conn: psycopg.Connection, name: str) -> bool:
+    """Resume a paused endpoint or topic; False if it was not paused."""
+    return queries.fetch_value(conn, "resume_endpoint", {"name": name})
 
 
 def reset_circuit(conn: psycopg.Connection, name: str) -> None:

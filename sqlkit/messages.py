@@ -33,6 +33,10 @@ class SendOptions:
     metadata: dict[str, Any] | None = None
     max_retries: int | None = None
     """This message's own limit of retries (0-1000), over the endpoint's retry policy; None: the policy's."""
+    unique_by_payload: bool = False
+    """Deduplicate by the payload itself: the idempotency key is derived from it (River's unique jobs)."""
+    unique_period_seconds: int | None = None
+    """With unique_by_payload: uniqueness holds within each period of this many seconds."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,8 @@ def send(conn: psycopg.Connection, endpoint: str, payload: Any,
         "headers": None if opts.headers is None else exact_json.jsonb(opts.headers),
         "metadata": None if opts.metadata is None else exact_json.jsonb(opts.metadata),
         "max_retries": opts.max_retries,
+        "unique_by_payload": opts.unique_by_payload,
+        "unique_period_seconds": opts.unique_period_seconds,
     })
 
 

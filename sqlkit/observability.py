@@ -166,6 +166,7 @@ class EndpointDepth:
     pending: int = 0
     processing: int = 0
     dlq_failed: int = 0
+    paused: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,8 @@ def queue_status(conn: psycopg.Connection) -> QueueStatus:
             endpoint.circuit = CIRCUIT_STATES.get(int(m.metric_value), "?")
         elif m.metric_name == "endpoint_enabled":
             endpoint.enabled = bool(m.metric_value)
+        elif m.metric_name == "endpoint_paused":
+            endpoint.paused = bool(m.metric_value)
         elif m.metric_name == "oldest_message_age_seconds":
             oldest = m.metric_value
     endpoints = sorted(by_endpoint.values(), key=lambda e: e.endpoint)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -69,6 +70,8 @@ class Topic:
     throughput_limit: Decimal
     visibility_timeout: int
     dlq_threshold: Decimal
+    paused: bool = False
+    """Paused (pause_endpoint): enqueues accepted, dequeue and receive hand out nothing."""
 
 
 TOPIC_LIMITS = ("max_retries", "message_ttl_seconds", "max_depth", "throughput_limit", "dlq_threshold",
@@ -121,6 +124,24 @@ def dequeue(conn: psycopg.Connection, topic: str, count: int = 1,
         exact_json.read_exactly(cur)
         return cur.execute("SELECT * FROM courier.dequeue(%s, %s, %s)",
                            (topic, count, visibility_timeout)).fetchall()
+
+
+def dequeue_wait(conn: psycopg.Connection, topic: str, count: int = 1, visibility_timeout: int | None = None,
+                 wait_seconds: int = 5) -> list[LeasedMessage]:
+    """dequeue(), waiting up to `wait_seconds` (0-20) for a message: CALL courier.dequeue_wait,
+    the long poll for clients that speak only SQL. It commits between its tries, so `conn` must
+    be in autocommit mode (in a transaction, a wait above 0 fails with 2D000); a client that can
+    LISTEN, as Consumer does, is woken sooner and polls less."""
+    with translated(), conn.cursor() as cur:
+        exact_json.read_exactly(cur)
+        row = cur.execute("CALL courier.dequeue_wait(%s, %s, %s, %s)",
+                          (topic, count, visibility_timeout, wait_seconds)).fetchone()
+    return [LeasedMessage(**{**message,
+                             "payload_binary": None if message["payload_binary"] is None
+                             else base64.b64decode(message["payload_binary"]),
+                             "created_at": datetime.fromisoformat(message["created_at"]),
+                             "visible_until": datetime.fromisoformat(message["visible_until"])})
+            for message in (row[0] if row else [])]
 
 
 def ack(conn: psycopg.Connection, ids: Sequence[int], leases: Sequence[int]) -> list[LeaseResult]:

@@ -18,6 +18,12 @@ SELECT courier.enable_endpoint(%(name)s);
 -- name: disable_endpoint
 SELECT courier.disable_endpoint(%(name)s);
 
+-- name: pause_endpoint
+SELECT courier.pause_endpoint(%(name)s);
+
+-- name: resume_endpoint
+SELECT courier.resume_endpoint(%(name)s);
+
 -- name: validate_endpoint_config
 SELECT courier.validate_endpoint_config(%(protocol)s, %(config)s);
 
@@ -28,7 +34,8 @@ SELECT e.id, e.name, e.protocol, courier._redact(e.config) AS config, e.retry_po
        coalesce(d.pending, 0)::bigint AS pending_messages,
        coalesce(d.processing, 0)::bigint AS processing_messages,
        CASE WHEN e.protocol = 'pull' AND coalesce(d.processing, 0) > 0
-            THEN courier._next_lease_deadline(e.id) END AS next_lease_deadline
+            THEN courier._next_lease_deadline(e.id) END AS next_lease_deadline,
+       e.paused_at
 FROM courier.endpoints e
 LEFT JOIN LATERAL (
     SELECT sum(messages) FILTER (WHERE status = 'pending') AS pending,
@@ -44,7 +51,8 @@ SELECT courier.send_with_options(
     p_scheduled_at := %(scheduled_at)s, p_idempotency_key := %(idempotency_key)s,
     p_correlation_id := %(correlation_id)s, p_expires_at := %(expires_at)s,
     p_ordering_key := %(ordering_key)s, p_headers := %(headers)s, p_metadata := %(metadata)s,
-    p_max_retries := %(max_retries)s);
+    p_max_retries := %(max_retries)s, p_unique_by_payload := %(unique_by_payload)s,
+    p_unique_period_seconds := %(unique_period_seconds)s);
 
 -- name: send_batch_with_priority
 SELECT courier.send_batch_with_priority(%(endpoint)s, %(payloads)s::jsonb[], %(priority)s);
@@ -326,9 +334,12 @@ ORDER BY e.name;
 SELECT * FROM courier.get_endpoint_health(%(name)s);
 
 -- name: dispatch_targets
--- Pull topics are consumed by their clients; no worker claims them.
+-- Pull topics are consumed by their clients; no worker claims them. A paused endpoint
+-- (pause_endpoint) is left out as a disabled one is: its claim loops end after the claim in
+-- progress, what was claimed ahead goes back, and nothing claims or polls for it until it is
+-- resumed (claim_batch claims nothing for it meanwhile, whatever a worker asks).
 SELECT id, name, protocol, config, retry_policy, circuit_state
-FROM courier.endpoints WHERE enabled AND protocol <> 'pull' ORDER BY id;
+FROM courier.endpoints WHERE enabled AND paused_at IS NULL AND protocol <> 'pull' ORDER BY id;
 
 -- name: claim_for_endpoint
 -- Payloads come as JSON text: dispatchers send them as they are, with no parse and re-dump.
@@ -653,7 +664,7 @@ SELECT courier.run_delete_reaper(%(batch_size)s);
 -- out of scope, nothing sent.
 SELECT courier.send_with_options(%(endpoint)s, %(payload)s, %(priority)s, %(scheduled_at)s, %(idempotency_key)s,
                                  %(correlation_id)s, %(expires_at)s, %(ordering_key)s, %(headers)s, %(metadata)s,
-                                 %(max_retries)s)
+                                 %(max_retries)s, %(unique_by_payload)s, %(unique_period_seconds)s)
 WHERE %(topics)s::text[] IS NULL OR %(endpoint)s = ANY (%(topics)s::text[]) OR courier.topic_id(%(endpoint)s) IS NULL;
 
 -- name: publish_event

@@ -222,7 +222,7 @@ OVERLOADED = {"ack": 2, "nack": 2, "snooze": 2}
 def _declared_functions() -> set[str]:
     declared: list[str] = []
     for file in migrate.function_files():
-        declared += re.findall(r"CREATE OR REPLACE FUNCTION courier\.(\w+)\s*\(", file.sql)
+        declared += re.findall(r"CREATE OR REPLACE (?:FUNCTION|PROCEDURE) courier\.(\w+)\s*\(", file.sql)
     for name in set(declared):
         assert declared.count(name) == OVERLOADED.get(name, 1), f"{name} is defined twice in sqlkit/functions"
     return set(declared)

@@ -15,7 +15,8 @@ STATE_STYLES = {
     "closed": "$text-success", "open": "$text-error", "half_open": "$text-warning",
     "pending": "$foreground", "processing": "$text-accent", "failed": "$text-error", "redriven": "$text-success",
     "completed": "$text-success", "expired": "$text-warning", "ok": "$text-success", "warning": "$text-warning",
-    "critical": "$text-error", "running": "$text-success", "disabled": "dim", "draining": "$text-warning",
+    "critical": "$text-error", "running": "$text-success", "disabled": "dim", "paused": "$text-warning",
+    "draining": "$text-warning",
     "stopped": "dim", "stale": "$text-error", "lost": "$text-error", "live": "$text-success", "revoked": "dim",
 }
 

@@ -1,4 +1,5 @@
-"""`courier endpoint ...`: create, list, show, alter, enable, disable and drop endpoints."""
+"""`courier endpoint ...`: create, list, show, alter, enable, disable, pause, resume and drop
+endpoints."""
 
 from __future__ import annotations
 
@@ -40,6 +41,13 @@ CIRCUIT_STYLE = {"closed": "green", "half_open": "yellow", "open": "bold red"}
 
 def circuit_text(state: str) -> Text:
     return Text(state, style=CIRCUIT_STYLE.get(state, ""))
+
+
+def on_text(enabled: bool, paused: bool) -> Text | str:
+    """The "on" column: yes, paused (sends accepted, nothing delivered), or no (disabled)."""
+    if not enabled:
+        return Text("no", style="red")
+    return Text("paused", style="yellow") if paused else "yes"
 
 
 @click.group("endpoint")
@@ -107,7 +115,7 @@ def list_command() -> None:
         table.add_column("in flight", justify="right")
         table.add_column("last error", overflow="ellipsis", max_width=30)
         for e in found:
-            table.add_row(e.name, e.protocol, "yes" if e.enabled else Text("no", style="red"),
+            table.add_row(e.name, e.protocol, on_text(e.enabled, e.paused),
                           circuit_text(e.circuit_state), str(e.circuit_failure_count),
                           str(e.pending_messages), str(e.processing_messages), e.last_error or "")
         print_table(table)
@@ -121,7 +129,8 @@ def _show(e: Endpoint) -> None:
     table.add_column()
     for label, value in [
         ("name", e.name), ("id", str(e.id)), ("protocol", e.protocol),
-        ("enabled", "yes" if e.enabled else "no"), ("circuit", circuit_text(e.circuit_state)),
+        ("enabled", "yes" if e.enabled else "no"),
+        ("paused", f"since {when(e.paused_at)}" if e.paused else "no"), ("circuit", circuit_text(e.circuit_state)),
         ("failures", str(e.circuit_failure_count)), ("pending", str(e.pending_messages)),
         ("processing", str(e.processing_messages)), ("last success", when(e.last_success_at)),
         ("last failure", when(e.last_failure_at)), ("last error", e.last_error or "-"),
@@ -184,6 +193,33 @@ def enable(name: str) -> None:
 def disable(name: str) -> None:
     """Disable an endpoint: sends are refused and its messages wait."""
     _toggle(name, False)
+
+
+def pause_or_resume(name: str, pause: bool) -> None:
+    """`courier endpoint|topic pause|resume NAME`: one line, or the JSON of what changed."""
+    with open_connection() as conn:
+        changed = endpoints.pause(conn, name) if pause else endpoints.resume(conn, name)
+    state = "paused" if pause else "resumed"
+    already = "already paused" if pause else "not paused"
+    emit({"name": name, "paused": pause, "changed": changed},
+         lambda: console.print(f"{name} {state}" if changed else f"{name} was {already}", highlight=False))
+
+
+@endpoint_group.command("pause")
+@click.argument("name")
+@common_options
+def pause(name: str) -> None:
+    """Pause an endpoint or topic: sends and enqueues are still accepted (up to max_depth), but
+    nothing is claimed, dequeued or received until it is resumed (disable refuses sends too)."""
+    pause_or_resume(name, True)
+
+
+@endpoint_group.command("resume")
+@click.argument("name")
+@common_options
+def resume(name: str) -> None:
+    """Resume a paused endpoint or topic: its messages are delivered or dequeued again."""
+    pause_or_resume(name, False)
 
 
 @endpoint_group.command("drop")

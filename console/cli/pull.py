@@ -1,4 +1,4 @@
-"""Pull topics from the command line: `courier topic create|alter|list|requeue`, `enqueue`, `dequeue`,
+"""Pull topics from the command line: `courier topic create|alter|list|pause|resume|requeue`, `enqueue`, `dequeue`,
 `ack`, `nack`, `receive`, `peek` and `courier reaper run expiry|delete`."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .context import (
     print_table,
     when,
 )
+from .endpoint import pause_or_resume
 from .send import Timestamp
 
 MAX_COUNT = 10_000
@@ -112,6 +113,23 @@ def alter(name: str, resets: tuple[str, ...], **limits: Any) -> None:
                                                    or "every limit follows its global setting"), highlight=False))
 
 
+@topic_group.command("pause")
+@click.argument("name")
+@common_options
+def pause(name: str) -> None:
+    """Pause a topic: enqueues and publishes are still accepted (up to max_depth), dequeue and
+    receive hand out nothing until it is resumed; leased messages may still be acked."""
+    pause_or_resume(name, True)
+
+
+@topic_group.command("resume")
+@click.argument("name")
+@common_options
+def resume(name: str) -> None:
+    """Resume a paused topic: dequeue and receive hand out its messages again."""
+    pause_or_resume(name, False)
+
+
 @topic_group.command("list")
 @common_options
 def list_command() -> None:
@@ -125,7 +143,8 @@ def list_command() -> None:
                        "max depth", "msg/s", "visibility s", "dlq after"):
             table.add_column(column, justify="left" if column in ("topic", "next lease ends") else "right")
         for row in rows:
-            table.add_row(row.topic + ("" if row.enabled else " (disabled)"), str(row.pending), str(row.leased),
+            state = " (disabled)" if not row.enabled else " (paused)" if row.paused else ""
+            table.add_row(row.topic + state, str(row.pending), str(row.leased),
                           str(row.dead_lettered), when(row.next_visibility_deadline), str(row.max_retries),
                           _limit(row.message_ttl_seconds), _limit(row.max_depth), _limit(row.throughput_limit),
                           str(row.visibility_timeout), _dlq_after(row))

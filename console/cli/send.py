@@ -99,6 +99,10 @@ def _naming_the_line(error: CourierError, source: str, lines: list[int] | None) 
 @click.option("--metadata", help="A JSON object stored with the message.")
 @click.option("--max-retries", type=click.IntRange(0, 1000),
               help="This message's own limit of retries, over the endpoint's retry policy.")
+@click.option("--unique", "unique_by_payload", is_flag=True,
+              help="Deduplicate by the payload itself (a key derived from it), as an idempotency key does.")
+@click.option("--unique-period", type=click.IntRange(1, 31_536_000), metavar="SECONDS",
+              help="With --unique (implied): uniqueness holds within each period of SECONDS.")
 @click.option("--batch", is_flag=True,
               help="The input is a JSON array or JSON Lines; send it with send_batch (one INSERT).")
 @common_options
@@ -106,7 +110,7 @@ def send(endpoint: str, payload: str | None, file: click.File | None, priority: 
          scheduled_at: datetime | None, delay: float | None, expires_at: datetime | None,
          ttl: float | None, idempotency_key: str | None, correlation_id: UUID | None,
          ordering_key: str | None, headers: tuple[tuple[str, str], ...], metadata: str | None,
-         max_retries: int | None, batch: bool) -> None:
+         max_retries: int | None, unique_by_payload: bool, unique_period: int | None, batch: bool) -> None:
     """Enqueue PAYLOAD (JSON) for ENDPOINT."""
     if scheduled_at and delay is not None:
         raise click.UsageError("--scheduled-at and --delay are alternatives; give one")
@@ -117,8 +121,8 @@ def send(endpoint: str, payload: str | None, file: click.File | None, priority: 
 
     if batch:
         single_only = [idempotency_key, correlation_id, ordering_key, scheduled_at, delay,
-                       expires_at, ttl, metadata, max_retries, *headers]
-        if any(v is not None for v in single_only):
+                       expires_at, ttl, metadata, max_retries, unique_period, *headers]
+        if any(v is not None for v in single_only) or unique_by_payload:
             raise click.UsageError("--batch takes only --priority; other options apply to single sends")
         payloads, lines = _batch_payloads(text, source)
         with open_connection() as conn:
@@ -141,6 +145,8 @@ def send(endpoint: str, payload: str | None, file: click.File | None, priority: 
         headers=dict(headers) if headers else None,
         metadata=parse_json_object(metadata, "--metadata") if metadata else None,
         max_retries=max_retries,
+        unique_by_payload=unique_by_payload or unique_period is not None,
+        unique_period_seconds=unique_period,
     )
     body = parse_json(text, source)
     with open_connection() as conn:

@@ -17,7 +17,7 @@ from sqlkit.observability import HealthCheck, QueueStatus
 from sqlkit.samples import MetricSample
 
 from .context import common_options, emit, error_console, open_connection, print_table, when
-from .endpoint import circuit_text
+from .endpoint import circuit_text, on_text
 
 HEALTH_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red"}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)")
@@ -146,7 +146,7 @@ def _endpoints(state: QueueStatus) -> Table:
     for column in ("endpoint", "on", "circuit", "pending", "in flight", "DLQ"):
         table.add_column(column, justify="right" if column in ("pending", "in flight", "DLQ") else "left")
     for e in state.endpoints:
-        table.add_row(e.endpoint, "yes" if e.enabled else Text("no", style="red"), circuit_text(e.circuit),
+        table.add_row(e.endpoint, on_text(e.enabled, e.paused), circuit_text(e.circuit),
                       f"{e.pending:,}", f"{e.processing:,}", f"{e.dlq_failed:,}")
     return table
 

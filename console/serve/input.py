@@ -142,6 +142,13 @@ def text(limit: int = 255) -> Callable[[str, Any], str]:
     return check
 
 
+@described({"type": "boolean"})
+def flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise bad_request(name, "must be true or false")
+    return value
+
+
 def integer(low: int, high: int) -> Callable[[str, Any], int]:
     @described({"type": "integer", "minimum": low, "maximum": high})
     def check(name: str, value: Any) -> int:

@@ -16,7 +16,7 @@ from sqlkit import exact_json, queries
 from sqlkit.tokens import Token
 
 from .auth import require
-from .input import described, header_map, integer, json_map, text, timestamp
+from .input import described, flag, header_map, integer, json_map, text, timestamp
 from .problems import ApiError, bad_request
 from .routing import api
 from .server import Server
@@ -40,7 +40,8 @@ def uuid_text(name: str, value: Any) -> uuid.UUID:
 
 SEND = {"payload": any_json, "priority": integer(0, 10), "ordering_key": text(255), "idempotency_key": text(255),
         "scheduled_at": timestamp, "expires_at": timestamp, "correlation_id": uuid_text, "headers": header_map,
-        "metadata": json_map, "max_retries": integer(0, 1000)}
+        "metadata": json_map, "max_retries": integer(0, 1000), "unique_by_payload": flag,
+        "unique_period_seconds": integer(1, 31_536_000)}
 PUBLISH = {"payload": any_json, "idempotency_key": text(255), "correlation_id": uuid_text}
 
 
@@ -54,7 +55,8 @@ async def send(request: web.Request, token: Token, body: dict[str, Any]) -> web.
     require(token, "enqueue", endpoint=endpoint)
     params = {**body, "endpoint": endpoint, "payload": exact_json.jsonb(body["payload"]),
               "priority": body["priority"] or 0, "headers": _jsonb(body["headers"]),
-              "metadata": _jsonb(body["metadata"]), "topics": token.topics_for("enqueue")}
+              "metadata": _jsonb(body["metadata"]), "topics": token.topics_for("enqueue"),
+              "unique_by_payload": bool(body["unique_by_payload"])}
     async with server.session("application") as conn:
         new_id = await queries.fetch_value_async(conn, "send_to_endpoint", params)
     if new_id is None:  # a pull topic (it takes sends, for priorities and ordering keys) outside the token's topics

@@ -1,7 +1,8 @@
 """Issue 42's verbs over HTTP, for admin tokens (as courier_admin): cancel a message by id or by
-key, delete one by id without a lease, and purge a topic's or endpoint's pending messages or
-its DLQ. Each is one call of the SQL function of functions/verbs.sql, which records the token's
-name in the event log as on whose behalf."""
+key, delete one by id without a lease, purge a topic's or endpoint's pending messages or its
+DLQ, and pause or resume an endpoint or topic. Each is one call of a SQL function (cancel,
+delete and purge those of functions/verbs.sql, which record the token's name in the event log
+as on whose behalf)."""
 
 from __future__ import annotations
 
@@ -13,19 +14,11 @@ from sqlkit import queries
 from sqlkit.tokens import Token
 
 from .auth import require
-from .input import described, message_id, text
-from .problems import bad_request
+from .input import flag, message_id, text
 from .routing import api, reply
 from .server import Server
 
 routes = web.RouteTableDef()
-
-
-@described({"type": "boolean"})
-def flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise bad_request(name, "must be true or false")
-    return value
 
 
 def _actor(token: Token) -> str:
@@ -87,3 +80,30 @@ async def purge(request: web.Request, token: Token, body: dict[str, Any]) -> web
                                                                        "archive": archive, "actor": _actor(token)})
     return reply({"topic": name, "purged": purged, "dlq": dlq or name.endswith(".dlq"),
                   "archived": archive and not (dlq or name.endswith(".dlq"))})
+
+
+async def _pause_or_resume(request: web.Request, token: Token, pause: bool) -> web.Response:
+    require(token, "admin")
+    name = request.match_info["name"]
+    async with Server.of(request).session("admin") as conn:
+        changed = await queries.fetch_value_async(conn, "pause_endpoint" if pause else "resume_endpoint",
+                                                  {"name": name})
+    return reply({"name": name, "paused": pause, "changed": changed})
+
+
+@routes.post("/api/endpoints/{name}/pause")
+@routes.post("/api/topics/{name}/pause")
+@api()
+async def pause(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
+    """Pause an endpoint or topic (River's pause): sends, enqueues and publishes are still
+    accepted, up to max_depth, but nothing is claimed, dequeued or received until it is resumed;
+    what is already claimed or leased finishes. `changed`: false when it was already paused."""
+    return await _pause_or_resume(request, token, True)
+
+
+@routes.post("/api/endpoints/{name}/resume")
+@routes.post("/api/topics/{name}/resume")
+@api()
+async def resume(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
+    """Resume a paused endpoint or topic. `changed`: false when it was not paused."""
+    return await _pause_or_resume(request, token, False)

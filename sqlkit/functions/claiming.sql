@@ -388,7 +388,7 @@ CREATE OR REPLACE TRIGGER endpoints_claim_slots AFTER INSERT ON courier.endpoint
 -- endpoint or (p_endpoint_id NULL) across every enabled endpoint, with no circuit breaker or
 -- rate limit: the inside of claim_batch, never called by workers directly. A deliverable
 -- message is pending, due (scheduled_at and next_retry_at reached), unexpired, on an enabled
--- endpoint, and first in line for its ordering key on its endpoint: nothing with its key is
+-- endpoint not paused, and first in line for its ordering key on its endpoint: nothing with its key is
 -- processing there, and nothing earlier with its key is still pending there (ulak's two NOT
 -- EXISTS rules; keys are scoped per endpoint, as ulak's are). Each claimed row takes a new
 -- lease, which every report and release of it must name.
@@ -471,7 +471,7 @@ BEGIN
             ORDER BY u.priority DESC, u.id
             LIMIT p_batch_size
         ) c
-        WHERE e.enabled AND (p_endpoint_id IS NULL OR e.id = p_endpoint_id)
+        WHERE e.enabled AND e.paused_at IS NULL AND (p_endpoint_id IS NULL OR e.id = p_endpoint_id)
         ORDER BY c.priority DESC, c.id
         LIMIT p_batch_size
     ),
@@ -512,7 +512,8 @@ DECLARE
     v_tokens double precision;
     v_claimed integer;
 BEGIN
-    SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id AND enabled;
+    -- A disabled or paused endpoint (pause_endpoint) has nothing to claim.
+    SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id AND enabled AND paused_at IS NULL;
     IF NOT FOUND THEN
         RETURN;
     END IF;

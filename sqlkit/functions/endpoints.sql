@@ -558,6 +558,43 @@ LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$ SELECT courier._set_endpoint_enabled(p_name, false) $$;
 
+-- Issue 42, item 6: a pause that keeps accepting (River's pause). A paused endpoint or pull
+-- topic takes sends, batches, enqueues and publishes as ever (max_depth still refuses past
+-- its limit), while no worker claims its messages and dequeue and receive hand out none; what
+-- is already claimed or leased finishes normally. Disable, by contrast, also refuses sends.
+-- Idempotent: true when the call changed the state.
+CREATE OR REPLACE FUNCTION courier._set_endpoint_paused(p_name text, p_paused boolean) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_endpoint courier.endpoints := courier._endpoint_by_name(p_name);
+BEGIN
+    UPDATE courier.endpoints SET paused_at = CASE WHEN p_paused THEN now() END, updated_at = now()
+    WHERE id = v_endpoint.id AND (paused_at IS NULL) = p_paused;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM courier._log_event(CASE WHEN p_paused THEN 'endpoint.paused' ELSE 'endpoint.resumed' END,
+                               v_endpoint.id, jsonb_build_object('name', p_name));
+    IF NOT p_paused THEN
+        -- Wake the workers and consumers waiting on it, as a send would.
+        PERFORM pg_notify('courier_new_msg', v_endpoint.id::text);
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier.pause_endpoint(p_name text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$ SELECT courier._set_endpoint_paused(p_name, true) $$;
+
+CREATE OR REPLACE FUNCTION courier.resume_endpoint(p_name text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$ SELECT courier._set_endpoint_paused(p_name, false) $$;
+
 -- Refuses while the endpoint has active messages, unless p_force, which deletes them too.
 CREATE OR REPLACE FUNCTION courier.drop_endpoint(p_name text, p_force boolean DEFAULT false) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER

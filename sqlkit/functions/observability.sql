@@ -189,6 +189,9 @@ AS $$
     SELECT 'endpoint_enabled', e.enabled::integer, jsonb_build_object('endpoint', e.name), 'gauge'
     FROM courier.endpoints e
     UNION ALL
+    SELECT 'endpoint_paused', (e.paused_at IS NOT NULL)::integer, jsonb_build_object('endpoint', e.name), 'gauge'
+    FROM courier.endpoints e
+    UNION ALL
     SELECT o.metric, coalesce(sum(t.total), 0)::double precision,
            jsonb_build_object('endpoint', e.name), 'counter'
     FROM courier.endpoints e

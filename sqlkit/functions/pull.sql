@@ -467,7 +467,7 @@ BEGIN
         RAISE EXCEPTION '[courier] visibility_timeout_seconds must be between 1 and 43200, got %', v_timeout
             USING ERRCODE = '22023';
     END IF;
-    IF NOT v_topic.enabled THEN
+    IF NOT v_topic.enabled OR v_topic.paused_at IS NOT NULL THEN  -- paused (pause_endpoint): nothing, no error
         RETURN;
     END IF;
     IF v_rate > 0 THEN
@@ -562,6 +562,96 @@ BEGIN
             PERFORM courier._pull_dead_letter(v_dead);
         END IF;
     END IF;
+END
+$$;
+
+-- Long poll in SQL (pgmq's read_with_poll, SQS's WaitTimeSeconds), for clients that speak only
+-- SQL and cannot LISTEN: CALL courier.dequeue_wait(topic, count, visibility_timeout_seconds,
+-- wait_seconds) answers with what dequeue() would, as soon as there is anything, else after
+-- wait_seconds (0 to 20, SQS's bound) with nothing: a JSON array in its INOUT parameter
+-- messages, one object per message with dequeue()'s columns (payload_binary in base64), [] for
+-- none. JSON, because every client reads it; an array of a composite type needs each driver
+-- taught the type, and a refcursor closes with the transaction the CALL ends in.
+--
+-- A procedure, not a function: a function runs in one transaction, and its statement's snapshot
+-- holds back the xmin horizon (what vacuum may remove, in every table of the database) for the
+-- whole wait, while its now() stands still, so that a schedule coming due or a lease lapsing
+-- would go unseen. pgmq's read_with_poll loops with pg_sleep in such a function. This one
+-- commits after an empty try and after each sleep, so that every try is a transaction of its
+-- own. The sleeps hold a snapshot (PL/pgSQL takes one for any statement after a COMMIT), for
+-- at most 250 ms and taken afresh each time: the horizon trails by no more than a short query
+-- would hold it. It sleeps 10 ms, doubling to 250 ms, between tries, and 10 ms again while a
+-- producer's commit to the topic is under way (topic_sends_committing(), as a Consumer's
+-- linger). A notification cannot reach it (they wait until the session is idle), so a message
+-- is taken within one sleep of its commit.
+--
+-- COMMIT in a procedure needs a CALL that is a statement of its own outside a transaction block,
+-- and a procedure that is neither SECURITY DEFINER nor SETs a setting: this one runs with the
+-- caller's rights (dequeue is granted to courier_application) and names its functions by
+-- schema. In a transaction block (after BEGIN, in a string of several statements, from a
+-- function) a wait_seconds above 0 is refused at once, before any dequeue, with 2D000: waiting
+-- there would hold the snapshot it exists to let go, and one try instead would turn a client's
+-- waiting loop into a busy loop. wait_seconds 0 is one try, a dequeue(), anywhere.
+CREATE OR REPLACE PROCEDURE courier.dequeue_wait(p_topic text, p_count integer DEFAULT 1,
+                                                 p_visibility_timeout_seconds integer DEFAULT NULL,
+                                                 p_wait_seconds integer DEFAULT 5,
+                                                 INOUT messages jsonb DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_deadline timestamptz;
+    v_sleep double precision := 0.01;
+    v_atomic text;
+    v_here text;
+BEGIN
+    IF p_wait_seconds IS NULL OR p_wait_seconds NOT BETWEEN 0 AND 20 THEN
+        RAISE EXCEPTION '[courier] wait_seconds must be between 0 and 20, got %', coalesce(p_wait_seconds::text, 'NULL')
+            USING ERRCODE = '22023', HINT = 'Seconds to wait for a message (at most 20, as SQS''s long poll); 0 makes one try';
+    END IF;
+    IF p_wait_seconds > 0 THEN
+        -- Whether this CALL may commit. In a block with an exception handler (a subtransaction)
+        -- a COMMIT is refused either way, and the refusal says why: "cannot commit while a
+        -- subtransaction is active" where the CALL could commit, else the refusal of a context
+        -- that cannot, which a DO in such a block always meets. Compared as the server words
+        -- them (lc_messages), whatever its language.
+        BEGIN
+            DO $probe$ BEGIN COMMIT; END $probe$;
+        EXCEPTION WHEN invalid_transaction_termination THEN
+            v_atomic := SQLERRM;
+        END;
+        BEGIN
+            COMMIT;
+        EXCEPTION WHEN invalid_transaction_termination THEN
+            v_here := SQLERRM;
+        END;
+        IF v_here IS NOT DISTINCT FROM v_atomic THEN
+            RAISE EXCEPTION '[courier] dequeue_wait cannot wait inside a transaction block'
+                USING ERRCODE = '2D000',
+                      DETAIL = 'It commits between its tries, so that it holds no snapshot while it waits.',
+                      HINT = 'CALL it as a statement of its own in autocommit mode (not after BEGIN, nor from a '
+                             'function), or pass p_wait_seconds => 0 for one try';
+        END IF;
+        v_deadline := pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => p_wait_seconds);
+    END IF;
+    LOOP
+        SELECT coalesce(pg_catalog.jsonb_agg(
+                   pg_catalog.to_jsonb(d) - 'ordinality'
+                   || pg_catalog.jsonb_build_object('payload_binary',
+                          pg_catalog.translate(pg_catalog.encode(d.payload_binary, 'base64'), E'\n', ''))
+                   ORDER BY d.ordinality), '[]')
+        INTO messages
+        FROM courier.dequeue(p_topic, p_count, p_visibility_timeout_seconds) WITH ORDINALITY AS d;
+        EXIT WHEN pg_catalog.jsonb_array_length(messages) > 0 OR p_wait_seconds = 0
+                  OR pg_catalog.clock_timestamp() >= v_deadline;
+        IF courier.topic_sends_committing(p_topic) THEN
+            v_sleep := 0.01;
+        END IF;
+        COMMIT;  -- the empty try's transaction, and its snapshot, end here
+        PERFORM pg_catalog.pg_sleep(greatest(0, least(v_sleep,
+                    extract(epoch FROM v_deadline - pg_catalog.clock_timestamp()))));
+        COMMIT;  -- and the sleep's: the next try has a snapshot and a now() of its own
+        v_sleep := least(v_sleep * 2, 0.25);
+    END LOOP;
 END
 $$;
 
@@ -974,7 +1064,7 @@ BEGIN
     IF p_count IS NULL OR p_count NOT BETWEEN 1 AND 10000 THEN  -- a plain expression: no statement per call
         PERFORM courier._require_count('count', p_count, 10000);
     END IF;
-    IF NOT v_topic.enabled THEN
+    IF NOT v_topic.enabled OR v_topic.paused_at IS NOT NULL THEN  -- paused: nothing, as in dequeue
         RETURN;
     END IF;
     -- The token bucket only for a topic with a throughput_limit, as in dequeue: taking and
@@ -1250,7 +1340,8 @@ $$;
 CREATE OR REPLACE FUNCTION courier.topics()
 RETURNS TABLE (topic text, enabled boolean, pending bigint, leased bigint, dead_lettered bigint,
                next_visibility_deadline timestamptz, max_retries integer, message_ttl_seconds numeric,
-               max_depth numeric, throughput_limit numeric, visibility_timeout integer, dlq_threshold numeric)
+               max_depth numeric, throughput_limit numeric, visibility_timeout integer, dlq_threshold numeric,
+               paused boolean)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
@@ -1267,7 +1358,8 @@ AS $$
            courier._endpoint_limit(e.config, 'max_depth', 'default_max_depth'),
            courier._endpoint_limit(e.config, 'throughput_limit', 'default_throughput_limit'),
            coalesce((e.config ->> 'visibility_timeout')::integer, courier._setting_int('visibility_timeout')),
-           courier._endpoint_limit(e.config, 'dlq_threshold', 'default_dlq_threshold')
+           courier._endpoint_limit(e.config, 'dlq_threshold', 'default_dlq_threshold'),
+           e.paused_at IS NOT NULL
     FROM courier.endpoints e
     WHERE e.protocol = 'pull'
     ORDER BY e.name

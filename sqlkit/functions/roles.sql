@@ -65,6 +65,8 @@ ALTER DEFAULT PRIVILEGES FOR ROLE courier_owner IN SCHEMA courier GRANT EXECUTE 
 -- Start from nothing, then grant.
 REVOKE ALL ON SCHEMA courier FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA courier FROM PUBLIC, courier_admin, courier_application, courier_monitor;
+-- ALL FUNCTIONS leaves procedures out (courier.dequeue_wait), and a new one is PUBLIC's to call.
+REVOKE ALL ON ALL PROCEDURES IN SCHEMA courier FROM PUBLIC, courier_admin, courier_application, courier_monitor;
 REVOKE ALL ON ALL TABLES IN SCHEMA courier FROM PUBLIC, courier_admin, courier_application, courier_monitor;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA courier FROM PUBLIC, courier_admin, courier_application, courier_monitor;
 GRANT USAGE ON SCHEMA courier TO courier_admin, courier_application, courier_monitor;
@@ -72,7 +74,8 @@ GRANT USAGE ON SCHEMA courier TO courier_admin, courier_application, courier_mon
 -- Applications send (and, later, publish and consume); nothing else.
 GRANT EXECUTE ON FUNCTION
     courier.send(text, jsonb),
-    courier.send_with_options(text, jsonb, integer, timestamptz, text, uuid, timestamptz, text, jsonb, jsonb, integer),
+    courier.send_with_options(text, jsonb, integer, timestamptz, text, uuid, timestamptz, text, jsonb, jsonb, integer,
+                              boolean, integer),
     courier.send_batch(text, jsonb[]),
     courier.send_batch_with_priority(text, jsonb[], integer),
     courier.send_batch_with_options(text, jsonb[], integer[], timestamptz[], text[], uuid[], timestamptz[], text[],
@@ -98,6 +101,8 @@ GRANT EXECUTE ON FUNCTION
     courier.topic_id(text),
     courier.topic_sends_committing(text)
 TO courier_application;
+-- The long poll for clients that speak only SQL (pgmq's read_with_poll): dequeue, waiting.
+GRANT EXECUTE ON PROCEDURE courier.dequeue_wait(text, integer, integer, integer, jsonb) TO courier_application;
 -- A producer may take back what it sent (River's JobCancel, issue 42): by the id its send
 -- returned or by its idempotency key. Purge and delete stay with the admin.
 GRANT EXECUTE ON FUNCTION
@@ -141,7 +146,7 @@ END
 $$;
 GRANT SELECT (id, name, protocol, retry_policy, description, enabled, circuit_state,
               circuit_failure_count, circuit_opened_at, circuit_half_open_at, last_success_at,
-              last_failure_at, created_at, updated_at)
+              last_failure_at, created_at, updated_at, paused_at)
     ON courier.endpoints TO courier_monitor;
 GRANT EXECUTE ON FUNCTION
     courier.metrics(),
@@ -164,7 +169,7 @@ GRANT EXECUTE ON FUNCTION courier.metric_history(timestamptz, timestamptz, boole
 -- table, but no DDL-like rights (TRIGGER, TRUNCATE, REFERENCES) on them.
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA courier TO courier_admin;
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA courier TO courier_admin;
-GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA courier TO courier_admin;
+GRANT EXECUTE ON ALL ROUTINES IN SCHEMA courier TO courier_admin;  -- functions and procedures
 -- courier.send_limits is courier.settings as the sends read it, written only by its trigger:
 -- an admin changes settings, never that copy of them.
 REVOKE INSERT, UPDATE, DELETE ON courier.send_limits FROM courier_admin;

@@ -470,28 +470,67 @@ BEGIN
 END
 $$;
 
--- p_max_retries came last (issue 42, item 9): the signature before it is dropped, or calls
--- that leave it out would be ambiguous between the two.
+-- Unique jobs (River's UniqueOpts, issue 42): the idempotency key a send asks for by its payload
+-- and, with p_period_seconds, by the period of now() it falls in (a period alone is refused: two
+-- different payloads under one key are the 23505 conflict an idempotency key means). JSONB's text is canonical (key
+-- order and spacing are the value's, not the producer's), so the same JSON gives the same key.
+-- The key is an idempotency key like any: per endpoint, held while the message is queued and
+-- for idempotency_retention_seconds after its delivery, a duplicate answered with the first id.
+CREATE OR REPLACE FUNCTION courier._unique_key(p_idempotency_key text, p_payload jsonb, p_by_payload boolean,
+                                               p_period_seconds integer) RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF p_idempotency_key IS NOT NULL THEN
+        RAISE EXCEPTION '[courier] unique_by_payload and unique_period_seconds derive the idempotency key: give them or idempotency_key, not both'
+            USING ERRCODE = '22023', COLUMN = 'idempotency_key';
+    END IF;
+    IF p_by_payload IS NULL AND p_period_seconds IS NULL THEN
+        RAISE EXCEPTION '[courier] unique_by_payload must be true or false, got NULL'
+            USING ERRCODE = '22023', COLUMN = 'unique_by_payload';
+    ELSIF p_by_payload IS NOT true THEN
+        RAISE EXCEPTION '[courier] unique_period_seconds needs unique_by_payload (uniqueness by payload, within each period), got unique_by_payload %',
+                coalesce(p_by_payload::text, 'NULL')
+            USING ERRCODE = '22023', COLUMN = 'unique_by_payload';
+    END IF;
+    IF p_period_seconds NOT BETWEEN 1 AND 31536000 THEN
+        RAISE EXCEPTION '[courier] unique_period_seconds must be between 1 and 31536000, got %', p_period_seconds
+            USING ERRCODE = '22023', COLUMN = 'unique_period_seconds';
+    END IF;
+    RETURN 'unique:' || md5(p_payload::text) || coalesce(':' || floor(extract(epoch FROM now()) / p_period_seconds)::bigint::text, '');
+END
+$$;
+
+-- p_max_retries and the unique options came last (issue 42, items 9 and 11): the signatures
+-- before them are dropped, or calls that leave them out would be ambiguous.
 DROP FUNCTION IF EXISTS courier.send_with_options(text, jsonb, integer, timestamptz, text, uuid, timestamptz, text,
                                                   jsonb, jsonb);
+DROP FUNCTION IF EXISTS courier.send_with_options(text, jsonb, integer, timestamptz, text, uuid, timestamptz, text,
+                                                  jsonb, jsonb, integer);
 CREATE OR REPLACE FUNCTION courier.send_with_options(
-    p_endpoint_name   text,
-    p_payload         jsonb,
-    p_priority        integer     DEFAULT 0,
-    p_scheduled_at    timestamptz DEFAULT NULL,
-    p_idempotency_key text        DEFAULT NULL,
-    p_correlation_id  uuid        DEFAULT NULL,
-    p_expires_at      timestamptz DEFAULT NULL,
-    p_ordering_key    text        DEFAULT NULL,
-    p_headers         jsonb       DEFAULT NULL,
-    p_metadata        jsonb       DEFAULT NULL,
-    p_max_retries     integer     DEFAULT NULL
+    p_endpoint_name         text,
+    p_payload               jsonb,
+    p_priority              integer     DEFAULT 0,
+    p_scheduled_at          timestamptz DEFAULT NULL,
+    p_idempotency_key       text        DEFAULT NULL,
+    p_correlation_id        uuid        DEFAULT NULL,
+    p_expires_at            timestamptz DEFAULT NULL,
+    p_ordering_key          text        DEFAULT NULL,
+    p_headers               jsonb       DEFAULT NULL,
+    p_metadata              jsonb       DEFAULT NULL,
+    p_max_retries           integer     DEFAULT NULL,
+    p_unique_by_payload     boolean     DEFAULT false,
+    p_unique_period_seconds integer     DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 BEGIN
-    RETURN courier._send_one(p_endpoint_name, p_payload, p_priority, p_scheduled_at, p_idempotency_key,
+    RETURN courier._send_one(p_endpoint_name, p_payload, p_priority, p_scheduled_at,
+                             CASE WHEN p_unique_by_payload IS NOT false OR p_unique_period_seconds IS NOT NULL
+                                  THEN courier._unique_key(p_idempotency_key, p_payload, p_unique_by_payload,
+                                                           p_unique_period_seconds)
+                                  ELSE p_idempotency_key END,
                              p_correlation_id, p_expires_at, p_ordering_key, p_headers, p_metadata, p_max_retries);
 END
 $$;

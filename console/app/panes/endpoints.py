@@ -1,5 +1,5 @@
-"""Endpoints: circuit state in colour, failures, depth and rate; enable, disable, reset a
-circuit, edit the retry policy or a pull topic's limits, create. The last error sits beside
+"""Endpoints: circuit state in colour, failures, depth and rate; enable, disable, pause or
+resume, reset a circuit, edit the retry policy or a pull topic's limits, create. The last error sits beside
 the circuit it explains and takes the width the counts leave; enter opens the endpoint whole."""
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class EndpointsData:
 def endpoint_detail(e: Endpoint, tz) -> DetailModal:
     fields = [("endpoint", e.name), ("protocol", e.protocol), ("description", e.description),
               ("enabled", "yes" if e.enabled else "no"),
+              ("paused", when(e.paused_at, tz) if e.paused else "no"),
               ("circuit", "-" if e.protocol == "pull" else e.circuit_state.replace("_", "-")),
               ("failures", e.circuit_failure_count), ("pending", e.pending_messages),
               ("in flight", e.processing_messages), ("last success", when(e.last_success_at, tz)),
@@ -60,6 +61,10 @@ class EndpointsPane(LivePane):
         Binding("l", "edit_limits", "Limits", tooltip="Edit a pull topic's limits (its topic config)",
                 id="endpoints.topic_limits"),
         Binding("n", "create", "New", id="endpoints.create"),
+        # Not on the key bar (it would pass 80 columns); help and the command palette show it.
+        Binding("z", "toggle_pause", "Pause",
+                tooltip="Pause or resume: while paused sends are still accepted, nothing is delivered or dequeued",
+                show=False, id="endpoints.pause"),
         Binding("o", "open", "Open", tooltip="Open the endpoint: its last error, config and policy whole (enter)",
                 show=False, id="endpoints.open"),
     ]
@@ -95,6 +100,8 @@ class EndpointsPane(LivePane):
                 note = f"{count(e.processing_messages)} leased" + (
                     f", next lease ends {clock_time(e.next_lease_deadline, self.courier.tz)}"
                     if e.next_lease_deadline else "")
+            if e.enabled and e.paused:  # sends accepted, nothing delivered or dequeued
+                state = "paused"
             rows.append((e.name, [e.name, state_text(state, colors), note, count(e.circuit_failure_count),
                                   count(e.pending_messages), count(e.processing_messages),
                                   rate(self.rates.of(e.name)), oldest, e.protocol]))
@@ -122,6 +129,14 @@ class EndpointsPane(LivePane):
     def action_disable(self) -> None:
         if e := self._selected():
             self.write(lambda conn: endpoints.disable(conn, e.name), f"disabled {e.name}")
+
+    def action_toggle_pause(self) -> None:
+        if e := self._selected():
+            if e.paused:
+                self.write(lambda conn: endpoints.resume(conn, e.name), f"resumed {e.name}")
+            else:
+                self.write(lambda conn: endpoints.pause(conn, e.name),
+                           f"paused {e.name}: sends are still accepted, nothing is delivered until z resumes it")
 
     def action_reset_circuit(self) -> None:
         if e := self._selected():

@@ -123,7 +123,7 @@ class OverviewPane(LivePane):
         self._draw_charts(now)
         table = self.query_one("#overview-endpoints", LiveTable)
         table.sync(
-            (e.endpoint, [e.endpoint, self._circuit(e.circuit, e.enabled, protocols.get(e.endpoint), colors),
+            (e.endpoint, [e.endpoint, self._circuit(e.circuit, e.enabled, protocols.get(e.endpoint), colors, e.paused),
                           count(e.pending),
                           count(e.processing), count(e.dlq_failed), rate(data.rates.get(e.endpoint))])
             for e in data.status.endpoints)
@@ -151,9 +151,12 @@ class OverviewPane(LivePane):
         tile.update(text)
 
     @staticmethod
-    def _circuit(circuit: str, enabled: bool, protocol: str | None, colors: dict[str, str]) -> Text:
+    def _circuit(circuit: str, enabled: bool, protocol: str | None, colors: dict[str, str],
+                 paused: bool = False) -> Text:
         if not enabled:
             return state_text("disabled", colors)
+        if paused:  # pause_endpoint: sends accepted, nothing delivered or dequeued
+            return state_text("paused", colors)
         if protocol == "pull":  # a topic: consumers take its messages, no circuit guards them
             return Text("—", style="dim")
         return state_text(circuit, colors)
