@@ -193,6 +193,12 @@ async def _run(app: web.Application, host: str, port: int, *, client_timeout: fl
         await stop.wait()
     finally:
         await runner.cleanup()
+        # Stopping: a signal arriving while asyncio.run closes the loop would reach the loop's
+        # self-pipe after it is closed, and Python prints "Exception ignored ... Bad file
+        # descriptor" with a traceback. Another SIGTERM or SIGINT now changes nothing anyway.
+        for number in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(number)
+            signal.signal(number, signal.SIG_IGN)
 
 
 def _address(host: str, port: int) -> str:

@@ -56,11 +56,13 @@ class Supervised:
                 return
 
     def request_stop(self) -> None:
-        """SIGTERM, and no restart after it (stop() then waits for it)."""
+        """SIGTERM, once, and no restart after it (stop() then waits for it). Once: a second
+        SIGTERM could reach the child while it closes its event loop."""
         with self._lock:
+            first = not self._stopping.is_set()
             self._stopping.set()
             process = self._process
-        if process is not None and process.poll() is None:
+        if first and process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)
 
     def stop(self, timeout: float) -> None:
