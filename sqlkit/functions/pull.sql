@@ -965,32 +965,41 @@ BEGIN
 END
 $$;
 
--- Gives messages held under their leases back untouched: pending and due at once, no attempt
--- counted and no error recorded, unlike a nack (the message was never worked on: a client
--- that prefetched it is shutting down, say). Per id: 'released', 'lease_lost', 'not_found'.
-CREATE OR REPLACE FUNCTION courier.release(p_ids bigint[], p_leases integer[])
+-- Gives messages held under their leases back, pending again and due at p_due, with no attempt
+-- counted and no error recorded: release and snooze, which differ only in when. Per id: p_result
+-- where it applied, else 'lease_lost' or 'not_found' (_lease_results, counting as p_kind).
+CREATE OR REPLACE FUNCTION courier._give_back(p_ids bigint[], p_leases integer[], p_due timestamptz,
+                                              p_result text, p_kind text)
 RETURNS TABLE (id bigint, result text)
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, courier, pg_temp
-SET jit = off
+LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_released bigint[];
+    v_given bigint[];
 BEGIN
     PERFORM courier._require_pull_leases(p_ids, p_leases);
-    WITH released AS (
-        UPDATE courier.queue q SET status = 'pending', visible_at = now(), updated_at = now()
+    WITH given AS (
+        UPDATE courier.queue q SET status = 'pending', visible_at = p_due, updated_at = now()
         FROM unnest(p_ids, p_leases) AS u(id, lease)
         WHERE q.id = ANY (p_ids) AND q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
           AND q.visible_at IS NOT NULL
         RETURNING q.id
     )
-    SELECT array_agg(r.id) INTO v_released FROM released r;
-    RETURN QUERY SELECT * FROM courier._lease_results(p_ids, p_leases, v_released, 'released', 'release');
+    SELECT array_agg(g.id) INTO v_given FROM given g;
+    RETURN QUERY SELECT * FROM courier._lease_results(p_ids, p_leases, v_given, p_result, p_kind);
 END
 $$;
+
+-- Gives messages held under their leases back untouched: pending and due at once, no attempt
+-- counted and no error recorded, unlike a nack (the message was never worked on: a client
+-- that prefetched it is shutting down, say). Per id: 'released', 'lease_lost', 'not_found'.
+CREATE OR REPLACE FUNCTION courier.release(p_ids bigint[], p_leases integer[])
+RETURNS TABLE (id bigint, result text)
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+SET jit = off
+AS $$ SELECT * FROM courier._give_back(p_ids, p_leases, now(), 'released', 'release') $$;
 
 -- Snooze (River's JobSnooze): gives messages held under their leases back to be taken again
 -- after p_delay_seconds, without counting an attempt or recording an error (a job that waits on
@@ -1001,27 +1010,16 @@ RETURNS TABLE (id bigint, result text, visible_until timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
-SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
 DECLARE
     v_due timestamptz;
-    v_snoozed bigint[];
 BEGIN
-    PERFORM courier._require_pull_leases(p_ids, p_leases);
     PERFORM courier._require_delay(p_delay_seconds);
     v_due := now() + make_interval(secs => p_delay_seconds);
-    WITH snoozed AS (
-        UPDATE courier.queue q SET status = 'pending', visible_at = v_due, updated_at = now()
-        FROM unnest(p_ids, p_leases) AS u(id, lease)
-        WHERE q.id = ANY (p_ids) AND q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
-          AND q.visible_at IS NOT NULL
-        RETURNING q.id
-    )
-    SELECT array_agg(z.id) INTO v_snoozed FROM snoozed z;
     RETURN QUERY
-    SELECT r.id, r.result, CASE WHEN r.result = 'snoozed' THEN v_due END
-    FROM courier._lease_results(p_ids, p_leases, v_snoozed, 'snoozed', 'snooze') r;
+    SELECT g.id, g.result, CASE WHEN g.result = 'snoozed' THEN v_due END
+    FROM courier._give_back(p_ids, p_leases, v_due, 'snoozed', 'snooze') g;
 END
 $$;
 
