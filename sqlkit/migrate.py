@@ -45,7 +45,7 @@ SQUASHED_HISTORY_DIGEST = "d5b63f8ce4365ed751127792b3ec293f5384fe23af475b18e325e
 SQUASHED_AT_COMMIT = "c427f3d"
 # The order function files are applied in; roles.sql grants on what the others define.
 FUNCTION_AREAS = ("internals", "endpoints", "sending", "claiming", "delivery", "archive", "pull",
-                  "consumer", "pubsub", "tokens", "observability", "verbs", "roles")
+                  "consumer", "pubsub", "tokens", "observability", "verbs", "schedules", "roles")
 
 
 def _checksum(sql: str) -> str:

@@ -494,6 +494,9 @@ SELECT 1;
 -- name: try_lead_maintenance
 SELECT courier.try_lead_maintenance(%(worker_id)s);
 
+-- name: run_due_schedules
+SELECT courier.run_due_schedules(%(batch_size)s);
+
 -- name: mark_expired_messages
 SELECT courier.mark_expired_messages(%(batch_size)s);
 
@@ -685,3 +688,35 @@ SELECT courier.purge_queue_count(%(endpoint)s, %(dlq)s);
 
 -- name: purge_queue
 SELECT courier.purge_queue(%(endpoint)s, %(dlq)s, %(archive)s, %(actor)s);
+
+-- name: create_schedule
+-- Periodic schedules (issue 42, functions/schedules.sql).
+SELECT courier.create_schedule(
+    p_name => %(name)s, p_cron => %(cron)s, p_endpoint_name => %(endpoint)s, p_payload => %(payload)s,
+    p_time_zone => %(time_zone)s, p_headers => %(headers)s, p_metadata => %(metadata)s, p_priority => %(priority)s,
+    p_ordering_key => %(ordering_key)s, p_catch_up => %(catch_up)s, p_catch_up_limit => %(catch_up_limit)s,
+    p_grace_seconds => %(grace_seconds)s, p_description => %(description)s, p_replace => %(replace)s);
+
+-- name: list_schedules
+SELECT * FROM courier.list_schedules();
+
+-- name: schedule_message
+-- What a schedule's ticks send (admins only: the monitor's list_schedules() leaves it out).
+SELECT payload, headers, metadata, priority, ordering_key FROM courier.schedules WHERE name = %(name)s;
+
+-- name: drop_schedule
+SELECT courier.drop_schedule(%(name)s, %(if_exists)s);
+
+-- name: pause_schedule
+SELECT courier.pause_schedule(%(name)s);
+
+-- name: resume_schedule
+SELECT courier.resume_schedule(%(name)s);
+
+-- name: cron_next_runs
+SELECT courier.cron_next_runs(%(cron)s, %(time_zone)s, %(count)s, coalesce(%(after)s::timestamptz, now())) AS at;
+
+-- name: late_schedules
+-- `courier status`: the late ones only, with how late by the database's clock.
+SELECT s.*, extract(epoch FROM now() - s.next_run_at)::float8 AS late_seconds
+FROM courier.list_schedules() s WHERE s.late ORDER BY s.next_run_at, s.name;

@@ -86,6 +86,7 @@ def _register() -> None:
         pipeline,
         pubsub,
         pull,
+        schedule,
         send,
         serve,
         sink,
@@ -95,7 +96,7 @@ def _register() -> None:
     )
 
     for module in (db, endpoint, send, pubsub, pull, config, worker, status, dlq, archive, metrics, events, bench,
-                   demo, console, pipeline, serve, doctor, sink):
+                   demo, console, pipeline, serve, doctor, sink, schedule):
         for command in module.COMMANDS:
             main.add_command(command)
     for command in verbs.COMMANDS:  # `courier message cancel|delete` and `courier purge`

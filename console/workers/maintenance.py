@@ -78,6 +78,9 @@ class MaintenanceSchedule:
     partitions: float = 3600.0
     dlq_cleanup: float = 3600.0
     event_log_cleanup: float = 3600.0
+    schedules: float = 1.0
+    """How often the leader sends the due ticks of periodic schedules (courier.run_due_schedules()):
+    a tick goes out within about this long of its time, while jobs before it are quick."""
     counter_compaction: float = 60.0
     depth_rebuild: float = 2.0
     """How often the leader checks that the depth counters, unlogged, survived the server's last
@@ -102,6 +105,7 @@ class MaintenanceSchedule:
 
     def jobs(self) -> list[MaintenanceJob]:
         return [
+            MaintenanceJob("schedules", "run_due_schedules", self.schedules, batch=100),
             MaintenanceJob("stale_recovery", "recover_stale_messages", self.stale_recovery),
             MaintenanceJob("dead_worker_recovery", "recover_dead_workers_claims", self.dead_worker_recovery),
             MaintenanceJob("expiry", "mark_expired_messages", self.expiry, batch=10_000),

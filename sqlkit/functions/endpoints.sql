@@ -101,6 +101,35 @@ AS $$
     FROM string_to_array(p_schedule, ' ') AS f
 $$;
 
+-- A cron schedule as stored (single spaces, an @macro spelled out; '' for none), or an error
+-- naming p_what: a setting (delete_reaper_schedule) or a schedule's cron.
+CREATE OR REPLACE FUNCTION courier._cron_normalize(p_what text, p_value text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_normalized text := regexp_replace(trim(coalesce(p_value, '')), '\s+', ' ', 'g');
+BEGIN
+    v_normalized := CASE lower(v_normalized)
+        WHEN '@yearly' THEN '0 0 1 1 *' WHEN '@annually' THEN '0 0 1 1 *' WHEN '@monthly' THEN '0 0 1 * *'
+        WHEN '@weekly' THEN '0 0 * * 0' WHEN '@daily' THEN '0 0 * * *' WHEN '@midnight' THEN '0 0 * * *'
+        WHEN '@hourly' THEN '0 * * * *' ELSE v_normalized END;
+    IF v_normalized <> '' AND NOT courier._cron_schedule_is_valid(v_normalized) THEN
+        RAISE EXCEPTION '[courier] % must be a cron schedule, got "%"', p_what, p_value
+            USING ERRCODE = '22023', COLUMN = CASE WHEN p_what LIKE 'setting %' THEN 'value' ELSE p_what END,
+                  HINT = 'Five fields, minute hour day-of-month month day-of-week, each *, n, a-b or a list '
+                         'of them, with an optional /step ("0 3 * * *": daily at 03:00); or @hourly, '
+                         '@daily, @weekly, @monthly, @yearly';
+    END IF;
+    IF v_normalized <> '' AND courier._cron_day_never_comes(v_normalized) THEN
+        RAISE EXCEPTION '[courier] % names a day that never comes: "%"', p_what, p_value
+            USING ERRCODE = '22023', COLUMN = CASE WHEN p_what LIKE 'setting %' THEN 'value' ELSE p_what END,
+                  HINT = 'No month it names has that day of the month (30 February, 31 April); '
+                         'choose a day every such month has, or a day of the week';
+    END IF;
+    RETURN v_normalized;
+END
+$$;
+
 -- A setting's value as stored ('true'/'false', a whole number in range, or a cron schedule
 -- with single spaces and its @macro spelled out), or an error naming the setting: for
 -- set_setting() and for plain UPDATEs of courier.settings alike.
@@ -115,24 +144,7 @@ DECLARE
     v_number numeric;
 BEGIN
     IF v_setting.value_type = 'cron' THEN
-        v_normalized := regexp_replace(trim(coalesce(p_value, '')), '\s+', ' ', 'g');
-        v_normalized := CASE lower(v_normalized)
-            WHEN '@yearly' THEN '0 0 1 1 *' WHEN '@annually' THEN '0 0 1 1 *' WHEN '@monthly' THEN '0 0 1 * *'
-            WHEN '@weekly' THEN '0 0 * * 0' WHEN '@daily' THEN '0 0 * * *' WHEN '@midnight' THEN '0 0 * * *'
-            WHEN '@hourly' THEN '0 * * * *' ELSE v_normalized END;
-        IF v_normalized <> '' AND NOT courier._cron_schedule_is_valid(v_normalized) THEN
-            RAISE EXCEPTION '[courier] setting % must be a cron schedule, got "%"', p_name, p_value
-                USING ERRCODE = '22023',
-                      HINT = 'Five fields, minute hour day-of-month month day-of-week, each *, n, a-b or a list '
-                             'of them, with an optional /step ("0 3 * * *": daily at 03:00 UTC); or @hourly, '
-                             '@daily, @weekly, @monthly, @yearly; empty turns it off';
-        END IF;
-        IF v_normalized <> '' AND courier._cron_day_never_comes(v_normalized) THEN
-            RAISE EXCEPTION '[courier] setting % names a day that never comes: "%"', p_name, p_value
-                USING ERRCODE = '22023',
-                      HINT = 'No month it names has that day of the month (30 February, 31 April); '
-                             'choose a day every such month has, or a day of the week';
-        END IF;
+        v_normalized := courier._cron_normalize('setting ' || p_name, p_value);
     ELSIF v_setting.value_type = 'boolean' THEN
         IF lower(trim(p_value)) IN ('true', 'on', 'yes', '1') THEN
             v_normalized := 'true';

@@ -163,6 +163,8 @@ GRANT EXECUTE ON FUNCTION
 TO courier_monitor;
 -- What the maintenance leader sampled: counts and rates over time, no message in them.
 GRANT SELECT ON courier.metric_samples TO courier_monitor;
+-- Schedules as list_schedules() shows them: names, times and states, no payload (issue 42).
+GRANT EXECUTE ON FUNCTION courier.list_schedules() TO courier_monitor;
 GRANT EXECUTE ON FUNCTION courier.metric_history(timestamptz, timestamptz, boolean) TO courier_monitor;
 
 -- Admins run Courier: every function, including the worker primitives, and the rows of every
