@@ -221,6 +221,23 @@ def test_replay_range_by_status(conn, hook, history, status):
     assert event["replayed"] == len(expected)
 
 
+def test_a_replay_of_every_status_leaves_cancelled_and_purged_messages_alone(conn, hook, history):
+    """Cancelled and purged messages were taken out on purpose (issue 42): a blanket replay of
+    the range does not send them after all; naming their status does."""
+    cancelled = scalar(conn, "SELECT courier.send('hook', '{\"c\": 1}')")
+    conn.execute("SELECT courier.cancel_message(%s)", (cancelled,))
+    conn.execute("SELECT courier.send('hook', '{\"p\": 1}')")
+    purged = scalar(conn, "SELECT max(id) FROM courier.queue")
+    assert scalar(conn, "SELECT courier.purge_queue('hook')") == 1
+    ended = sorted(i for ids in history.values() for i in ids)
+    assert replay_range(conn, hook, None, dry_run=True) == len(ended)
+    assert replay_range(conn, hook, None) == len(ended)
+    assert replayed_from(conn) == ended
+    assert replay_range(conn, hook, "cancelled") == 1
+    assert replay_range(conn, hook, "purged") == 1
+    assert replayed_from(conn)[-2:] == [cancelled, purged]
+
+
 def test_the_seed_examples_run_as_written(conn, hook, history):
     conn.execute("UPDATE courier.archive SET created_at = '2025-01-10'")
     conn.execute("SELECT courier.maintain_archive_partitions(3)")
@@ -337,7 +354,7 @@ def test_sqlkit_maps_replay_errors(dsn, hook):
     with connect(dsn) as conn:
         with pytest.raises(NotFound, match="archived message 424242 does not exist"):
             archive.replay_message(conn, 424242)
-        with pytest.raises(InvalidInput, match="p_status must be completed, failed or expired"):
+        with pytest.raises(InvalidInput, match="p_status must be completed, failed, expired, cancelled or purged"):
             archive.count_replayable(conn, archive.ReplayRange(hook, FAR_PAST, FAR_FUTURE, "nope"))
 
 

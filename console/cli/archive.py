@@ -15,7 +15,7 @@ from sqlkit.archive import ReplayRange
 from .context import common_options, console, emit, field_names, machine_output, open_connection, print_table
 
 REPLAY_BATCH = 1000
-STATUSES = ["completed", "failed", "expired"]
+STATUSES = ["completed", "failed", "expired", "cancelled", "purged"]
 
 
 @click.group("archive")
@@ -53,7 +53,8 @@ def partitions(exact: bool) -> None:
 @click.option("--endpoint", required=True, help="The endpoint whose archived messages to replay.")
 @click.option("--from", "from_ts", required=True, type=click.DateTime(), help="Created at or after (UTC).")
 @click.option("--to", "to_ts", required=True, type=click.DateTime(), help="Created before (UTC).")
-@click.option("--status", type=click.Choice(STATUSES), help="Only messages that ended in this status.")
+@click.option("--status", type=click.Choice(STATUSES),
+              help="Only messages that ended in this status (default: every status but cancelled and purged).")
 @click.option("--again", is_flag=True, help="Enqueue a fresh copy even of messages replayed before.")
 @click.option("--dry-run", is_flag=True, help="Count what would be enqueued and what was replayed before, and stop.")
 @click.option("--batch-size", type=click.IntRange(1, 10_000), default=REPLAY_BATCH, show_default=True,

@@ -496,6 +496,14 @@ LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$ SELECT r.message_id FROM courier.replay_archived_message(replay_message.archive_id, p_again) r $$;
 
+-- Whether an archived message of status p_archived is in a replay of status p_status. No
+-- status (NULL) means every message that ended on its own: a message cancelled or purged was
+-- taken out on purpose (issue 42), and a blanket replay of a time range must not send it after
+-- all; naming cancelled or purged replays those.
+CREATE OR REPLACE FUNCTION courier._replays_status(p_archived text, p_status text) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT CASE WHEN p_status IS NULL THEN p_archived NOT IN ('cancelled', 'purged') ELSE p_archived = p_status END $$;
+
 CREATE OR REPLACE FUNCTION courier._check_replay_range(p_from_ts timestamptz, p_to_ts timestamptz, p_status text)
 RETURNS void
 LANGUAGE plpgsql
@@ -506,9 +514,10 @@ BEGIN
         PERFORM courier._raise_invalid(format('the replay range must have p_from_ts before p_to_ts, got %s to %s',
                                               coalesce(p_from_ts::text, 'NULL'), coalesce(p_to_ts::text, 'NULL')));
     END IF;
-    IF p_status IS NOT NULL AND p_status NOT IN ('completed', 'failed', 'expired') THEN
-        PERFORM courier._raise_invalid(format('p_status must be completed, failed or expired, got %L', p_status),
-                                       'NULL replays every status');
+    IF p_status IS NOT NULL AND p_status NOT IN ('completed', 'failed', 'expired', 'cancelled', 'purged') THEN
+        PERFORM courier._raise_invalid(format('p_status must be completed, failed, expired, cancelled or purged, '
+                                              'got %L', p_status),
+                                       'NULL replays every status but cancelled and purged');
     END IF;
 END
 $$;
@@ -536,12 +545,13 @@ BEGIN
            count(r.archive_id)
     FROM courier.archive a LEFT JOIN courier.replayed_messages r ON r.archive_id = a.id
     WHERE a.endpoint_id = p_endpoint_id AND a.created_at >= p_from_ts AND a.created_at < p_to_ts
-      AND (p_status IS NULL OR a.status = p_status);
+      AND courier._replays_status(a.status, p_status);
 END
 $$;
 
 -- Replays the endpoint's archived messages created in [p_from_ts, p_to_ts), optionally only
--- those archived with status p_status, oldest id first; a message replayed before (by any
+-- those archived with status p_status (by default all but cancelled and purged ones), oldest
+-- id first; a message replayed before (by any
 -- replay) is skipped unless p_again (claim_replays). Each call works on the replay of that
 -- exact range that is still running, if any, so an interrupted replay resumes where it
 -- stopped. p_batch_size NULL walks the whole range left in this call; a number walks at most
@@ -593,7 +603,7 @@ BEGIN
         SELECT array_agg(id ORDER BY id) INTO v_ids FROM (
             SELECT a.id FROM courier.archive a
             WHERE a.endpoint_id = p_endpoint_id AND a.created_at >= p_from_ts AND a.created_at < p_to_ts
-              AND (p_status IS NULL OR a.status = p_status) AND a.id > v_replay.last_archive_id
+              AND courier._replays_status(a.status, p_status) AND a.id > v_replay.last_archive_id
             ORDER BY a.id
             LIMIT v_limit
         ) picked;

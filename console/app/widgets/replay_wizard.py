@@ -28,7 +28,7 @@ from ...literal import literal
 from .confirm import ConfirmModal
 
 BATCH = 500
-STATUSES = ("completed", "failed", "expired")
+STATUSES = ("completed", "failed", "expired", "cancelled", "purged")
 
 
 def parse_moment(text: str, field: str, tz: tzinfo | None) -> datetime:
