@@ -18,7 +18,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Checkbox, Input, Label, ProgressBar, Select, Static
+from textual.widgets import Button, Input, Label, ProgressBar, Select, Static
 
 from sqlkit import archive
 from sqlkit.archive import ReplayRange
@@ -26,6 +26,7 @@ from sqlkit.errors import CourierError
 
 from ...literal import literal
 from .confirm import ConfirmModal
+from .tickbox import Tickbox
 
 BATCH = 500
 STATUSES = ("completed", "failed", "expired", "cancelled", "purged")
@@ -112,7 +113,7 @@ class ReplayWizard(ModalScreen[int | None]):
                     yield Label("3. status")
                     yield Select([(s, s) for s in STATUSES], prompt="any status", compact=True, id="replay-status")
                     yield Label("")
-                    yield Checkbox("fresh copies of messages replayed before", compact=True, id="replay-again")
+                    yield Tickbox("fresh copies of messages replayed before", compact=True, id="replay-again")
                 yield Static("Times: YYYY-MM-DD or YYYY-MM-DD HH:MM, in the console's time zone. "
                              "Dry run counts; replay enqueues copies.", classes="hint")
 
@@ -141,7 +142,7 @@ class ReplayWizard(ModalScreen[int | None]):
         status = None if status_select.is_blank() else str(status_select.value)
         self._error("")
         self._endpoint_name = str(endpoint)
-        again = self.query_one("#replay-again", Checkbox).value
+        again = self.query_one("#replay-again", Tickbox).value
         return ReplayRange(0, start.astimezone(UTC), end.astimezone(UTC), status, again)
 
     def _error(self, text: str) -> None:
@@ -162,7 +163,7 @@ class ReplayWizard(ModalScreen[int | None]):
     def on_input_changed(self, event: Input.Changed) -> None:
         self._invalidate()
 
-    def on_checkbox_changed(self, event: Checkbox.Changed) -> None:
+    def on_checkbox_changed(self, event: Tickbox.Changed) -> None:
         self._invalidate()
 
     def _invalidate(self) -> None:

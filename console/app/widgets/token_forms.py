@@ -13,12 +13,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Checkbox, Input, Label, Static
+from textual.widgets import Button, Input, Label, Static
 
 from sqlkit import tokens
 
 from ...literal import literal
 from .forms import DatabaseForm
+from .tickbox import Tickbox
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class CreateTokenForm(DatabaseForm):
             yield Label("can")
             with Horizontal(id="actions"):
                 for action in tokens.ACTIONS:
-                    yield Checkbox(action, compact=True, id=f"can-{action}")
+                    yield Tickbox(action, compact=True, id=f"can-{action}")
             yield Label("topics")
             yield Input(placeholder="orders, billing (* for every topic)", compact=True, id="topics")
             yield Label("endpoints")
@@ -71,7 +72,7 @@ class CreateTokenForm(DatabaseForm):
 
     def action_submit(self) -> None:
         name = self.query_one("#name", Input).value.strip()
-        actions = [a for a in tokens.ACTIONS if self.query_one(f"#can-{a}", Checkbox).value]
+        actions = [a for a in tokens.ACTIONS if self.query_one(f"#can-{a}", Tickbox).value]
         topics = parse_names(self.query_one("#topics", Input).value)
         endpoints = parse_names(self.query_one("#endpoints", Input).value)
         if not name:
