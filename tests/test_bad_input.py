@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from tests.helpers import queue_rows, scalar
 
@@ -111,6 +112,22 @@ def test_url_must_be_http_or_https(conn, url):
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="is not a valid URL"):
         conn.execute("SELECT courier.create_endpoint('hook', 'http', jsonb_build_object('url', %s::text))", (url,))
     assert endpoints_count(conn) == 0
+
+
+@pytest.mark.parametrize("config", [
+    {"url": "http://admin:hunter2@x.test/hook", "headers": {"Authorization": "Bearer a"}},
+    {"url": "http://x.test/hook", "headers": {"authorization": "Bearer a"}, "auth": {"type": "bearer", "token": "b"}},
+    {"url": "https://u:p@x.test/hook", "auth": {"type": "basic", "username": "u", "password": "p"}},
+])
+def test_credentials_given_twice_are_refused_at_create(conn, config):
+    """The HTTP client refuses a request with two sources of credentials, so every message of
+    such an endpoint failed; the config is refused where it enters, without echoing it."""
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="gives credentials twice") as raised:
+        conn.execute("SELECT courier.create_endpoint('hook', 'http', %s)", (Jsonb(config),))
+    assert "hunter2" not in str(raised.value)
+    assert endpoints_count(conn) == 0
+    one = {"url": "http://u:p@x.test/hook"}  # one source alone is fine
+    conn.execute("SELECT courier.create_endpoint('hook', 'http', %s)", (Jsonb(one),))
 
 
 def test_http_endpoint_needs_a_url(conn):

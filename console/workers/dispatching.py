@@ -160,7 +160,7 @@ class Deliveries:
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            log.exception("dispatcher raised", extra={"endpoint": target.name, "message_id": message.id})
+            _log_dispatcher_error(target, error, message_id=message.id)
             outcome = _local_error(error)
         self._record(target, [message], [outcome])
         self._pump_freed(target)
@@ -178,7 +178,7 @@ class Deliveries:
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            log.exception("dispatcher raised", extra={"endpoint": target.name, "messages": len(messages)})
+            _log_dispatcher_error(target, error, messages=len(messages))
             outcomes = [_local_error(error)] * len(messages)
         self._record(target, messages, outcomes)
         self._pump_freed(target)
@@ -216,6 +216,27 @@ class Deliveries:
                 await call_with_retry(lambda: self._leases.release(stuck), attempts=3)
             except Exception as error:  # their leases run out and stale recovery takes them back
                 log.error("releasing unfinished messages failed", extra={"error": one_line(error)})
+
+
+TRACEBACK_EVERY = 600.0
+"""Seconds between two tracebacks of the same dispatcher error on the same endpoint."""
+_traceback_logged: dict[tuple[int, str, str], float] = {}
+
+
+def _log_dispatcher_error(target: Target, error: BaseException, **details: object) -> None:
+    """The traceback of a dispatcher that raised, once per endpoint and error every
+    TRACEBACK_EVERY seconds: an endpoint whose every message raises the same error (a config
+    the client refuses) logged a traceback per message. The failures themselves are counted
+    and summarised per endpoint by the failure log."""
+    signature = (target.id, type(error).__name__, str(error)[:200])
+    now = time.monotonic()
+    if now - _traceback_logged.get(signature, -TRACEBACK_EVERY) < TRACEBACK_EVERY:
+        return
+    if len(_traceback_logged) > 1000:
+        _traceback_logged.clear()
+    _traceback_logged[signature] = now
+    log.exception("dispatcher raised (its traceback is logged once every %d s per endpoint and error)",
+                  TRACEBACK_EVERY, extra={"endpoint": target.name, **details})
 
 
 def _local_error(error: BaseException) -> Outcome:

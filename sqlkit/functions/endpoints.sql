@@ -336,6 +336,18 @@ BEGIN
                 PERFORM courier._require_header_value('config.auth.token', p_config -> 'auth' -> 'token');
             END IF;
         END IF;
+        -- One source of credentials: the HTTP client refuses a request that carries an
+        -- Authorization header beside config.auth or a user and password in the URL, so every
+        -- message of such an endpoint failed (issue 41).
+        IF (EXISTS (SELECT FROM jsonb_object_keys(coalesce(p_config -> 'headers', '{}')) h
+                    WHERE lower(h) = 'authorization'))::integer
+           + (p_config ? 'auth')::integer
+           + (coalesce(p_config ->> 'url', '') ~* '^[a-z][a-z0-9+.-]*://[^/?#]*@')::integer > 1 THEN
+            PERFORM courier._raise_invalid('http config gives credentials twice: use one of config.auth, an '
+                                           'Authorization header in config.headers, or a user and password in '
+                                           'config.url', 'The HTTP client refuses a request that carries more '
+                                           'than one, so no message could be delivered');
+        END IF;
         IF p_config ? 'signing' THEN
             IF jsonb_typeof(p_config -> 'signing') <> 'object' THEN
                 PERFORM courier._raise_invalid('http config.signing must be {"secret": "whsec_..."}');
