@@ -65,6 +65,8 @@ async def discard_body(request: web.Request) -> None:
 async def _read(request: web.Request) -> bytes:
     limit = request.app[BODY_TIMEOUT]
     try:
+        if request.content.is_eof():  # all of it has arrived (a small body comes with the headers): no wait to time
+            return await request.read()
         async with asyncio.timeout(limit):
             return await request.read()
     except TimeoutError:

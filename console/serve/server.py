@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import psycopg
@@ -90,12 +89,11 @@ class Server:
     def dsn(self) -> str:
         return self.pools[None].dsn
 
-    @contextlib.asynccontextmanager
-    async def session(self, role: str | None) -> AsyncIterator[psycopg.AsyncConnection]:
+    def session(self, role: str | None) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection]:
         """A connection as courier_<role> (None: the server's own login, for lookups), in
-        autocommit: one statement is one transaction; use conn.transaction() for more."""
-        async with self.pools[role].connection() as conn:
-            yield conn
+        autocommit: one statement is one transaction; use conn.transaction() for more. The
+        pool's own context manager, not another wrapping it (one more per request, for nothing)."""
+        return self.pools[role].connection()
 
     async def open(self) -> None:
         for pool in self.pools.values():
