@@ -3,7 +3,8 @@ courier.peek/receive), with psycopg's asyncio connections.
 
 - `Consumer`: an async iterator of leased messages (queue-ti's model). A heartbeat task
   extends the lease of every message handed out and not yet acked or nacked, so long work is
-  not redelivered to someone else; ack and nack take one message or a batch.
+  not redelivered to someone else; ack and nack take one message or a batch. A topic's dead
+  letters are consumed the same way, as the topic `<topic>.dlq`.
 - `ReceiveLoop`: NServiceBus's peek and receive modes. It peeks (courier.peek) every
   `peek_interval`; when messages are waiting up to `concurrency` slots receive them, each a
   destructive courier.receive of one message in a transaction that commits only when the
@@ -435,7 +436,10 @@ class Consumer:
     async def _listen(self) -> None:
         """Wake an idle iterator on the topic's new-message notifications (on every endpoint's
         while its id is unknown: the topic did not exist when the consumer opened); polling every
-        poll_interval covers any that are missed."""
+        poll_interval covers any that are missed. A `<topic>.dlq` has no notifications (a message
+        is dead-lettered by a nack or a lapsed lease, not sent): its consumer polls."""
+        if self.topic.endswith(".dlq"):
+            return
         mine = str(self._topic_id) if self._topic_id is not None else None
         while True:
             try:

@@ -123,6 +123,16 @@ def test_the_cli_cycle_as_the_issue_shows_it(courier, conn, tmp_path):  # noqa: 
     # The nacked message waits in the queue again: a settle says it is not leased, not "not found".
     pending = courier("nack", str(held[1]["id"]), str(held[1]["lease"]))
     assert pending.code == 1 and "not leased (it is pending" in pending.out
+    # So is one never dequeued, whatever lease is guessed, and no stale report is counted for it.
+    fresh = assert_ok(courier("enqueue", "orders", '{"id": 44}', "--json")).json()["id"]
+    for verb in (["ack"], ["nack"], ["snooze", "30"]):
+        guessed = courier(verb[0], str(fresh), "1", *verb[1:], "--json")
+        assert guessed.code == 1 and guessed.json()["result"] == "not_found", verb
+    assert "not leased (it is pending" in courier("nack", str(fresh), "7").out
+    stale = conn.execute("SELECT count(*) FROM courier.event_log WHERE event_type = 'report.stale_lease' "
+                         "AND details -> 'message_ids' @> to_jsonb(ARRAY[%s::bigint])", (fresh,)).fetchone()[0]
+    assert stale == 0
+    assert_ok(courier("message", "delete", str(fresh)))
     listed = assert_ok(courier("topic", "list", "--json")).json()
     assert listed[0]["topic"] == "orders" and listed[0]["pending"] == 1 and listed[0]["max_depth"] == 100000
     assert assert_ok(courier("peek", "orders", "--json")).json()["estimate"] == 1

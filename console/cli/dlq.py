@@ -33,7 +33,7 @@ def dlq_group() -> None:
 
 @dlq_group.command("list")
 @click.option("--endpoint", help="Only this endpoint's entries.")
-@click.option("--status", type=click.Choice(["failed", "redriven"]), help="Only entries in this state.")
+@click.option("--status", type=click.Choice(["failed", "redriven", "acked"]), help="Only entries in this state.")
 @paging_options("Continue after entry ID (the last one the previous page printed): the entries older than it. "
                 "New entries do not shift the pages.")
 @common_options
@@ -81,7 +81,7 @@ def _title(shown: int, more: bool, after: int | None) -> str:
 
 
 @dlq_group.command("show")
-@click.argument("dlq_id", type=int)
+@click.argument("dlq_id", type=click.IntRange(1, 9_223_372_036_854_775_807))
 @common_options
 def show(dlq_id: int) -> None:
     """One entry with its payload, headers and every attempt's error."""
@@ -125,7 +125,7 @@ def summary() -> None:
 
 
 @dlq_group.command("redrive")
-@click.argument("dlq_ids", type=int, nargs=-1)
+@click.argument("dlq_ids", type=click.IntRange(1, 9_223_372_036_854_775_807), nargs=-1)
 @click.option("--endpoint", help="Redrive every failed entry of this endpoint.")
 @click.option("--all", "everything", is_flag=True, help="Redrive every failed entry.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")

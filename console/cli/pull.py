@@ -164,7 +164,7 @@ def _limit(value: Any) -> str:
 
 @topic_group.command("requeue")
 @click.argument("dlq_topic", metavar="TOPIC.dlq")
-@click.argument("dlq_id", type=click.IntRange(1))
+@click.argument("dlq_id", type=click.IntRange(1, 9_223_372_036_854_775_807))
 @common_options
 def requeue(dlq_topic: str, dlq_id: int) -> None:
     """Put dead-lettered message DLQ_ID of TOPIC.dlq back on TOPIC, with its retries restored."""
@@ -237,7 +237,8 @@ def _message_view(message: pull.LeasedMessage | pull.ReceivedMessage) -> dict[st
 @common_options
 def dequeue(topic: str, count: int, visibility_timeout: int | None) -> None:
     """Take up to COUNT messages of TOPIC under a lease, highest priority then first due first; ack or
-    nack each with its id and lease."""
+    nack each with its id and lease. TOPIC.dlq hands out TOPIC's dead letters (ids of `courier dlq`),
+    oldest first, under negative leases."""
     with open_connection() as conn:
         messages = pull.dequeue(conn, topic, count, visibility_timeout)
 
@@ -260,7 +261,7 @@ def _short(value: Any) -> str:
 
 def _report(conn: psycopg.Connection, message_id: int, lease: int, result: str) -> None:
     said = result.replace("_", " ")
-    if result == "not_found" and _pending(conn, message_id):
+    if result == "not_found" and lease >= 0 and _pending(conn, message_id):
         said = "not leased (it is pending: dequeue it first, and settle it with the lease that returns)"
     elif result == "not_found":
         said = "not found under a lease (acked, nacked, dead-lettered, expired or never sent)"
@@ -281,9 +282,14 @@ def _pending(conn: psycopg.Connection, message_id: int) -> bool:
         return False
 
 
-@click.command("ack")
-@click.argument("message_id", type=click.IntRange(1))
-@click.argument("lease", type=click.IntRange(0))
+SETTLE_SETTINGS = {"ignore_unknown_options": True}
+"""A dead letter's lease (dequeued from TOPIC.dlq) is negative: `-123` is a LEASE, not an option."""
+LEASE = click.argument("lease", type=click.IntRange(-2_147_483_648, 2_147_483_647))
+
+
+@click.command("ack", context_settings=SETTLE_SETTINGS)
+@click.argument("message_id", type=click.IntRange(1, 9_223_372_036_854_775_807))
+@LEASE
 @common_options
 def ack(message_id: int, lease: int) -> None:
     """Ack MESSAGE_ID held under LEASE: it is done. Exit 1 if the lease was lost."""
@@ -291,22 +297,23 @@ def ack(message_id: int, lease: int) -> None:
         _report(conn, message_id, lease, pull.ack(conn, [message_id], [lease])[0].result)
 
 
-@click.command("nack")
-@click.argument("message_id", type=click.IntRange(1))
-@click.argument("lease", type=click.IntRange(0))
+@click.command("nack", context_settings=SETTLE_SETTINGS)
+@click.argument("message_id", type=click.IntRange(1, 9_223_372_036_854_775_807))
+@LEASE
 @click.option("--error", help="Why it failed, kept in the message's error history.")
 @click.option("--delay", type=click.IntRange(0, MAX_DELAY), default=0, show_default=True,
               help="Seconds before it is due again.")
 @common_options
 def nack(message_id: int, lease: int, error: str | None, delay: int) -> None:
-    """Nack MESSAGE_ID held under LEASE: retry it (after --delay), or past max_retries move it to TOPIC.dlq."""
+    """Nack MESSAGE_ID held under LEASE: retry it (after --delay), or past max_retries move it to TOPIC.dlq
+    (a dead letter of TOPIC.dlq stays there, due again after --delay)."""
     with open_connection() as conn:
         _report(conn, message_id, lease, pull.nack(conn, [message_id], [lease], error, delay)[0].result)
 
 
-@click.command("snooze")
-@click.argument("message_id", type=click.IntRange(1))
-@click.argument("lease", type=click.IntRange(0))
+@click.command("snooze", context_settings=SETTLE_SETTINGS)
+@click.argument("message_id", type=click.IntRange(1, 9_223_372_036_854_775_807))
+@LEASE
 @click.argument("seconds", type=click.IntRange(0, MAX_DELAY))
 @common_options
 def snooze(message_id: int, lease: int, seconds: int) -> None:

@@ -5,7 +5,13 @@ A receipt names one dequeue of one message, as an SQS receipt handle does: it is
 message's id and the random lease that dequeue took, base64url), so a receipt settles only the
 message it was issued for (another id answers 409 receipt_mismatch before any SQL runs), and
 only while that lease is the message's (an older receipt answers 409 lease_lost). The lease is
-drawn at random (courier._next_lease), so no receipt can be guessed from another."""
+drawn at random (courier._next_lease), so no receipt can be guessed from another.
+
+`<topic>.dlq` is a topic like any other here: its messages are the topic's dead letters, their
+ids the DLQ entries' ids (what requeue takes), and their receipts settle them by the same
+routes. A token consumes it only if its scope names `<topic>.dlq` (or `*`): the scope of
+`<topic>` alone does not reach its dead letters. Nothing notifies a `<topic>.dlq`, so a long
+poll of one looks again every DLQ_POLL_SECONDS."""
 
 from __future__ import annotations
 
@@ -44,6 +50,8 @@ routes = web.RouteTableDef()
 MAX_BATCH = 1000
 MAX_WAIT_SECONDS = 20.0
 """The longest long poll, as SQS allows."""
+DLQ_POLL_SECONDS = 1.0
+"""How often a long poll of a `<topic>.dlq` dequeues again while it waits."""
 
 
 @described({"type": "array", "minItems": 1, "maxItems": MAX_BATCH, "items": {"type": "object"}})
@@ -140,6 +148,8 @@ async def _poll(request: web.Request, server: Server, topic: str, params: dict[s
     client has gone stops waiting and leases nothing."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
+    if topic.endswith(".dlq"):
+        return await _poll_dead_letters(request, server, params, deadline)
     topic_id = await server.topic_id(topic) if wait else None
     rows: list[dict[str, Any]] = []
     waiter: asyncio.Future[None] | None = None
@@ -178,6 +188,23 @@ async def _poll(request: web.Request, server: Server, topic: str, params: dict[s
                 server.wakeups.wake(topic_id, passes)
 
 
+async def _poll_dead_letters(request: web.Request, server: Server, params: dict[str, Any],
+                             deadline: float) -> list[dict[str, Any]]:
+    """Dequeue from a `<topic>.dlq`, again every DLQ_POLL_SECONDS until the deadline: no NOTIFY
+    says when a message is dead-lettered."""
+    loop = asyncio.get_running_loop()
+    while True:
+        if _client_gone(request):
+            return []
+        async with server.session("application") as conn:
+            rows = await queries.fetch_all_async(conn, "pull_dequeue", params)
+        if rows or server.closing or loop.time() >= deadline:
+            return rows
+        pause_until = min(deadline, loop.time() + DLQ_POLL_SECONDS)
+        while loop.time() < pause_until and not _client_gone(request) and not server.closing:
+            await asyncio.sleep(min(pause_until - loop.time(), CLIENT_CHECK_SECONDS))
+
+
 def _leased(row: dict[str, Any]) -> dict[str, Any]:
     return {"id": str(row["id"]), "receipt": receipt_for(row["id"], row["lease"]),
             "payload": base64.b64encode(row["payload"]).decode(),
@@ -201,7 +228,7 @@ def _receipt(name: str, value: Any) -> tuple[int, int]:
     """(message id, lease) of a receipt a dequeue issued."""
     if isinstance(value, str) and RECEIPT_SHAPE.fullmatch(value):
         message, lease = RECEIPT.unpack(base64.urlsafe_b64decode(value))
-        if message > 0 and lease > 0:
+        if message > 0 and lease != 0:  # a dead letter's lease (of a <topic>.dlq) is negative
             return message, lease
     raise bad_request(name, "must be the receipt a dequeue returned with the message")
 

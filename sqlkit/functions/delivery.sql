@@ -157,7 +157,8 @@ $$;
 -- A pull topic's dead letter (<topic>.dlq) comes back as courier.requeue brings it back, by
 -- queue-ti's rule: with its key, a new TTL from now, and its error history; one whose key an
 -- active message of the topic holds (or an older dead letter of the same key in this batch)
--- is left failed for a later redrive rather than failing the whole batch.
+-- is left failed for a later redrive rather than failing the whole batch, and so is one that a
+-- consumer of <topic>.dlq holds under a running lease (requeue() says why).
 CREATE OR REPLACE FUNCTION courier._redrive(p_dlq_ids bigint[], p_endpoint_id integer, p_limit integer) RETURNS integer
 LANGUAGE plpgsql
 AS $$
@@ -179,8 +180,11 @@ BEGIN
           AND (p_endpoint_id IS NULL OR d.endpoint_id = p_endpoint_id)
           AND EXISTS (SELECT 1 FROM courier.endpoints e WHERE e.id = d.endpoint_id)
           -- A topic's dead letter keeps its own expiry, as requeue() does: one past it stays
-          -- here (requeue() of it says why) rather than going back only to expire.
-          AND NOT (d.original_topic IS NOT NULL AND d.expires_at <= now())
+          -- here (requeue() of it says why) rather than going back only to expire. (Written
+          -- as NOT (... AND expires_at <= now()), this was NULL for one with no expiry, which
+          -- left every such dead letter out of redrive_endpoint and redrive_all.)
+          AND (d.original_topic IS NULL OR d.expires_at IS NULL OR d.expires_at > now())
+          AND NOT (d.leased_at IS NOT NULL AND d.visible_at > now())
           AND NOT (d.original_topic IS NOT NULL AND d.key IS NOT NULL
                    AND (EXISTS (SELECT 1 FROM courier.queue q
                                 WHERE q.endpoint_id = d.endpoint_id AND q.key = d.key
@@ -214,7 +218,8 @@ BEGIN
               FROM courier.dlq WHERE id IN (SELECT id FROM picked)) p
         JOIN (SELECT id, row_number() OVER (ORDER BY id) AS n FROM requeued) r USING (n)
     )
-    UPDATE courier.dlq d SET status = 'redriven', redriven_at = now(), redriven_message_id = paired.message_id
+    UPDATE courier.dlq d SET status = 'redriven', redriven_at = now(), redriven_message_id = paired.message_id,
+                             leased_at = NULL
     FROM paired WHERE d.id = paired.dlq_id;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;

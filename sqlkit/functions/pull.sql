@@ -31,10 +31,11 @@ BEGIN
         RETURN v_endpoint;
     END IF;
     IF p_topic LIKE '%.dlq' THEN
-        RAISE EXCEPTION '[courier] topic names ending in ".dlq" are reserved: % holds the dead letters of %',
-                p_topic, left(p_topic, -4)
+        RAISE EXCEPTION '[courier] topic names ending in ".dlq" are reserved: % holds the dead letters of %, '
+                        'which only dead-lettering puts there', p_topic, left(p_topic, -4)
             USING ERRCODE = '22023',
-                  HINT = 'Browse them with `courier dlq list`; put one back with `courier topic requeue TOPIC.dlq ID` (courier.requeue)';
+                  HINT = format('Consume them with courier.dequeue(%L) and ack or nack; put one back with '
+                                '`courier topic requeue %s ID` (courier.requeue)', p_topic, p_topic);
     END IF;
     IF NOT FOUND THEN
         RAISE EXCEPTION '[courier] topic "%" does not exist', coalesce(p_topic, 'NULL')
@@ -42,6 +43,29 @@ BEGIN
     END IF;
     RAISE EXCEPTION '[courier] endpoint "%" is a % endpoint, not a pull topic', p_topic, v_endpoint.protocol
         USING ERRCODE = '42809', HINT = 'Send to push endpoints with courier.send(); consumers pull from topics';
+END
+$$;
+
+-- The topic a dequeue takes from: the pull endpoint named p_topic, as _pull_topic finds it, or
+-- NULL for <topic>.dlq of an existing pull topic, whose dead letters dequeue() hands out
+-- (_dequeue_dead_letters). The name is looked at only once the lookup has failed, so a topic's
+-- own dequeue does what it did before. Any other name gets _pull_topic's error, and the .dlq of
+-- a name that is not a pull topic the error of that name.
+CREATE OR REPLACE FUNCTION courier._dequeue_topic(p_topic text) RETURNS courier.endpoints
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_endpoint courier.endpoints;
+BEGIN
+    SELECT * INTO v_endpoint FROM courier.endpoints WHERE name = p_topic;
+    IF FOUND AND v_endpoint.protocol = 'pull' THEN
+        RETURN v_endpoint;
+    END IF;
+    IF NOT FOUND AND p_topic LIKE '%.dlq' THEN
+        PERFORM courier._pull_topic(left(p_topic, -4));  -- raises unless that is a pull topic
+        RETURN NULL;
+    END IF;
+    RETURN courier._pull_topic(p_topic);  -- raises what is wrong with the name
 END
 $$;
 
@@ -439,7 +463,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_topic courier.endpoints := courier._pull_topic(p_topic);
+    v_topic courier.endpoints := courier._dequeue_topic(p_topic);
     v_timeout integer;
     v_max_retries integer;
     v_dlq_cap integer;
@@ -450,6 +474,10 @@ DECLARE
 BEGIN
     IF p_count IS NULL OR p_count NOT BETWEEN 1 AND 10000 THEN  -- a plain expression: no statement per call
         PERFORM courier._require_count('count', p_count, 10000);
+    END IF;
+    IF v_topic.id IS NULL THEN  -- <topic>.dlq (_dequeue_topic)
+        RETURN QUERY SELECT * FROM courier._dequeue_dead_letters(p_topic, p_count, p_visibility_timeout_seconds);
+        RETURN;
     END IF;
     -- The topic's own values, else the settings, read in one statement.
     SELECT coalesce(p_visibility_timeout_seconds, (v_topic.config ->> 'visibility_timeout')::integer,
@@ -724,6 +752,13 @@ BEGIN
         RETURN QUERY SELECT u.id, 'acked'::text FROM unnest(p_ids) AS u(id);
         RETURN;
     END IF;
+    IF 0 > ANY (p_leases) THEN  -- dead letters of <topic>.dlq (negative leases: _settle_dead_letters)
+        v_acked := v_acked || courier._settle_dead_letters('ack', p_ids, p_leases);
+        IF cardinality(v_acked) = cardinality(p_ids) THEN
+            RETURN QUERY SELECT u.id, 'acked'::text FROM unnest(p_ids) AS u(id);
+            RETURN;
+        END IF;
+    END IF;
     v_tids := ARRAY(SELECT q.ctid FROM courier.queue q
                     WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
                       AND q.lease = (v_leases ->> q.id::text)::integer AND q.idempotency_key IS NOT NULL
@@ -772,10 +807,33 @@ BEGIN
                 v_repeated.id, v_repeated.leases, p_kind
             USING ERRCODE = '22023', HINT = 'Name each message once, with the lease its dequeue returned';
     END IF;
+    IF 0 > ANY (p_leases) THEN
+        -- Dead letters of <topic>.dlq among them (negative leases): each id looked up in the table
+        -- its lease names. A dead letter is lost when it is still in the DLQ under another lease.
+        SELECT array_agg(u.id) FILTER (WHERE u.lost) INTO v_lost FROM (
+            SELECT u.id, u.id <> ALL (coalesce(p_done, '{}'))
+                         AND CASE WHEN u.lease < 0
+                                  THEN EXISTS (SELECT 1 FROM courier.dlq d WHERE d.id = u.id AND d.status = 'failed'
+                                                                             AND d.lease <> u.lease)
+                                  ELSE EXISTS (SELECT 1 FROM courier.queue q WHERE q.id = u.id
+                                                                               AND q.visible_at IS NOT NULL
+                                                                               AND q.lease <> u.lease
+                                                                               AND q.lease <> 0) END AS lost
+            FROM unnest(p_ids, p_leases) AS u(id, lease)) u;
+        RETURN QUERY
+        SELECT u.id, CASE WHEN u.id = ANY (coalesce(p_done, '{}')) THEN p_done_result
+                          WHEN u.id = ANY (coalesce(v_lost, '{}')) THEN 'lease_lost'
+                          ELSE 'not_found' END
+        FROM unnest(p_ids, p_leases) WITH ORDINALITY AS u(id, lease, ord)
+        ORDER BY u.ord;
+        PERFORM courier._count_stale_reports(p_kind, coalesce(cardinality(v_lost), 0), v_lost);
+        RETURN;
+    END IF;
     RETURN QUERY
     SELECT u.id,
            CASE WHEN u.id = ANY (coalesce(p_done, '{}')) THEN p_done_result
-                WHEN q.id IS NOT NULL AND q.lease <> u.lease THEN 'lease_lost'
+                -- Lease 0: never dequeued, so no lease of it was lost; it is not leased.
+                WHEN q.id IS NOT NULL AND q.lease <> u.lease AND q.lease <> 0 THEN 'lease_lost'
                 ELSE 'not_found' END
     FROM unnest(p_ids, p_leases) WITH ORDINALITY AS u(id, lease, ord)
     LEFT JOIN courier.queue q ON q.id = u.id AND q.visible_at IS NOT NULL
@@ -783,7 +841,7 @@ BEGIN
     IF coalesce(cardinality(p_done), 0) < cardinality(p_ids) THEN
         SELECT array_agg(u.id) INTO v_lost
         FROM unnest(p_ids, p_leases) AS u(id, lease) JOIN courier.queue q ON q.id = u.id
-        WHERE q.visible_at IS NOT NULL AND q.lease <> u.lease AND u.id <> ALL (coalesce(p_done, '{}'));
+        WHERE q.visible_at IS NOT NULL AND q.lease <> u.lease AND q.lease <> 0 AND u.id <> ALL (coalesce(p_done, '{}'));
         PERFORM courier._count_stale_reports(p_kind, coalesce(cardinality(v_lost), 0), v_lost);
     END IF;
 END
@@ -849,6 +907,10 @@ BEGIN
     )
     SELECT array_agg(n.id) FILTER (WHERE NOT n.exhausted), array_agg(n.id) FILTER (WHERE n.exhausted)
     INTO v_nacked, v_dead FROM nacked n;
+    IF 0 > ANY (p_leases) THEN  -- dead letters of <topic>.dlq: back to it, never further
+        v_nacked := v_nacked || courier._settle_dead_letters('nack', p_ids, p_leases,
+                                                             now() + make_interval(secs => p_delay_seconds), v_error);
+    END IF;
     IF v_dead IS NOT NULL THEN
         v_failed := courier._pull_dead_letter(v_dead);
     END IF;
@@ -908,6 +970,9 @@ BEGIN
         RETURNING q.id
     )
     SELECT array_agg(x.id) INTO v_extended FROM extended x;
+    IF 0 > ANY (p_leases) THEN  -- dead letters of <topic>.dlq
+        v_extended := v_extended || courier._settle_dead_letters('extend', p_ids, p_leases, v_until);
+    END IF;
     RETURN QUERY
     SELECT r.id, r.result, CASE WHEN r.result = 'extended' THEN v_until END
     FROM courier._lease_results(p_ids, p_leases, v_extended, 'extended', 'extend_lease') r;
@@ -940,9 +1005,20 @@ BEGIN
                                               coalesce(p_verb, 'NULL')));
     END IF;
     PERFORM courier._require_pull_leases(p_ids, p_leases);
-    SELECT coalesce(array_agg(q.id), '{}') INTO v_outside
-    FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
-    WHERE q.id = ANY (p_ids) AND p_topics IS NOT NULL AND NOT (e.name = ANY (p_topics));
+    IF p_topics IS NOT NULL AND 0 > ANY (p_leases) THEN
+        -- Dead letters of <topic>.dlq among them (negative leases): in the scope of a token that
+        -- names <topic>.dlq (or *), not of one that names only <topic>.
+        SELECT coalesce(array_agg(u.id), '{}') INTO v_outside
+        FROM unnest(p_ids, p_leases) AS u(id, lease)
+        JOIN courier.endpoints e
+          ON e.id = CASE WHEN u.lease < 0 THEN (SELECT d.endpoint_id FROM courier.dlq d WHERE d.id = u.id)
+                         ELSE (SELECT q.endpoint_id FROM courier.queue q WHERE q.id = u.id) END
+        WHERE NOT (CASE WHEN u.lease < 0 THEN e.name || '.dlq' ELSE e.name END = ANY (p_topics));
+    ELSE
+        SELECT coalesce(array_agg(q.id), '{}') INTO v_outside
+        FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
+        WHERE q.id = ANY (p_ids) AND p_topics IS NOT NULL AND NOT (e.name = ANY (p_topics));
+    END IF;
     SELECT coalesce(array_agg(u.id ORDER BY u.n), '{}'), coalesce(array_agg(u.lease ORDER BY u.n), '{}')
     INTO v_ids, v_leases
     FROM unnest(p_ids, p_leases) WITH ORDINALITY AS u(id, lease, n)
@@ -987,6 +1063,9 @@ BEGIN
         RETURNING q.id
     )
     SELECT array_agg(g.id) INTO v_given FROM given g;
+    IF 0 > ANY (p_leases) THEN  -- dead letters of <topic>.dlq
+        v_given := v_given || courier._settle_dead_letters(p_kind, p_ids, p_leases, p_due);
+    END IF;
     RETURN QUERY SELECT * FROM courier._lease_results(p_ids, p_leases, v_given, p_result, p_kind);
 END
 $$;
@@ -1128,7 +1207,7 @@ $$;
 
 -- A cheap estimate of the topic's due messages, for a consumer deciding whether to receive
 -- (NServiceBus's peek): exact up to 1000 from the due index, beyond that the maintained count
--- of pending and processing messages. For <topic>.dlq, its dead letters.
+-- of pending and processing messages. For <topic>.dlq, its dead letters due now (not leased).
 CREATE OR REPLACE FUNCTION courier.peek(p_topic text) RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
@@ -1138,10 +1217,18 @@ DECLARE
     v_topic courier.endpoints;
     v_due bigint;
 BEGIN
-    IF p_topic LIKE '%.dlq' THEN
+    IF p_topic LIKE '%.dlq' THEN  -- its dead letters due now, as for a topic (dlq_topic_due_idx)
         v_topic := courier._pull_topic(left(p_topic, -4));
-        RETURN (SELECT coalesce(sum(d.messages), 0) FROM courier.dlq_depth d
-                WHERE d.endpoint_id = v_topic.id AND d.status = 'failed');
+        SELECT count(*) INTO v_due FROM (
+            SELECT 1 FROM courier.dlq d
+            WHERE d.endpoint_id = v_topic.id AND d.status = 'failed' AND d.original_topic IS NOT NULL
+              AND d.visible_at <= now()
+            LIMIT 1000) due;
+        IF v_due < 1000 THEN
+            RETURN v_due;
+        END IF;
+        RETURN greatest(v_due, (SELECT coalesce(sum(d.messages), 0) FROM courier.dlq_depth d
+                                WHERE d.endpoint_id = v_topic.id AND d.status = 'failed'));
     END IF;
     v_topic := courier._pull_topic(p_topic);
     SELECT count(*) INTO v_due FROM (
@@ -1164,12 +1251,134 @@ $$;
 
 -- <topic>.dlq ----------------------------------------------------------------------------------
 
+-- The dead letters of a pull topic are the messages of <topic>.dlq (queue-ti), each one row of
+-- courier.dlq from dead-lettering until cleanup_dlq(). dequeue('<topic>.dlq') leases them and
+-- ack, nack, snooze, release and extend_lease settle them, fenced by the lease as a topic's
+-- messages are; sends, enqueues and receive are refused (_pull_topic). Their leases are
+-- negative, and a topic's messages' positive (_next_lease): the lease a call is given says in
+-- which table its id is, since DLQ ids have a sequence of their own and overlap the queue's.
+-- The settle functions look at the DLQ only when a negative lease is among those they were
+-- given, so a topic's own consumers pay nothing for it.
+--
+-- Order: due time then id, from dlq_topic_due_idx (migration 0046), as a topic's messages come
+-- from queue_pull_due_idx: a dead letter is due from when it was dead-lettered, and again when
+-- a nack's delay or a lapsed lease ends. Neither the topic's pause, nor its disabling, nor its
+-- throughput_limit holds its dead letters back (they are what is left to handle when its own
+-- consumers cannot), and no TTL ends them: cleanup_dlq() does, as for every DLQ entry.
+
+-- dequeue() of <topic>.dlq: up to p_count due dead letters, each under a new (negative) lease,
+-- invisible to other consumers for the visibility timeout (p_visibility_timeout_seconds, else
+-- the topic's visibility_timeout, else the setting). One taken again after its lease lapsed
+-- has the lost attempt counted in retry_count and its error history (never more: the DLQ is
+-- the last stop, there is no <topic>.dlq.dlq). max_retries is the entry's, 0 (queue-ti).
+CREATE OR REPLACE FUNCTION courier._dequeue_dead_letters(p_topic text, p_count integer,
+                                                         p_visibility_timeout_seconds integer)
+RETURNS TABLE (id bigint, lease integer, payload jsonb, payload_binary bytea, body text, metadata jsonb, key text,
+               retry_count integer, max_retries integer, created_at timestamptz, visible_until timestamptz)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_topic courier.endpoints := courier._pull_topic(left(p_topic, -4));
+    v_timeout bigint := coalesce(p_visibility_timeout_seconds, (v_topic.config ->> 'visibility_timeout')::integer,
+                                 courier._setting_int('visibility_timeout'));
+BEGIN
+    IF v_timeout NOT BETWEEN 1 AND 43200 THEN
+        RAISE EXCEPTION '[courier] visibility_timeout_seconds must be between 1 and 43200, got %', v_timeout
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    WITH candidates AS (
+        SELECT d.ctid AS tid, d.id, d.visible_at AS due
+        FROM courier.dlq d
+        WHERE d.endpoint_id = v_topic.id AND d.status = 'failed' AND d.original_topic IS NOT NULL
+          AND d.visible_at <= now()
+        ORDER BY d.visible_at, d.id
+        LIMIT p_count
+        FOR UPDATE SKIP LOCKED
+    ),
+    leased AS (
+        UPDATE courier.dlq d
+        SET lease = -courier._next_lease(abs(d.lease)), leased_at = now(),
+            visible_at = now() + make_interval(secs => v_timeout),
+            retry_count = d.retry_count + (d.leased_at IS NOT NULL)::integer,
+            error_history = CASE WHEN d.leased_at IS NOT NULL
+                                 THEN d.error_history || jsonb_build_object('attempt', d.retry_count + 1, 'at', now(),
+                                                                            'outcome', 'lease_expired', 'lease', d.lease,
+                                                                            'topic', p_topic)
+                                 ELSE d.error_history END
+        WHERE d.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
+        RETURNING d.id, d.lease, d.payload, d.payload_binary, d.body, d.metadata, d.key, d.retry_count,
+                  d.max_retries, d.original_created_at, d.visible_at
+    )
+    SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
+           coalesce(t.max_retries, 0), t.original_created_at, t.visible_at
+    FROM leased t JOIN candidates c ON c.id = t.id
+    ORDER BY c.due, c.id;
+END
+$$;
+
+-- Settles the dead letters among p_ids that a consumer of <topic>.dlq holds under the lease
+-- given with each (a negative one; ids given with a positive lease are the queue's, and left
+-- alone), and returns their ids. p_verb:
+--   ack      done: the entry is kept as 'acked' (acked_at) for the audit trail, as a redriven
+--            one is, until cleanup_dlq() ages it out; a dlq.acked event per topic names them
+--   nack     due again at p_until, the attempt counted (retry_count), p_error recorded in
+--            last_error and the error history; it stays in the DLQ whatever its count
+--   release, snooze
+--            due again at p_until, nothing counted or recorded
+--   extend   its lease runs until p_until
+-- A lease that ran out still settles while no one else has taken the entry, as for a message.
+CREATE OR REPLACE FUNCTION courier._settle_dead_letters(p_verb text, p_ids bigint[], p_leases integer[],
+                                                        p_until timestamptz DEFAULT NULL, p_error text DEFAULT NULL)
+RETURNS bigint[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_done bigint[];
+    v_endpoint_ids integer[];
+BEGIN
+    WITH settled AS (
+        UPDATE courier.dlq d
+        SET status = CASE WHEN p_verb = 'ack' THEN 'acked' ELSE d.status END,
+            acked_at = CASE WHEN p_verb = 'ack' THEN now() ELSE d.acked_at END,
+            leased_at = CASE WHEN p_verb = 'extend' THEN d.leased_at END,
+            visible_at = CASE WHEN p_verb = 'ack' THEN d.visible_at ELSE p_until END,
+            retry_count = d.retry_count + (p_verb = 'nack')::integer,
+            last_error = CASE WHEN p_verb = 'nack' THEN p_error ELSE d.last_error END,
+            error_history = CASE WHEN p_verb = 'nack'
+                                 THEN d.error_history || jsonb_build_object('attempt', d.retry_count + 1, 'at', now(),
+                                                                            'outcome', 'nack', 'error', p_error,
+                                                                            'topic', d.original_topic || '.dlq')
+                                 ELSE d.error_history END
+        FROM unnest(p_ids, p_leases) AS u(id, lease)
+        WHERE d.id = ANY (p_ids) AND d.id = u.id AND d.lease = u.lease AND u.lease < 0
+          AND d.status = 'failed' AND d.leased_at IS NOT NULL
+        RETURNING d.id, d.endpoint_id
+    )
+    SELECT array_agg(x.id ORDER BY x.id), array_agg(x.endpoint_id ORDER BY x.id) INTO v_done, v_endpoint_ids
+    FROM settled x;
+    IF p_verb = 'ack' AND v_done IS NOT NULL THEN
+        PERFORM courier._log_event('dlq.acked', a.endpoint_id,
+                                   jsonb_build_object('topic', e.name || '.dlq', 'count', count(*),
+                                                      'dlq_ids', jsonb_agg(a.id ORDER BY a.id)))
+        FROM unnest(v_done, v_endpoint_ids) AS a(id, endpoint_id) JOIN courier.endpoints e ON e.id = a.endpoint_id
+        GROUP BY a.endpoint_id, e.name;
+    END IF;
+    RETURN coalesce(v_done, '{}');
+END
+$$;
+
 -- Puts a dead-lettered pull message back on its original topic as a new pending message with
 -- retry_count 0 and max_retries restored to the topic's configured value, its key, and its own
 -- expiry (expires_at, as its ttl_seconds or the topic's TTL set it when it was enqueued; one
 -- that had none takes the topic's TTL from now, as a new message would). A message past its
 -- expiry is refused (55000): back on the topic it would only expire. The DLQ entry stays as
 -- 'redriven' for the audit trail. Returns the new message id.
+-- A dead letter a consumer of <topic>.dlq holds under a running lease is refused (55000), as
+-- is one it acked: whoever holds it decides, and an operator's requeue cannot make a message
+-- both handled and sent again. Once the lease runs out it may be requeued, and the consumer
+-- that let it lapse settles nothing (its entry is no longer 'failed').
 CREATE OR REPLACE FUNCTION courier.requeue(p_dlq_id bigint) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
@@ -1191,6 +1400,18 @@ BEGIN
     IF v_row.status = 'redriven' THEN
         RAISE EXCEPTION '[courier] DLQ entry % was already requeued as message %', p_dlq_id, v_row.redriven_message_id
             USING ERRCODE = '55000';
+    END IF;
+    IF v_row.status = 'acked' THEN
+        RAISE EXCEPTION '[courier] DLQ entry % was acked at % by a consumer of %.dlq', p_dlq_id, v_row.acked_at,
+                v_row.original_topic
+            USING ERRCODE = '55000',
+                  HINT = format('Read its payload with `courier dlq show %s` and enqueue it again to send it anew', p_dlq_id);
+    END IF;
+    IF v_row.leased_at IS NOT NULL AND v_row.visible_at > now() THEN
+        RAISE EXCEPTION '[courier] DLQ entry % is leased by a consumer of %.dlq until %', p_dlq_id, v_row.original_topic,
+                v_row.visible_at
+            USING ERRCODE = '55000',
+                  HINT = 'Its consumer acks, nacks or releases it; requeue it once it is back, or after its lease ends';
     END IF;
     -- Held until commit, as _redrive holds its endpoints: a concurrent drop waits for this.
     SELECT * INTO v_topic FROM courier.endpoints WHERE id = v_row.endpoint_id AND protocol = 'pull' FOR KEY SHARE;
@@ -1217,7 +1438,8 @@ BEGIN
                 p_dlq_id, v_topic.name, v_row.key
             USING ERRCODE = '23505', HINT = 'Requeue it once that message has been acked, received or dead-lettered';
     END;
-    UPDATE courier.dlq SET status = 'redriven', redriven_at = now(), redriven_message_id = v_id WHERE id = p_dlq_id;
+    UPDATE courier.dlq SET status = 'redriven', redriven_at = now(), redriven_message_id = v_id, leased_at = NULL
+    WHERE id = p_dlq_id;
     PERFORM courier._log_event('dlq.requeue', v_topic.id,
         jsonb_build_object('dlq_id', p_dlq_id, 'message_id', v_id, 'topic', v_topic.name));
     RETURN v_id;

@@ -194,6 +194,12 @@ BEGIN
             HINT = 'Change any setting (courier.set_setting) to write it again';
     END IF;
     SELECT enabled INTO v_enabled FROM courier.endpoints WHERE name = p_endpoint_name;
+    IF v_enabled IS NULL AND p_endpoint_name LIKE '%.dlq' THEN  -- no endpoint has such a name
+        RAISE EXCEPTION '[courier] endpoint names ending in ".dlq" are reserved: % holds the dead letters of %, '
+                        'which only dead-lettering puts there', p_endpoint_name, left(p_endpoint_name, -4)
+            USING ERRCODE = '22023',
+                  HINT = 'Send to the endpoint or topic itself; consumers dequeue a topic''s dead letters from TOPIC.dlq';
+    END IF;
     IF v_enabled IS NULL THEN
         RAISE EXCEPTION '[courier] endpoint "%" does not exist', p_endpoint_name
             USING ERRCODE = 'P0002', HINT = 'Create it with courier.create_endpoint() or `courier endpoint create`';
