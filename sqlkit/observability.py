@@ -9,7 +9,8 @@ from typing import Any, ClassVar
 
 import psycopg
 
-from . import queries
+from . import queries, schedules
+from .schedules import LateSchedule
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,8 @@ class EndpointDepth:
 
 @dataclass(frozen=True)
 class QueueStatus:
-    """What `courier status` shows: one metrics() read plus health checks and heartbeats."""
+    """What `courier status` shows: one metrics() read plus health checks, heartbeats and the
+    periodic schedules that are late."""
 
     queue_depth: dict[str, int]
     oldest_pending_age_seconds: float
@@ -179,6 +181,7 @@ class QueueStatus:
     endpoints: list[EndpointDepth]
     workers: list[WorkerStatus]
     health: list[HealthCheck] = field(default_factory=list)
+    late_schedules: list[LateSchedule] = field(default_factory=list)
 
 
 def queue_status(conn: psycopg.Connection) -> QueueStatus:
@@ -205,4 +208,4 @@ def queue_status(conn: psycopg.Connection) -> QueueStatus:
             oldest = m.metric_value
     endpoints = sorted(by_endpoint.values(), key=lambda e: e.endpoint)
     return QueueStatus(depth_by_status, oldest, sum(e.dlq_failed for e in endpoints), endpoints,
-                       worker_status(conn), health_check(conn))
+                       worker_status(conn), health_check(conn), schedules.late(conn))

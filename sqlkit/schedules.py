@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -139,3 +140,13 @@ def next_runs(conn: psycopg.Connection, cron: str, time_zone: str = "UTC", count
     return [row["at"] for row in queries.fetch_all(conn, "cron_next_runs",
                                                    {"cron": cron, "time_zone": time_zone, "count": count,
                                                     "after": after})]
+
+
+def on_its_clock(at: datetime | None, time_zone: str, fmt: str = "%Y-%m-%d %H:%M:%S %Z") -> str:
+    """A time as the schedule's own clock shows it (cron's 03:00 in Europe/Berlin reads 03:00 CET)."""
+    if at is None:
+        return "-"
+    try:
+        return at.astimezone(ZoneInfo(time_zone)).strftime(fmt)
+    except (ZoneInfoNotFoundError, ValueError, OverflowError):  # a zone this Python does not know; 'infinity'
+        return at.strftime(fmt) if at.year < 9999 else "never"

@@ -46,6 +46,32 @@ def test_status_shows_depth_dlq_circuits_workers_and_health(courier, busy):
         assert fragment in shown
 
 
+def test_status_shows_late_and_failing_schedules_one_line_each(courier, busy):
+    busy.execute("SELECT courier.create_schedule('nightly', '0 3 * * *', 'billing', p_time_zone => 'Europe/Berlin')")
+    busy.execute("SELECT courier.create_schedule('minutely', '* * * * *', 'shipping')")
+    busy.execute("SELECT courier.create_schedule('on-time', '* * * * *', 'shipping')")
+    busy.execute("SELECT courier.create_schedule('held', '* * * * *', 'shipping')")
+    busy.execute("SELECT courier.pause_schedule('held')")
+    busy.execute("UPDATE courier.schedules SET next_run_at = now() - interval '2 hours' "
+                 "WHERE name IN ('nightly', 'held')")
+    busy.execute("UPDATE courier.schedules SET next_run_at = now() - interval '5 minutes', last_error_at = now(), "
+                 "last_error = '[courier] endpoint \"shipping\" is disabled' WHERE name = 'minutely'")
+    state = assert_ok(courier("status", "--json")).json()
+    late = {s["name"]: s for s in state["late_schedules"]}
+    assert sorted(late) == ["minutely", "nightly"]  # not the paused one, nor the one on time
+    assert 7190 < late["nightly"]["late_seconds"] < 7300 and late["nightly"]["time_zone"] == "Europe/Berlin"
+    assert "disabled" in late["minutely"]["last_error"]
+    health = {check["check_name"]: check for check in state["health"]}
+    assert health["schedules"]["status"] == "warning"
+    assert health["schedules"]["detail"] == "2 late: nightly, minutely (failing)"
+    lines = assert_ok(courier("status")).out.splitlines()
+    (nightly,) = [" ".join(line.split()) for line in lines if "│ nightly " in line]
+    assert "│ late │ 2.0 h │" in nightly and "0 3 * * *" in nightly and " CE" in nightly  # on its clock: CET or CEST
+    (minutely,) = [" ".join(line.split()) for line in lines if "│ minutely " in line]
+    assert "│ failing │ 5 min │" in minutely and '[courier] endpoint "shipping" is disabled' in minutely
+    assert not [line for line in lines if "│ held " in line or "│ on-time " in line]
+
+
 def test_prometheus_exposition_parses_and_matches_metrics(courier, busy):
     text = assert_ok(courier("metrics", "--prometheus")).out
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value

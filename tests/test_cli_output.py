@@ -188,16 +188,18 @@ def test_tsv_prints_nothing_but_the_table(dsn):
 
 
 def test_status_tsv_is_one_table_per_section(dsn, awkward):
-    """courier status: its own fields first, then endpoints, workers and health, each a table
-    with its header row, separated by an empty line; a table with no rows keeps its header."""
+    """courier status: its own fields first, then endpoints, workers, health and late schedules,
+    each a table with its header row, separated by an empty line; a table with no rows keeps its
+    header."""
     sections = ok(courier(dsn, "status", "-o", "tsv")).split("\n\n")
-    assert len(sections) == 4
-    summary, endpoints, workers, health = (read_tsv(s if s.endswith("\n") else s + "\n") for s in sections)
+    assert len(sections) == 5
+    summary, endpoints, workers, health, late = (read_tsv(s if s.endswith("\n") else s + "\n") for s in sections)
     assert list(summary[0]) == ["queue_depth", "oldest_pending_age_seconds", "dlq_depth"]
     assert summary[0]["dlq_depth"] == "1" and json.loads(summary[0]["queue_depth"])["pending"] == 1
     assert {e["endpoint"] for e in endpoints} == {LONG_TOPIC, "billing"}
     assert workers == [] and sections[2].split("\t")[0] == "worker_id"
-    assert {h["check_name"] for h in health} >= {"workers", "dlq"}
+    assert {h["check_name"] for h in health} >= {"workers", "dlq", "schedules"}
+    assert late == [] and sections[4].split("\t")[:2] == ["name", "endpoint_name"]
 
 
 def test_json_prints_whole_numbers_as_integers(dsn, awkward):
@@ -244,7 +246,7 @@ def test_a_tsv_field_is_one_line_that_reads_back_exactly():
     assert [tsv_cell(v) for v in (Decimal("5"), Decimal("5.0"), 5.0, Decimal("2.50"))] == ["5", "5", "5", "2.5"]
     empty = observability.QueueStatus(queue_depth={}, oldest_pending_age_seconds=0.0, dlq_depth=0, endpoints=[],
                                       workers=[], health=[])
-    assert tsv(empty).count("\n\n") == 3, "an empty table keeps its header, so sections stay in place"
+    assert tsv(empty).count("\n\n") == 4, "an empty table keeps its header, so sections stay in place"
     check = observability.HealthCheck("workers", "warn", 1.0, "none\talive")
     assert tsv({"ok": False, "checks": [check]}) == ("ok\nfalse\n\ncheck_name\tstatus\tvalue\tdetail\n"
                                                     "workers\twarn\t1\tnone\\talive\n"), "courier doctor's shape"

@@ -19,7 +19,8 @@ from console.app.widgets.token_forms import NewToken, TokenSecretModal
 from sqlkit.connection import connect
 from tests.conftest import create_database, drop_database
 
-PANES = ["overview", "endpoints", "messages", "dlq", "archive", "events", "workers", "analytics", "tokens"]
+PANES = ["overview", "endpoints", "messages", "dlq", "archive", "events", "workers", "analytics", "tokens",
+         "schedules"]
 SIZES = {"80x24": (80, 24), "120x36": (120, 36)}
 
 
@@ -134,6 +135,8 @@ DIALOGS_80x24 = {
     "token-create-refused": ("tokens", ("n",), {"#name": "ci-deploy", "#topics": "orders, *",
                                                 "#can-enqueue": "y", "#can-consume": "y"}, ("ctrl+s",), "#form-error"),
     "token-revoke": ("tokens", ("x",), {}, (), None),
+    "schedule-detail": ("schedules", ("enter",), {}, (), None),
+    "schedule-drop": ("schedules", ("x",), {}, (), None),
     "message-detail": ("messages", ("enter",), {}, (), None),
     "dlq-detail": ("dlq", ("enter",), {}, (), None),
     "dlq-redrive-one": ("dlq", ("R",), {}, (), None),

@@ -106,6 +106,13 @@ def hostile(conn: psycopg.Connection) -> psycopg.Connection:
     # A token's name is checked, but its scope is whatever topic and endpoint names were typed.
     for n, value in enumerate(values):
         tokens.create_token(conn, f"hostile-{n}", topics=[value], endpoints=[value], actions=["consume"])
+    # A schedule's name is checked too; its description is typed, and its last error is what a
+    # send refused with (quoting what it was given): late, so `courier status` lists them.
+    for n, value in enumerate(values):
+        conn.execute("SELECT courier.create_schedule(%s, '* * * * *', 'hostile', p_description => %s)",
+                     (f"hostile-{n}", value))
+        conn.execute("UPDATE courier.schedules SET last_error = %s, last_error_at = now(), "
+                     "next_run_at = now() - interval '10 minutes' WHERE name = %s", (value, f"hostile-{n}"))
     return conn
 
 
@@ -133,6 +140,8 @@ def test_cli_tables_show_stored_text_literally(dsn, hostile):
         ("peek", "inbox"): [],
         ("dequeue", "held", "--count", "100"): values,  # as keys
         ("receive", "taken", "--count", "100"): values,
+        ("schedule", "list"): [],
+        ("schedule", "show", "hostile-0"): [],
     }
     for args, shown in surfaces.items():
         done = _courier(dsn, *args)
@@ -200,9 +209,9 @@ def test_every_console_pane_shows_stored_text_literally(dsn, hostile):
     async def scenario() -> None:
         async with app.run_test(size=(160, 50)) as pilot:
             for pane in ("overview", "endpoints", "messages", "dlq", "events", "workers", "archive", "analytics",
-                         "tokens"):
+                         "tokens", "schedules"):
                 await open_pane(pilot, pane)
-                if pane in ("messages", "dlq", "workers", "tokens"):
+                if pane in ("messages", "dlq", "workers", "tokens", "schedules"):
                     shown = _table_text(app)
                     for char in ACTIVE:
                         assert char not in shown
@@ -231,6 +240,17 @@ def test_every_console_pane_shows_stored_text_literally(dsn, hostile):
                     assert "see [/docs] for details" in " ".join(history.split())
                 else:
                     assert "more characters not shown" in payload
+                await pilot.press("escape")
+            await open_pane(pilot, "schedules")
+            table = app.pane.query_one(DataTable)
+            for name in ("hostile-0", "hostile-3"):  # see [/docs] ...; [@click=app.quit]quit[/]
+                table.move_cursor(row=table.get_row_index(name))
+                app.pane.action_open()
+                await pilot.pause(0.5)
+                fields = _rendered(app.screen.query_one("#detail-fields", Static))
+                for char in ACTIVE:
+                    assert char not in fields
+                assert fields.count(values[int(name[-1])]) == 2  # the last error and the description, whole
                 await pilot.press("escape")
             assert app.is_running, "the console is still up"
 

@@ -136,6 +136,8 @@ def drop_this_months_partition(conn) -> None:
     ("SELECT courier.send('hook', '{}')", "workers", "critical"),
     ("UPDATE courier.endpoints SET circuit_state = 'open'", "circuits", "warning"),
     (drop_this_months_partition, "archive_partitions", "critical"),
+    ("SELECT courier.create_schedule('nightly', '0 3 * * *', 'hook');"
+     "UPDATE courier.schedules SET next_run_at = now() - interval '5 minutes'", "schedules", "warning"),
 ])
 def test_health_check_flags_what_an_operator_must_act_on(conn, setup, check, status):
     conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")

@@ -18,6 +18,7 @@ STATE_STYLES = {
     "critical": "$text-error", "running": "$text-success", "disabled": "dim", "paused": "$text-warning",
     "draining": "$text-warning",
     "stopped": "dim", "stale": "$text-error", "lost": "$text-error", "live": "$text-success", "revoked": "dim",
+    "late": "$text-error", "failing": "$text-error",
 }
 
 
@@ -94,4 +95,5 @@ def state_text(state: str, theme_colors: dict[str, str]) -> Text:
     """A state word in its theme colour (theme_colors maps '$success' etc. to a colour)."""
     wanted = STATE_STYLES.get(state, "$foreground")
     style = theme_colors.get(wanted[1:], "") if wanted.startswith("$") else wanted
-    return Text(state.replace("_", "-"), style=f"bold {style}" if state in ("open", "failed", "critical") else style)
+    bold = state in ("open", "failed", "critical", "failing")
+    return Text(state.replace("_", "-"), style=f"bold {style}" if bold else style)

@@ -66,6 +66,8 @@ SHOTS: dict[str, Callable[[Pilot, str], Awaitable[None]]] = {
     "tokens": _pane("tokens"),
     "token-create": _pane("tokens", "n"),
     "token-secret": _token_secret,
+    "schedules": _pane("schedules"),
+    "schedule-detail": _pane("schedules", "enter"),
     "help": _pane("overview", "question_mark"),
 }
 

@@ -4,7 +4,7 @@
 
 TRUNCATE courier.queue, courier.dlq, courier.event_log, courier.workers, courier.delivery_totals,
          courier.endpoints, courier.claim_slots, courier.replays, courier.subscriptions, courier.event_types,
-         courier.api_tokens
+         courier.api_tokens, courier.schedules
          RESTART IDENTITY;
 
 SELECT courier.create_endpoint('billing', 'http', '{"url": "https://billing.example.com/hooks/courier",
@@ -39,6 +39,32 @@ VALUES ('ci-deploy', sha256('showcase ci-deploy'), '{}', '{billing,inventory}', 
         '2026-10-12 14:30+00', '2026-11-02 11:59:55+00', NULL),
        ('scanner-2025', sha256('showcase scanner-2025'), '{warehouse}', '{}', '{consume,enqueue}',
         '2025-12-01 10:00+00', '2026-10-20 16:45:00+00', '2026-10-21 09:00+00');
+
+-- Periodic schedules: one sent its 03:00 tick in Berlin and waits for tomorrow's, one ticks every
+-- quarter hour, one is paused, and one fails: its endpoint was disabled, so its ticks since 11:00
+-- (New York's 06:00) are late, and its last error says why.
+INSERT INTO courier.schedules (name, cron, time_zone, endpoint_id, payload, catch_up, catch_up_limit, grace_seconds,
+                               description, paused_at, next_run_at, last_tick_at, last_sent_at, last_message_id,
+                               sent_ticks, skipped_ticks, last_error, last_error_at, created_at, updated_at)
+SELECT t.name, t.cron, t.time_zone, e.id, t.payload::jsonb, t.catch_up, 100, 600, t.description,
+       t.paused_at::timestamptz, t.next_run_at::timestamptz, t.last_tick_at::timestamptz,
+       t.last_tick_at::timestamptz + interval '1 second', t.last_message_id, t.sent, t.skipped, t.last_error,
+       t.last_error_at::timestamptz, '2026-10-01 09:10+00', '2026-11-02 09:12+00'
+FROM (VALUES
+    ('invoice-run', '0 3 * * *', 'Europe/Berlin', 'billing', '{"job": "invoices"}', 'all', 'nightly invoices',
+     NULL, '2026-11-03 02:00+00', '2026-11-02 02:00+00', 812, 32, 0, NULL, NULL),
+    ('stock-sync', '*/15 * * * *', 'UTC', 'inventory', '{"job": "stock"}', 'skip', NULL,
+     NULL, '2026-11-02 12:15+00', '2026-11-02 12:00+00', 960, 2974, 2, NULL, NULL),
+    ('reindex', '30 * * * *', 'UTC', 'search-index', '{"full": false}', 'skip', 'paused while the index moves',
+     '2026-11-02 09:12+00', '2026-11-02 09:30+00', '2026-11-02 08:30+00', 402, 410, 0, NULL, NULL),
+    ('crm-export', '0 6 * * 1-5', 'America/New_York', 'crm-legacy', '{"export": "contacts"}', 'skip', NULL,
+     NULL, '2026-11-02 11:00+00', '2026-10-30 10:00+00', 17, 22, 0, '[courier] endpoint "crm-legacy" is disabled',
+     '2026-11-02 11:59:52+00'),
+    ('restock-report', '0 7 * * 1-5', 'America/New_York', 'warehouse', '{"report": "restock"}', 'skip', NULL,
+     NULL, '2026-11-03 12:00+00', '2026-11-02 12:00+00', 977, 23, 0, NULL, NULL)
+) AS t(name, cron, time_zone, endpoint, payload, catch_up, description, paused_at, next_run_at, last_tick_at,
+       last_message_id, sent, skipped, last_error, last_error_at)
+JOIN courier.endpoints e ON e.name = t.endpoint;
 
 -- Forget what creating the endpoints logged (today's date): the log gets fixed events below.
 TRUNCATE courier.event_log RESTART IDENTITY;

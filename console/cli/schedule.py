@@ -5,15 +5,13 @@ leader sends it, once, however many workers run (functions/schedules.sql)."""
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import click
 from rich.table import Table
 from rich.text import Text
 
 from sqlkit import exact_json, schedules
-from sqlkit.schedules import Schedule
+from sqlkit.schedules import Schedule, on_its_clock
 
 from .context import (
     common_options,
@@ -26,17 +24,6 @@ from .context import (
     print_table,
     when,
 )
-
-
-def on_its_clock(at: datetime | None, time_zone: str) -> str:
-    """A time as the schedule's own clock shows it: cron's 03:00 in Europe/Berlin reads 03:00 CET."""
-    if at is None:
-        return "-"
-    try:
-        return at.astimezone(ZoneInfo(time_zone)).strftime("%Y-%m-%d %H:%M:%S %Z")
-    except (ZoneInfoNotFoundError, ValueError):  # a zone PostgreSQL knows and this Python does not
-        return when(at)
-
 
 STATE_STYLE = {"running": "green", "paused": "yellow", "late": "bold red", "failing": "bold red"}
 

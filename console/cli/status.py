@@ -15,9 +15,11 @@ from rich.text import Text
 from sqlkit import observability, samples
 from sqlkit.observability import HealthCheck, QueueStatus
 from sqlkit.samples import MetricSample
+from sqlkit.schedules import LateSchedule
 
 from .context import common_options, emit, error_console, open_connection, print_table, when
 from .endpoint import circuit_text, on_text
+from .schedule import on_its_clock
 
 HEALTH_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red"}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)")
@@ -138,6 +140,8 @@ def render(state: QueueStatus, title: str | None = None, compact: bool = False) 
     checks = [c for c in state.health if c.status != "ok"] if compact else state.health
     if checks:
         parts.append(_health(checks))
+    if state.late_schedules:
+        parts.append(_late_schedules(state.late_schedules))
     return Group(*parts)
 
 
@@ -168,6 +172,18 @@ def _health(checks: list[HealthCheck]) -> Table:
         table.add_column(column)
     for check in checks:
         table.add_row(check.check_name, Text(check.status, style=HEALTH_STYLE.get(check.status, "")), check.detail)
+    return table
+
+
+def _late_schedules(late: list[LateSchedule]) -> Table:
+    """One row per late schedule: how late, when it was due on its own clock, and why when its
+    sends fail (its last error)."""
+    table = Table(title="late schedules", title_justify="left")
+    for column in ("schedule", "state", "late", "due", "cron", "last error"):
+        table.add_column(column)
+    for s in late:
+        table.add_row(s.name, Text(s.state, style="bold red"), _age(s.late_seconds),
+                      on_its_clock(s.next_run_at, s.time_zone), s.cron, s.last_error or "")
     return table
 
 

@@ -18,7 +18,7 @@ from aiohttp import http_exceptions, web
 from sqlkit.errors import CourierError
 from sqlkit.redaction import redact_shapes
 
-from . import configs, messages, metrics, openapi, push, topics, verbs
+from . import configs, messages, metrics, openapi, push, schedules, topics, verbs
 from .auth import Authenticator
 from .input import BODY_SECONDS, BODY_TIMEOUT, discard_body
 from .problems import ApiError, from_courier_error
@@ -247,7 +247,7 @@ def make_app(dsn: str, *, max_body: int = DEFAULT_MAX_BODY,
     app[Server.KEY] = server
     app[BODY_TIMEOUT] = client_timeout
     app.add_routes(routes)
-    for module in (messages, topics, configs, push, verbs, metrics, openapi):
+    for module in (messages, topics, configs, push, verbs, schedules, metrics, openapi):
         app.add_routes(module.routes)
 
     async def start(app: web.Application) -> None:

@@ -318,6 +318,22 @@ BEGIN
                                v_count, CASE WHEN v_count = 1000 THEN '+' ELSE '' END) END;
     RETURN NEXT;
 
+    -- Periodic schedules whose next tick is overdue (issue 42): no leader is sending ticks, or
+    -- each attempt fails (failing: its last_error says why). A probe of schedules_due_idx.
+    SELECT count(*) INTO v_count FROM courier.schedules s
+    WHERE s.paused_at IS NULL AND s.next_run_at < now() - courier._schedule_late_after();
+    SELECT string_agg(l.name || CASE WHEN l.last_error IS NOT NULL THEN ' (failing)' ELSE '' END, ', ')
+    INTO v_names
+    FROM (SELECT s.name, s.last_error FROM courier.schedules s
+          WHERE s.paused_at IS NULL AND s.next_run_at < now() - courier._schedule_late_after()
+          ORDER BY s.next_run_at, s.name LIMIT 10) l;
+    check_name := 'schedules';
+    value := v_count;
+    status := CASE WHEN v_count = 0 THEN 'ok' ELSE 'warning' END;
+    detail := CASE WHEN v_count = 0 THEN 'no periodic schedule is late'
+                   ELSE format('%s late: %s%s', v_count, v_names, CASE WHEN v_count > 10 THEN ', …' ELSE '' END) END;
+    RETURN NEXT;
+
     check_name := 'archive_partitions';
     v_names := concat_ws(', ',
         CASE WHEN to_regclass('courier.' || courier._archive_partition_name(now())) IS NULL THEN 'this month' END,

@@ -12,6 +12,7 @@ from .endpoints import EndpointsPane
 from .events import EventsPane
 from .messages import MessagesPane
 from .overview import OverviewPane
+from .schedules import SchedulesPane
 from .tokens import TokensPane
 from .workers import WorkersPane
 
@@ -39,4 +40,6 @@ PANES: dict[str, PaneSpec] = {
     "analytics": PaneSpec(AnalyticsPane, "Analytics", "8", "charts from the Spark pipeline", ("an", "spark")),
     "tokens": PaneSpec(TokensPane, "Tokens", "9", "bearer tokens of the HTTP API: create, revoke",
                        ("tok", "token", "api")),
+    "schedules": PaneSpec(SchedulesPane, "Schedules", "0", "periodic schedules: next and last run, pause, drop",
+                          ("sched", "schedule", "cron")),
 }

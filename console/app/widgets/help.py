@@ -15,7 +15,8 @@ from textual.widgets import Static
 from .keybar import KEY_NAMES
 
 GLOBAL_KEYS = [
-    ("1 … 9", "go to Overview, Endpoints, Messages, DLQ, Archive, Events, Workers, Analytics, Tokens"),
+    ("1 … 9, 0", "go to Overview, Endpoints, Messages, DLQ, Archive, Events, Workers, Analytics, Tokens, "
+                 "Schedules"),
     (":", "jump to a pane by name (k9s style): :dlq, :endpoints, :workers …"),
     ("/", "filter or search the current table"),
     ("ctrl+p", "command palette: every pane and action by name"),
