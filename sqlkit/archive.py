@@ -1,9 +1,10 @@
-"""Typed API over the archive: its partitions, and replays of archived messages."""
+"""Typed API over the archive: its partitions, its messages, and replays of archived messages."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from uuid import UUID
 
 import psycopg
 
@@ -18,6 +19,35 @@ class ArchivePartition:
     range_to: datetime | None
     estimated_rows: int
     total_bytes: int
+
+
+@dataclass(frozen=True)
+class ArchivedMessage:
+    """One row of an archive listing: which message, where it went, how it ended and when.
+    The error is redacted; the payload is left out."""
+
+    id: int
+    endpoint_name: str  # '#<id>' once the endpoint is dropped
+    status: str
+    retry_count: int
+    last_error: str | None
+    correlation_id: UUID | None
+    ordering_key: str | None
+    created_at: datetime
+    completed_at: datetime
+    archived_at: datetime
+
+
+@dataclass(frozen=True)
+class ArchiveFilter:
+    """Which archived messages to list; None matches every value. created_at in [from_ts, to_ts)."""
+
+    endpoint_id: int | None = None
+    status: str | None = None
+    from_ts: datetime | None = None
+    to_ts: datetime | None = None
+    correlation_id: UUID | None = None
+    ordering_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +95,16 @@ def partitions(conn: psycopg.Connection) -> list[ArchivePartition]:
 
 def count_partition(conn: psycopg.Connection, partition: str) -> int:
     return int(queries.fetch_value(conn, "count_archive_partition", {"partition": partition}))
+
+
+def list_messages_page(conn: psycopg.Connection, chosen: ArchiveFilter, limit: int = 50,
+                       after: int | None = None) -> tuple[list[ArchivedMessage], bool]:
+    """The newest `limit` archived messages matching `chosen` (with `after`, the id the previous
+    page ended with: the `limit` listed after it, older than it), and whether more follow: it
+    reads limit + 1 rows, never a count of the archive."""
+    params = {**vars(chosen), "limit": limit + 1, "after": after}
+    rows = [ArchivedMessage(**row) for row in queries.fetch_all(conn, "list_archive_page", params)]
+    return rows[:limit], len(rows) > limit
 
 
 def endpoint_id(conn: psycopg.Connection, name: str) -> int:

@@ -720,3 +720,26 @@ SELECT courier.cron_next_runs(%(cron)s, %(time_zone)s, %(count)s, coalesce(%(aft
 -- `courier status`: the late ones only, with how late by the database's clock.
 SELECT s.*, extract(epoch FROM now() - s.next_run_at)::float8 AS late_seconds
 FROM courier.list_schedules() s WHERE s.late ORDER BY s.next_run_at, s.name;
+
+-- name: list_archive_page
+-- `courier archive list`: archived messages newest first, on each partition's primary key
+-- (id, created_at) merged in id order, from a cursor (as list_dlq_page: the rows listed after
+-- %(after)s, older than it), so a page stays put however many messages are archived meanwhile.
+-- A filter that is NULL folds away when the statement is planned with its values; --from/--to
+-- prune partitions. An endpoint or status is a filter on that walk, cheap while it matches
+-- often; expired rows of one endpoint come from archive_expired_idx and a correlation id from
+-- archive_correlation_idx. No index leads with endpoint_id for the other statuses, so a rare
+-- endpoint's page walks the partitions in range.
+SELECT a.id, coalesce(e.name, '#' || a.endpoint_id) AS endpoint_name, a.status, a.retry_count,
+       courier._redact_text(a.last_error) AS last_error, a.correlation_id, a.ordering_key,
+       a.created_at, a.completed_at, a.archived_at
+FROM courier.archive a LEFT JOIN courier.endpoints e ON e.id = a.endpoint_id
+WHERE a.id < coalesce(%(after)s::bigint, 9223372036854775807)
+  AND (%(endpoint_id)s::integer IS NULL OR a.endpoint_id = %(endpoint_id)s::integer)
+  AND (%(status)s::text IS NULL OR a.status = %(status)s::text)
+  AND (%(from_ts)s::timestamptz IS NULL OR a.created_at >= %(from_ts)s::timestamptz)
+  AND (%(to_ts)s::timestamptz IS NULL OR a.created_at < %(to_ts)s::timestamptz)
+  AND (%(correlation_id)s::uuid IS NULL OR a.correlation_id = %(correlation_id)s::uuid)
+  AND (%(ordering_key)s::text IS NULL OR a.ordering_key = %(ordering_key)s::text)
+ORDER BY a.id DESC
+LIMIT %(limit)s;

@@ -13,6 +13,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.app.widgets.detail import DetailModal
+from console.app.widgets.keybar import KeyBar
 from console.app.widgets.live_table import LiveTable
 from tests.console_driver import open_pane, run_console, wait_for
 
@@ -71,6 +72,24 @@ def test_endpoints_show_the_last_error_beside_the_circuit_at_80_columns_and_ente
         assert "https://example.com/hook" in shown(modal.query_one("#detail-config", Static))
         await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, DetailModal), what="the dialog to close")
+    run_console(dsn, scenario, size=(80, 24))
+
+
+def test_the_endpoints_key_bar_shows_pause_and_every_other_key_whole_at_80_columns(dsn, conn, explained):
+    async def scenario(pilot, app):
+        await open_pane(pilot, "endpoints")
+        bar = app.screen.query_one(KeyBar)
+        await wait_for(pilot, lambda: "Enable" in shown(bar), what="the endpoints' keys")
+        text = shown(bar).strip()
+        for key in ("e Enable", "d Disable", "c Reset", "p Retry", "l Limit", "n New", "z Pause", "? Help", "q Quit"):
+            assert key in text, (key, text)
+        assert len(text) <= bar.content_region.width == 78  # drawn whole, not cut at the edge
+        table = app.pane.query_one(LiveTable)
+        await wait_for(pilot, lambda: table.row_count == 2, what="the endpoints")
+        table.move_cursor(row=table.get_row_index("billing"))
+        await pilot.press("z")  # the key the bar names does what it says
+        await wait_for(pilot, lambda: conn.execute("SELECT paused_at IS NOT NULL FROM courier.endpoints "
+                                                   "WHERE name = 'billing'").fetchone()[0], what="billing to pause")
     run_console(dsn, scenario, size=(80, 24))
 
 

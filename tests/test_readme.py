@@ -15,7 +15,8 @@ What cannot run to completion in a test is declared here, each with its reason:
 - placeholders in angle brackets (`<id>`, `<lease>`, `<receipt>`, `<dlq-id>`), which the
   README says stand for what an earlier command printed, are filled from the database at
   that moment (PLACEHOLDERS).
-A line that fails fails the test with its README line number and output.
+A line that fails fails the test with its README line number and output; so does one that
+runs longer than LINE_SECONDS, and a test stopped by its own timeout names the line it was on.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ BACKGROUND = ("courier serve",)
 # cannot fail the test. Brokers' ports (6379, 5672, ...) are real services, and stay.
 LOCAL_PORTS = (8080, 8443, 9000)
 LOCAL_ADDRESS = re.compile(r"(?<=127\.0\.0\.1:)(\d+)\b")
+LINE_SECONDS = 300
+"""The longest one README line (or SQL block) may run before the test fails naming it."""
+README_SECONDS = 1200
+"""The whole walk: 492 s were seen on a loaded machine, past the suite's default of 300."""
 
 # Placeholder -> the SQL that finds its value at the moment the line runs.
 PLACEHOLDERS = {
@@ -171,9 +176,12 @@ class Session:
         process = subprocess.Popen(["bash", "-c", script], cwd=self.folder, env=self.env, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, start_new_session=True)
         try:
-            out, err = process.communicate(timeout=timeout or 300)
+            out, err = process.communicate(timeout=timeout or LINE_SECONDS)
         except subprocess.TimeoutExpired:
-            assert timeout is not None, f"README line {line} did not finish in 300 s: {command}"
+            if timeout is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+                raise AssertionError(f"README line {line} did not finish in {LINE_SECONDS} s: {command}") from None
             os.killpg(process.pid, signal.SIGINT)
             out, err = process.communicate(timeout=30)
             # Stopped by SIGINT as a user stops it: a clean exit, not a traceback.
@@ -202,8 +210,12 @@ class Session:
         raise AssertionError(f"README line {line}: {address} did not answer within 30 s")
 
     def run_sql(self, example: Example) -> None:
-        done = subprocess.run(["psql", "-X", "-v", "ON_ERROR_STOP=1", "-q", self.dsn], input=example.code.encode(),
-                              cwd=self.folder, env=self.env, capture_output=True, timeout=120)
+        try:
+            done = subprocess.run(["psql", "-X", "-v", "ON_ERROR_STOP=1", "-q", self.dsn], input=example.code.encode(),
+                                  cwd=self.folder, env=self.env, capture_output=True, timeout=LINE_SECONDS)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"README SQL block at line {example.line} did not finish in {LINE_SECONDS} s") \
+                from None
         assert done.returncode == 0, (f"README SQL block at line {example.line} failed:\n"
                                       f"{done.stderr.decode()[-2000:]}")
 
@@ -292,6 +304,7 @@ def _split_commands(command: str) -> list[str]:
     return [part for part in parts if part]
 
 
+@pytest.mark.timeout(README_SECONDS)
 def test_every_readme_example_runs_as_written(empty_dsn: str, tmp_path: Path) -> None:
     for name, content in FILES.items():
         (tmp_path / name).write_bytes(content)
@@ -300,19 +313,26 @@ def test_every_readme_example_runs_as_written(empty_dsn: str, tmp_path: Path) ->
     session = Session(empty_dsn, tmp_path)
     ports = free_ports(LOCAL_PORTS)
     readme = on_ports(README.read_text(), ports)
-    ran = 0
+    ran, at = 0, "the start"
     try:
         for example in examples(readme):
             if example.language == "sh":
                 for line, command in shell_lines(example):
+                    at = f"README line {line}: {command}"
                     session.run_shell(line, command)
                     ran += 1
             elif example.language == "sql":
+                at = f"README SQL block at line {example.line}"
                 session.run_sql(example)
                 ran += 1
             else:
+                at = f"README Python block at line {example.line}"
                 session.run_python(example)
                 ran += 1
+    except BaseException as stopped:  # pytest-timeout's stop too, which would otherwise name no line
+        stopped.add_note(f"while running {at} ({ran} examples done)")
+        print(f"stopped while running {at} ({ran} examples done)")
+        raise
     finally:
         session.close()
     print(f"{ran} README examples ran; not run: {session.skipped}")

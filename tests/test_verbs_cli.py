@@ -3,6 +3,8 @@ against the test's database (tests.test_cli.run)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers import claim, message_status, scalar
 from tests.test_cli import run
 
@@ -77,3 +79,60 @@ def test_purge_no_archive_and_dlq(dsn, conn):
     dlq = run("purge", "orders.dlq", "--yes", "--json", dsn=dsn)
     assert dlq.json() == {"purged": 1, "endpoint": "orders.dlq", "dlq": True, "archived": False}
     assert scalar(conn, "SELECT count(*) FROM courier.dlq WHERE status = 'failed'") == 0
+
+
+BIGINT_MAX = "9223372036854775807"
+HUGE = "99999999999999999999"  # past bigint
+
+
+@pytest.mark.parametrize(("args", "named", "bounds"), [
+    (("message", "cancel", HUGE), "'[MESSAGE_ID]'", f"1<=x<={BIGINT_MAX}"),
+    (("message", "cancel", "0"), "'[MESSAGE_ID]'", f"1<=x<={BIGINT_MAX}"),
+    (("message", "delete", HUGE), "'MESSAGE_ID'", f"1<=x<={BIGINT_MAX}"),
+    (("dlq", "show", HUGE), "'DLQ_ID'", f"1<=x<={BIGINT_MAX}"),
+    (("dlq", "redrive", "5", HUGE), "'[DLQ_IDS]...'", f"1<=x<={BIGINT_MAX}"),
+    (("archive", "replay-message", HUGE), "'ARCHIVE_ID'", f"1<=x<={BIGINT_MAX}"),
+    (("topic", "requeue", "orders.dlq", HUGE), "'DLQ_ID'", f"1<=x<={BIGINT_MAX}"),
+    (("ack", HUGE, "1"), "'MESSAGE_ID'", f"1<=x<={BIGINT_MAX}"),
+    (("nack", "71", "99999999999"), "'LEASE'", "-2147483648<=x<=2147483647"),
+    (("snooze", "71", "-99999999999", "5"), "'LEASE'", "-2147483648<=x<=2147483647"),
+    (("dlq", "list", "--after", "999999999999999999999"), "'--after'", f"0<=x<={BIGINT_MAX}"),
+    (("events", "--after", HUGE), "'--after'", f"0<=x<={BIGINT_MAX}"),
+    (("archive", "list", "--after", HUGE), "'--after'", f"0<=x<={BIGINT_MAX}"),
+])
+def test_numbers_out_of_range_are_a_usage_error_naming_the_argument(dsn, args, named, bounds):
+    """Not PostgreSQL's "function ...(numeric) does not exist" or "bigint out of range": click
+    says which argument and its bounds, in one line, exit 2."""
+    done = run(*args, dsn=dsn)
+    errors = [line for line in done.err.splitlines() if line.startswith("Error:")]
+    assert done.code == 2 and len(errors) == 1, done.err
+    assert named in errors[0] and bounds in errors[0], errors
+    assert "SQLSTATE" not in done.err and "Traceback" not in done.err
+
+
+@pytest.mark.parametrize("args", [("message", "cancel", "abc"), ("message", "delete", "1.5"), ("dlq", "show", "x"),
+                                  ("nack", "71", "abc"), ("archive", "replay-message", "")])
+def test_a_word_for_a_number_is_still_a_clean_usage_error(dsn, args):
+    done = run(*args, dsn=dsn)
+    assert done.code == 2 and "is not a valid integer" in done.err and "Traceback" not in done.err
+
+
+def test_the_largest_ids_and_leases_reach_the_database(dsn, conn):
+    """At the bounds the database answers, as for any unknown id: not a type error."""
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull')")
+    cancel = run("message", "cancel", BIGINT_MAX, dsn=dsn)
+    assert cancel.code == 1 and cancel.err.startswith(f"error: id: message {BIGINT_MAX} does not exist")
+    for lease in ("2147483647", "-2147483648"):
+        nack = run("nack", BIGINT_MAX, lease, dsn=dsn)
+        assert nack.code == 1 and "not found" in nack.out + nack.err and "SQLSTATE 22003" not in nack.err
+    assert run("dlq", "list", "--after", BIGINT_MAX, dsn=dsn).code == 0
+
+
+def test_purge_of_a_dlq_refuses_no_archive_naming_both_flags(dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull')")
+    for args, named in ((("orders", "--dlq"), "--dlq"), (("orders.dlq",), "--dlq (which naming orders.dlq implies)")):
+        done = run("purge", *args, "--no-archive", "--yes", dsn=dsn)
+        errors = [line for line in done.err.splitlines() if line.startswith("Error:")]
+        assert done.code == 2 and len(errors) == 1, done.err
+        assert "--no-archive" in errors[0] and named in errors[0], errors
+    assert run("purge", "orders", "--dlq", "--yes", dsn=dsn).code == 0  # without --no-archive, as before

@@ -5,9 +5,11 @@ and COURIER_LOG_LEVEL choose what is printed, and a bad level is one line and ex
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 
+from console.sink import WebhookSink
 from console.workers.failure_log import FailureLog
 from console.workers.outcome import Outcome, OutcomeKind
 from tests.helpers import scalar
@@ -90,3 +92,54 @@ def test_the_leader_logs_each_circuit_that_opens_and_closes(dsn, conn):
     lines = [json.loads(line) for line in worker.stderr.read().splitlines() if line.startswith("{")]
     opened = [line for line in lines if line["msg"] == "circuit opened"]
     assert len(opened) == 1 and opened[0]["level"] == "warning" and opened[0]["endpoint"] == "inventory"
+
+
+def test_each_kind_is_counted_as_the_dispatcher_classed_it():
+    """A 410's DISABLE is neither retryable nor permanent: the line counts it as disable, and
+    every line names each kind's count, zeros included."""
+    now = [0.0]
+    failures = FailureLog(interval=30, clock=lambda: now[0])
+    logged: list[dict] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logged.append({"msg": record.getMessage(), "retryable": record.retryable,
+                           "permanent": record.permanent, "disable": record.disable,
+                           "last_error": record.last_error})
+    handler = Keep()
+    logging.getLogger("courier.worker").addHandler(handler)
+    try:
+        failures.record("gone", Outcome.disable("HTTP 410 Gone"))  # logged at once
+        assert logged == [{"msg": "delivery failed", "retryable": 0, "permanent": 0, "disable": 1,
+                           "last_error": "[DISABLE] HTTP 410 Gone"}]
+        for outcome in (Outcome.disable("HTTP 410 Gone"), Outcome.retryable("HTTP 503"), Outcome.permanent("HTTP 400"),
+                        Outcome.snooze(503, 5), Outcome.disable("HTTP 410 Gone")):
+            now[0] += 1
+            failures.record("gone", outcome)
+        failures.flush(all_of_them=True)
+        assert logged[-1] == {"msg": "delivery failures", "retryable": 1, "permanent": 1, "disable": 2,
+                              "last_error": "[DISABLE] HTTP 410 Gone"}
+    finally:
+        logging.getLogger("courier.worker").removeHandler(handler)
+
+
+def test_a_gone_endpoint_is_logged_as_disable_not_retryable(dsn, conn):
+    """End to end: a worker delivering to an endpoint that answers 410 Gone logs its failures
+    under disable, and none as retryable."""
+    with WebhookSink() as sink:
+        conn.execute("SELECT courier.create_endpoint('gone', 'http', %s::jsonb)",
+                     (json.dumps({"url": f"{sink.url}/status/410", "allow_internal": True}),))
+        for n in range(3):
+            conn.execute("SELECT courier.send('gone', %s::jsonb)", (json.dumps({"n": n}),))
+        worker = start_worker_process(dsn, "--log-level", "warning")
+        try:
+            wait_for(lambda: scalar(conn, "SELECT count(*) FROM courier.dlq") == 3, timeout=30)
+        finally:
+            worker.terminate()
+            assert worker.wait(30) == 0
+    lines = [json.loads(line) for line in worker.stderr.read().splitlines() if line.startswith("{")]
+    failures = [line for line in lines if line["msg"] in ("delivery failed", "delivery failures")]
+    assert failures and all(line["endpoint"] == "gone" for line in failures)
+    assert sum(line["disable"] for line in failures) == 3
+    assert sum(line["retryable"] + line["permanent"] for line in failures) == 0
+    assert failures[-1]["last_error"] == "[DISABLE] HTTP 410 Gone"

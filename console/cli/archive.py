@@ -1,8 +1,10 @@
-"""`courier archive ...`: the monthly archive partitions, and replays out of the archive."""
+"""`courier archive ...`: the monthly archive partitions, the messages in them, and replays out
+of the archive."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from uuid import UUID
 
 import click
 from rich.filesize import decimal
@@ -12,7 +14,22 @@ from rich.table import Table
 from sqlkit import archive
 from sqlkit.archive import ReplayRange
 
-from .context import common_options, console, emit, field_names, machine_output, open_connection, print_table
+from .context import (
+    ROW_ID,
+    common_options,
+    console,
+    emit,
+    field_names,
+    machine_output,
+    open_connection,
+    page_envelope,
+    page_limit,
+    paging_options,
+    print_table,
+    read_pages,
+    stopped_early,
+    when,
+)
 
 REPLAY_BATCH = 1000
 STATUSES = ["completed", "failed", "expired", "cancelled", "purged"]
@@ -47,6 +64,65 @@ def partitions(exact: bool) -> None:
         print_table(table)
 
     emit(rows, render, columns=[*field_names(archive.ArchivePartition), "rows"])
+
+
+@archive_group.command("list")
+@click.option("--endpoint", help="Only this endpoint's messages.")
+@click.option("--status", type=click.Choice(STATUSES), help="Only messages that ended in this status.")
+@click.option("--from", "from_ts", type=click.DateTime(), help="Created at or after (UTC).")
+@click.option("--to", "to_ts", type=click.DateTime(), help="Created before (UTC).")
+@click.option("--ordering-key", help="Only messages with this ordering key.")
+@click.option("--correlation-id", type=click.UUID, help="Only messages with this correlation id.")
+@paging_options("Continue after archive ID (the last one the previous page printed): the messages older than it. "
+                "Messages archived meanwhile do not shift the pages.")
+@common_options
+def list_command(endpoint: str | None, status: str | None, from_ts: datetime | None, to_ts: datetime | None,
+                 ordering_key: str | None, correlation_id: UUID | None, limit: int | None, everything: bool,
+                 after: int | None, envelope: bool) -> None:
+    """Archived messages, newest first, 50 unless --limit or --all says otherwise, with the ids
+    `courier archive replay-message` takes.
+
+    Payloads are left out (in every format); errors are redacted. When more messages match
+    than were printed, a note on stderr says so and gives the --after ID that prints the next
+    page (in every output format; stdout holds only the data). --json prints the list; add
+    --envelope to get {"items": [...], "count": N, "more": true|false, "next_after": ID|null}
+    instead.
+
+    An endpoint's page is quick while its messages are frequent among the newest; --from and
+    --to narrow the partitions read."""
+    wanted = page_limit(limit, everything, envelope)
+    if from_ts is not None and to_ts is not None and from_ts >= to_ts:
+        raise click.BadParameter("must be later than --from", param_hint="--to")
+    with open_connection() as conn:
+        chosen = archive.ArchiveFilter(
+            endpoint_id=archive.endpoint_id(conn, endpoint) if endpoint is not None else None, status=status,
+            from_ts=_utc(from_ts) if from_ts else None, to_ts=_utc(to_ts) if to_ts else None,
+            correlation_id=correlation_id, ordering_key=ordering_key)
+        rows, more = read_pages(lambda cursor, n: archive.list_messages_page(conn, chosen, n, cursor), after, wanted)
+    next_after = rows[-1].id if more and rows else None
+
+    def render() -> None:
+        noun = f"archived message{'' if len(rows) == 1 else 's'}"
+        where = f" after {after}" if after is not None else ""
+        table = Table(title=f"first {len(rows)} {noun}{where} (more follow)" if more else f"{len(rows)} {noun}{where}")
+        table.add_column("id", justify="right")
+        table.add_column("endpoint", no_wrap=True)
+        table.add_column("status")
+        table.add_column("tries", justify="right")
+        table.add_column("created", no_wrap=True)
+        table.add_column("finished", no_wrap=True)
+        table.add_column("last error", overflow="ellipsis", max_width=36)
+        for row in rows:
+            table.add_row(str(row.id), row.endpoint_name, row.status, str(row.retry_count), when(row.created_at),
+                          when(row.completed_at), row.last_error or "")
+        print_table(table)
+
+    if envelope:
+        emit(page_envelope(rows, more, next_after))
+    else:
+        emit(rows, render, columns=archive.ArchivedMessage)
+    if more:
+        stopped_early("archived messages", len(rows), next_after)
 
 
 @archive_group.command("replay")
@@ -102,7 +178,7 @@ def replay(endpoint: str, from_ts: datetime, to_ts: datetime, status: str | None
 
 
 @archive_group.command("replay-message")
-@click.argument("archive_id", type=int)
+@click.argument("archive_id", type=ROW_ID)
 @click.option("--again", is_flag=True, help="Enqueue a fresh copy even if the message was replayed before.")
 @common_options
 def replay_message(archive_id: int, again: bool) -> None:

@@ -417,6 +417,17 @@ def when(value: datetime | None) -> str:
     return "-" if value is None else value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
+# Ids and cursors, bounded as their columns are -----------------------------------------------
+# Out of range, click names the argument in one line (exit 2), rather than PostgreSQL failing
+# on a numeric that no function takes or a bigint or integer overflow.
+
+BIGINT_MAX = 9_223_372_036_854_775_807
+ROW_ID = click.IntRange(1, BIGINT_MAX)
+"""A message, DLQ entry, archive or event id: a bigint from a sequence, so 1 or more."""
+CURSOR = click.IntRange(0, BIGINT_MAX)
+"""An --after ID cursor: an id, or 0 for "from the first"."""
+
+
 # Listings that stop at --limit -------------------------------------------------------------
 
 PAGE_SIZE = 1000
@@ -438,7 +449,7 @@ def paging_options(after_help: str, default_limit: int = 50) -> Callable[[Callab
                               "more were left out."),
             click.option("--all", "everything", is_flag=True,
                          help=f"Print every one, read {PAGE_SIZE:,} at a time (instead of --limit)."),
-            click.option("--after", type=click.IntRange(0), metavar="ID", help=after_help),
+            click.option("--after", type=CURSOR, metavar="ID", help=after_help),
             click.option("--envelope", is_flag=True, help=ENVELOPE_HELP),
         )):
             func = option(func)

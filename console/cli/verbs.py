@@ -11,7 +11,7 @@ import click
 from sqlkit import verbs
 from sqlkit.errors import InvalidInput
 
-from .context import common_options, console, emit, machine_output, open_connection
+from .context import ROW_ID, common_options, console, emit, machine_output, open_connection
 
 
 def _actor() -> str | None:
@@ -28,7 +28,7 @@ def message_group() -> None:
 
 
 @message_group.command("cancel")
-@click.argument("message_id", type=int, required=False)
+@click.argument("message_id", type=ROW_ID, required=False)
 @click.option("--key", help="The message's idempotency key (or a pull topic's message key); needs --endpoint.")
 @click.option("--endpoint", help="The endpoint or topic whose message holds --key.")
 @common_options
@@ -66,7 +66,7 @@ def cancel(message_id: int | None, key: str | None, endpoint: str | None) -> Non
 
 
 @message_group.command("delete")
-@click.argument("message_id", type=int)
+@click.argument("message_id", type=ROW_ID)
 @common_options
 def delete(message_id: int) -> None:
     """Delete MESSAGE_ID outright, without a lease (pgmq's delete), in any state but processing.
@@ -95,6 +95,10 @@ def purge(endpoint: str, dlq: bool, no_archive: bool, yes: bool) -> None:
     awaiting redrive are deleted instead (each dead-lettered message is in the archive as
     failed already). Asks first, naming how many, unless --yes."""
     dead_letters = dlq or endpoint.endswith(".dlq")
+    if dead_letters and no_archive:
+        named = "--dlq" if dlq else f"--dlq (which naming {endpoint} implies)"
+        raise click.UsageError(f"--no-archive cannot be combined with {named}: a DLQ purge archives nothing, "
+                               "as each dead-lettered message is in the archive as failed already")
     with open_connection() as conn:
         due = verbs.purge_count(conn, endpoint, dlq)
         what = (f"{due} DLQ entr{'y' if due == 1 else 'ies'} of {endpoint.removesuffix('.dlq')}" if dead_letters
