@@ -30,12 +30,12 @@ ENV = {key: value for key, value in os.environ.items()
 ENV["COLUMNS"] = "80"  # a standard terminal, whatever runs the tests
 
 HOOK = '{"url": "http://127.0.0.1:9000/hook", "allow_internal": true}'
-SECRETS = ["s3cret", "whsec_YWJjMTIz", "Bearer zzz-top"]
+SECRETS = ["s3cret", "whsec_YWJjMTIz", "zzz-top"]
 SECRET_CONFIG = json.dumps({
     "url": "https://hooks.example.com/billing",
     "auth": {"type": "bearer", "token": "s3cret"},
     "signing": {"secret": "whsec_YWJjMTIz"},
-    "headers": {"Authorization": "Bearer zzz-top", "X-Team": "billing"},
+    "headers": {"X-Api-Key": "zzz-top", "X-Team": "billing"},
 })
 
 
@@ -139,7 +139,7 @@ def test_endpoint_secrets_are_shown_as_stars_and_never_in_clear(courier):
     config = shown.json()["config"]
     assert config["auth"] == {"type": "bearer", "token": "***"}
     assert config["signing"] == {"secret": "***"}
-    assert config["headers"] == {"Authorization": "***", "X-Team": "billing"}
+    assert config["headers"] == {"X-Api-Key": "***", "X-Team": "billing"}
     assert config["url"] == "https://hooks.example.com/billing"
     assert '"token": "***"' in table.out
 

@@ -337,16 +337,17 @@ BEGIN
             END IF;
         END IF;
         -- One source of credentials: the HTTP client refuses a request that carries an
-        -- Authorization header beside config.auth or a user and password in the URL, so every
-        -- message of such an endpoint failed (issue 41).
+        -- Authorization header beside basic auth or a user and password in the URL, so every
+        -- message of such an endpoint failed (issue 41), and a bearer token beside the header
+        -- silently replaced one of them.
         IF (EXISTS (SELECT FROM jsonb_object_keys(coalesce(p_config -> 'headers', '{}')) h
                     WHERE lower(h) = 'authorization'))::integer
            + (p_config ? 'auth')::integer
            + (coalesce(p_config ->> 'url', '') ~* '^[a-z][a-z0-9+.-]*://[^/?#]*@')::integer > 1 THEN
             PERFORM courier._raise_invalid('http config gives credentials twice: use one of config.auth, an '
                                            'Authorization header in config.headers, or a user and password in '
-                                           'config.url', 'The HTTP client refuses a request that carries more '
-                                           'than one, so no message could be delivered');
+                                           'config.url', 'With more than one, the HTTP client refuses the request '
+                                           'or one silently replaces the other');
         END IF;
         IF p_config ? 'signing' THEN
             IF jsonb_typeof(p_config -> 'signing') <> 'object' THEN
@@ -467,7 +468,7 @@ BEGIN
     SELECT * INTO v_endpoint FROM courier.endpoints WHERE name = p_name;
     IF NOT FOUND THEN
         RAISE EXCEPTION '[courier] endpoint "%" does not exist', p_name
-            USING ERRCODE = 'P0002', HINT = 'List endpoints with: SELECT name FROM courier.endpoints';
+            USING ERRCODE = 'P0002', HINT = 'List endpoints with `courier endpoint list` (SELECT name FROM courier.endpoints)';
     END IF;
     RETURN v_endpoint;
 END
