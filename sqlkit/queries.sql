@@ -743,3 +743,7 @@ WHERE a.id < coalesce(%(after)s::bigint, 9223372036854775807)
   AND (%(ordering_key)s::text IS NULL OR a.ordering_key = %(ordering_key)s::text)
 ORDER BY a.id DESC
 LIMIT %(limit)s;
+
+-- name: metric_history
+-- POST /api/metrics/history: the leader's samples of the last %(minutes)s minutes.
+SELECT * FROM courier.metric_history(now() - make_interval(mins => %(minutes)s), NULL, %(per_endpoint)s);

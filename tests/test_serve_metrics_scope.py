@@ -11,6 +11,7 @@ import json
 
 import aiohttp
 import psycopg
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sqlkit import tokens
@@ -67,3 +68,32 @@ def test_a_token_scoped_to_a_topic_sees_only_that_topics_series(server, conn: ps
         assert names_in(everything) == {"orders", "invoices", "billing"}
         assert set(everything) >= GLOBAL
         assert ({"status": "pending"}, 5.0) in everything["courier_queue_depth"]
+
+
+def test_the_history_of_samples_over_http_is_scoped_like_metrics(server, conn: psycopg.Connection, orders):
+    """POST /api/metrics/history (issue 41, item 4): what the leader sampled, as `courier status
+    --history` shows it; a token scoped to `orders` sees only its per-endpoint samples."""
+    from tests.test_metric_samples import sample_at
+    from tests.test_serve import call, token
+
+    conn.execute("SELECT courier.create_endpoint('payroll', 'pull', '{}')")
+    conn.execute("SELECT courier.enqueue('orders', '{\"n\": 1}')")
+    for seconds_ago in (30, 20, 10):
+        sample_at(conn, seconds_ago)
+    everything = token(conn, "ops", ["monitor"])
+    status, body, _ = call(server, "POST", "/api/metrics/history", everything, {"minutes": 5})
+    assert status == 200 and body["minutes"] == 5
+    assert [s["endpoint_name"] for s in body["samples"]] == [None, None, None]
+    assert body["samples"][-1]["pending"] == 1 and body["samples"][-1]["seconds"] == pytest.approx(10, abs=1)
+    status, body, _ = call(server, "POST", "/api/metrics/history", everything, {"per_endpoint": True})
+    assert {s["endpoint_name"] for s in body["samples"]} == {"orders", "payroll"}
+
+    scoped = token(conn, "orders-watch", ["monitor"], ["orders"])
+    status, body, _ = call(server, "POST", "/api/metrics/history", scoped, {"per_endpoint": True})
+    assert status == 200 and {s["endpoint_name"] for s in body["samples"]} == {"orders"}
+    status, body, _ = call(server, "POST", "/api/metrics/history", scoped, {})
+    assert status == 200 and body["samples"] == []  # the whole queue's sums over topics it may not see
+    status, body, _ = call(server, "POST", "/api/metrics/history", everything, {"minutes": 0})
+    assert status == 400 and body.get("field") == "minutes"
+    producer = token(conn, "producer", ["enqueue"])
+    assert call(server, "POST", "/api/metrics/history", producer, {})[0] == 403

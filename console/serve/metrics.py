@@ -15,7 +15,8 @@ from sqlkit.observability import Metric
 from sqlkit.tokens import Token
 
 from .auth import require
-from .routing import api
+from .input import flag, integer
+from .routing import api, reply
 from .server import Server
 
 routes = web.RouteTableDef()
@@ -44,6 +45,36 @@ async def metrics(request: web.Request, token: Token, body: dict[str, Any]) -> w
     shown = [metric for metric in [Metric(**row) for row in rows] + this_server
              if _in_scope(token, pull_topics, metric)]
     return web.Response(body=exposition(shown).encode(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+@routes.post("/api/metrics/history")
+@api({"minutes": integer(1, 24 * 60), "per_endpoint": flag})
+async def history(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
+    """The maintenance leader's samples of the last `minutes` (60 by default), oldest first, as
+    `courier status --history` prints them: depth by status, and what was delivered, failed and
+    dead-lettered since the sample before, with rates; `gap` marks a sample after a time no
+    leader sampled (draw no line across it). With `per_endpoint`, each endpoint's samples.
+
+    A POST, so that its two inputs are checked and documented as every other route's body is.
+    Scoped as /metrics is: a token scoped to some topics sees only their per-endpoint samples,
+    and no whole-queue ones."""
+    require(token, "monitor")
+    minutes = body.get("minutes") or 60
+    async with Server.of(request).session("monitor") as conn:
+        pull_topics = (None if token.topics_for("monitor") is None
+                       else {row["topic"] for row in await queries.fetch_all_async(conn, "http_topics")})
+        rows = await queries.fetch_all_async(conn, "metric_history", {
+            "minutes": minutes, "per_endpoint": bool(body.get("per_endpoint"))})
+    samples = [row for row in rows if _sample_in_scope(token, pull_topics, row["endpoint_name"])]
+    return reply({"minutes": minutes, "samples": samples})
+
+
+def _sample_in_scope(token: Token, pull_topics: set[str] | None, name: str | None) -> bool:
+    if pull_topics is None:
+        return True
+    if name is None:  # the whole queue's: a sum over topics the token may not see
+        return False
+    return token.may("monitor", topic=name) if name in pull_topics else token.may("monitor", endpoint=name)
 
 
 SCOPE_LABELS = ("endpoint", "topic")
