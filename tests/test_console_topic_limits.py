@@ -74,6 +74,28 @@ def test_set_a_limit_then_revert_it_to_the_default(dsn, conn, topic):
     assert config(conn) == {"throughput_limit": 2.5, "visibility_timeout": 60}
 
 
+def test_a_topics_delay_is_set_and_cleared_in_the_same_dialog(dsn, conn, topic):
+    """delay_seconds (SQS delay queues, issue 42) has no global setting behind it: blank is none."""
+    async def scenario(pilot, app):
+        form = await open_limits(pilot, app)
+        delay = form.query_one("#delay_seconds", Input)
+        assert delay.value == "" and delay.placeholder == "0"
+        delay.value = "45"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not isinstance(app.screen, TopicLimitsForm), what="the dialog to close")
+        assert config(conn)["delay_seconds"] == 45
+        form = await open_limits(pilot, app)
+        assert form.query_one("#delay_seconds", Input).value == "45"
+        form.query_one("#delay_seconds", Input).value = "901"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: "delay_seconds" in error_of(form), what="the error")
+        form.query_one("#delay_seconds", Input).value = ""
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not isinstance(app.screen, TopicLimitsForm), what="the dialog to close")
+    run_console(dsn, scenario)
+    assert "delay_seconds" not in config(conn)
+
+
 def test_bad_values_show_the_error_and_keep_the_dialog_open(dsn, conn, topic):
     async def scenario(pilot, app):
         form = await open_limits(pilot, app)

@@ -45,7 +45,7 @@ def test_topic_configs_as_in_the_seed_with_basic_auth(server, conn, orders):
     "throughput_limit": 100
   }""")
     assert put == {"topic": "orders", "max_retries": 5, "message_ttl_seconds": 3600, "max_depth": 1000,
-                   "throughput_limit": 100, "dlq_threshold": None, "visibility_timeout": None}
+                   "throughput_limit": 100, "dlq_threshold": None, "visibility_timeout": None, "delay_seconds": None}
     assert call(server, "GET", "/api/topic-configs/orders", secret)[1] == put
     (topic,) = call(server, "GET", "/api/topics", secret)[1]["topics"]
     assert (topic["max_retries"], topic["max_depth"], topic["throughput_limit"]) == (5, 1000, 100)
@@ -56,8 +56,14 @@ def test_topic_configs_as_in_the_seed_with_basic_auth(server, conn, orders):
     (topic,) = call(server, "GET", "/api/topics", secret)[1]["topics"]
     assert (topic["max_retries"], topic["max_depth"]) == (10, 10)  # max_retries: default_max_retries again
 
+    # delay_seconds (SQS delay queues) has no global default: null or left out is none.
+    status, body, _ = call(server, "PUT", "/api/topic-configs/orders", secret, {"delay_seconds": 30})
+    assert status == 200 and body["delay_seconds"] == 30 and body["max_depth"] is None
+    status, body, _ = call(server, "PUT", "/api/topic-configs/orders", secret, {"delay_seconds": 901})
+    assert status == 400 and body["field"] == "delay_seconds"
+
     status, body, _ = call(server, "DELETE", "/api/topic-configs/orders", secret)
-    assert status == 200 and all(body[name] is None for name in LIMITS)
+    assert status == 200 and all(body[name] is None for name in (*LIMITS, "delay_seconds"))
     assert scalar(conn, "SELECT config FROM courier.endpoints WHERE name = 'orders'") == {}
 
     status, body, _ = call(server, "PUT", "/api/topic-configs/orders", secret, {"max_depth": -1})

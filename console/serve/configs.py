@@ -25,6 +25,9 @@ LIMITS = {"max_retries": integer(0, 1000), "message_ttl_seconds": integer(0, 31_
           "dlq_threshold": integer(0, 1000), "visibility_timeout": integer(1, 43_200)}
 """Each limit a topic may set (sqlkit.pull.TOPIC_LIMITS), with the range
 courier.validate_endpoint_config() takes."""
+OWN_SETTINGS = {"delay_seconds": integer(0, 900)}
+"""A topic's settings with no global default behind them: delay_seconds (SQS delay queues),
+absent or null meaning none."""
 
 REAPER_BATCH = 10_000
 REAPER_BATCHES = 100
@@ -57,9 +60,10 @@ async def get_config(request: web.Request, token: Token, body: dict[str, Any]) -
 
 
 @routes.put("/api/topic-configs/{topic}")
-@api(LIMITS)
+@api(LIMITS | OWN_SETTINGS)
 async def put_config(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
-    """Replace the topic's limits: each field given is set, each left out or null reverts to the default."""
+    """Replace the topic's limits and delay_seconds: each field given is set, each left out or null
+    reverts to the default (none, for delay_seconds)."""
     require(token, "admin")
     return await _alter(Server.of(request), request.match_info["topic"], body)
 
@@ -69,7 +73,7 @@ async def put_config(request: web.Request, token: Token, body: dict[str, Any]) -
 async def delete_config(request: web.Request, token: Token, body: dict[str, Any]) -> web.Response:
     """Every limit of the topic back to the global default."""
     require(token, "admin")
-    return await _alter(Server.of(request), request.match_info["topic"], dict.fromkeys(LIMITS))
+    return await _alter(Server.of(request), request.match_info["topic"], dict.fromkeys(LIMITS | OWN_SETTINGS))
 
 
 async def _alter(server: Server, topic: str, changes: dict[str, Any]) -> web.Response:
@@ -79,7 +83,7 @@ async def _alter(server: Server, topic: str, changes: dict[str, Any]) -> web.Res
 
 
 def _config(topic: str, config: dict[str, Any]) -> dict[str, Any]:
-    return {"topic": topic, **{name: config.get(name) for name in LIMITS}}
+    return {"topic": topic, **{name: config.get(name) for name in LIMITS | OWN_SETTINGS}}
 
 
 @routes.post("/api/admin/expiry-reaper/run")

@@ -38,6 +38,8 @@ LIMITS = (
     Limit("dlq_threshold", "default_dlq_threshold", zero="no DLQ"),
     Limit("visibility_timeout", "visibility_timeout"),
 )
+OWN_SETTINGS = (Limit("delay_seconds", "", zero="none"),)
+"""A topic's settings with no global setting behind them (blank: none)."""
 _WHOLE = re.compile(r"-?\d+")
 _NUMBER = re.compile(r"-?(\d+(\.\d*)?|\.\d+)")
 
@@ -98,16 +100,18 @@ class TopicLimitsForm(DatabaseForm):
         yield Static("Blank: the global default (greyed). Applies to the next send or take.",
                      id="limits-help")
         with Grid(id="limits"):
-            for limit in LIMITS:
+            for limit in LIMITS + OWN_SETTINGS:
                 default = self.limits.defaults.get(limit.setting)
                 shown = _shown(self.limits.overrides.get(limit.key))
                 yield Label(limit.key, classes="name")
-                yield Input(shown, placeholder=default.value if default else "default", compact=True,
-                            id=limit.key)
+                placeholder = default.value if default else ("0" if not limit.setting else "default")
+                yield Input(shown, placeholder=placeholder, compact=True, id=limit.key)
                 yield Label(literal(self._hint(limit, default)), classes="hint")
 
     @staticmethod
     def _hint(limit: Limit, default: Setting | None) -> str:
+        if not limit.setting:
+            return f"seconds; blank or 0: {limit.zero}"
         if default is None:
             return "default: the global setting"
         text = f"default {default.value}{' ' + default.unit if default.unit else ''}"
@@ -124,7 +128,7 @@ class TopicLimitsForm(DatabaseForm):
         """What differs from the topic's config, a blank as None (back to the default);
         ValueError for the first field that is not a number."""
         changed: dict[str, Any] = {}
-        for limit in LIMITS:
+        for limit in LIMITS + OWN_SETTINGS:
             value = parse_limit(limit, self.query_one(f"#{limit.key}", Input).value)
             if value != self.limits.overrides.get(limit.key):
                 changed[limit.key] = value
