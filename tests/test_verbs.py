@@ -156,6 +156,39 @@ def test_cancel_in_processing_fences_the_workers_late_report_and_nothing_deliver
     assert depth_is_exact(conn) == {}
 
 
+def test_a_keyed_message_cancelled_in_flight_holds_its_key_until_its_delivery_ends(conn, billing):
+    """The next message of the ordering key must not start while the cancelled one's delivery
+    is still under way, or the receiver could see them out of order. The cancelled message is
+    archived as cancelled at once; its key is free when its worker reports (or releases, or is
+    recovered as stale or dead), and that report changes nothing else."""
+    first = send(conn, billing, 1, p_ordering_key="account-7")
+    second = send(conn, billing, 2, p_ordering_key="account-7")
+    assert [row[0] for row in claim(conn, worker="w1")] == [first]
+    (lease,) = leases(conn, [first])
+    assert verbs.cancel(conn, first, actor="ops").was == "processing"
+    assert verbs.cancel(conn, first).was == "cancelled"  # again: nothing more happens
+    assert scalar(conn, "SELECT status FROM courier.archive WHERE id = %s", (first,)) == "cancelled"
+    assert claim(conn, worker="w2") == []  # the key is still held by the delivery under way
+    assert depth_is_exact(conn) == {("billing", "processing"): 1, ("billing", "pending"): 1}
+
+    report = conn.execute("SELECT * FROM courier.report_outcomes(%s, %s, '{success}', '{NULL}')",
+                          ([first], [lease])).fetchone()
+    assert report == (0, 0, 0, 1)  # its outcome discarded: counted as a stale report
+    assert [row[0] for row in claim(conn, worker="w2")] == [second]
+    assert scalar(conn, "SELECT count(*) FROM courier.archive WHERE id = %s", (first,)) == 1
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE id = %s", (first,)) == 0
+    assert scalar(conn, "SELECT count(*) FROM courier.dlq") == 0
+
+    # A worker that dies instead: recovery frees the key, and delivers nothing again.
+    third = send(conn, billing, 3, p_ordering_key="account-8")
+    claim(conn, worker="w3")
+    verbs.cancel(conn, third)
+    assert scalar(conn, "SELECT courier.recover_stale_messages(0)") == 1  # second's claim, not third
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE id = %s", (third,)) == 0
+    assert scalar(conn, "SELECT count(*) FROM courier.archive WHERE id = %s AND status = 'cancelled'", (third,)) == 1
+    depth_is_exact(conn)
+
+
 def test_cancel_a_leased_pull_message_answers_its_consumers_ack_not_found(conn, orders):
     message = scalar(conn, "SELECT courier.enqueue('orders', '{\"n\": 1}')")
     (lease,) = conn.execute("SELECT lease FROM courier.dequeue('orders', 1, 30)").fetchone()

@@ -65,6 +65,9 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     IF p_count > 0 THEN
+        -- A message cancelled while its delivery was under way held its ordering key until now
+        -- (courier._cancel): whatever its worker reports, the delivery is over.
+        DELETE FROM courier.queue WHERE id = ANY (p_ids) AND status = 'processing' AND lease = 0;
         PERFORM courier._add_delivery_totals(0, 'stale_report', p_count);
         PERFORM courier._log_event('report.stale_lease', NULL, jsonb_build_object(
             'kind', p_kind, 'count', p_count, 'message_ids', to_jsonb(p_ids[1:20])));
@@ -93,6 +96,8 @@ BEGIN
     IF coalesce(cardinality(p_ids), 0) = 0 THEN
         RETURN 0;
     END IF;
+    -- Cancelled while in flight (courier._cancel): archived already; its delivery is given up.
+    DELETE FROM courier.queue WHERE id = ANY (p_ids) AND status = 'processing' AND lease = 0;
     WITH abandoned AS (
         SELECT q.id, coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
                               v_default_max_retries) AS max_retries

@@ -87,12 +87,45 @@ AS $$
 DECLARE
     v_state text := courier._message_state(p_message);
 BEGIN
-    PERFORM courier._archive_messages(ARRAY[p_message.id], ARRAY['pending', 'processing'], 'cancelled');
+    IF courier._cancelled_in_flight(p_message) THEN
+        RETURN 'cancelled';  -- cancelled before, its delivery still under way
+    END IF;
+    IF p_message.status = 'processing' AND p_message.visible_at IS NULL AND p_message.ordering_key IS NOT NULL THEN
+        -- Its delivery is under way: the next message of its ordering key must not start
+        -- before it ends, so the row stays in processing, holding the key, under lease 0 (which
+        -- no claim hands out): the worker's report, release or renewal no longer matches it,
+        -- and whichever of those comes first deletes it (_count_stale_reports), as stale or
+        -- dead-worker recovery does if none comes. The archive has it as cancelled from now.
+        PERFORM courier._archive_copy(p_message, 'cancelled');
+        UPDATE courier.queue SET lease = 0, expires_at = NULL, updated_at = now() WHERE id = p_message.id;
+    ELSE
+        PERFORM courier._archive_messages(ARRAY[p_message.id], ARRAY['pending', 'processing'], 'cancelled');
+    END IF;
     PERFORM courier._log_event('message.cancelled', p_message.endpoint_id, jsonb_strip_nulls(jsonb_build_object(
         'message_id', p_message.id, 'was', v_state, 'by', p_actor,
         'worker_id', CASE WHEN p_message.status = 'processing' THEN p_message.worker_id END)));
     RETURN v_state;
 END
+$$;
+
+-- Whether the message was cancelled while its delivery was under way and holds its ordering
+-- key until that delivery ends (_cancel): in processing under lease 0, which no claim gives.
+CREATE OR REPLACE FUNCTION courier._cancelled_in_flight(p_message courier.queue) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT p_message.status = 'processing' AND p_message.lease = 0 $$;
+
+-- The archive's row for a message that stays in the queue a while longer (_cancel).
+CREATE OR REPLACE FUNCTION courier._archive_copy(m courier.queue, p_status text) RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO courier.archive (id, endpoint_id, payload, headers, metadata, status, priority, retry_count,
+                                 max_retries, scheduled_at, expires_at, idempotency_key, correlation_id,
+                                 ordering_key, last_error, error_history, worker_id, response, completed_at,
+                                 created_at, key, payload_binary, body)
+    VALUES (m.id, m.endpoint_id, m.payload, m.headers, m.metadata, p_status, m.priority, m.retry_count,
+            m.max_retries, m.scheduled_at, m.expires_at, m.idempotency_key, m.correlation_id, m.ordering_key,
+            m.last_error, m.error_history, m.worker_id, m.response, now(), m.created_at, m.key, m.payload_binary,
+            m.body)
 $$;
 
 CREATE OR REPLACE FUNCTION courier._endpoint_name(p_endpoint_id integer) RETURNS text
