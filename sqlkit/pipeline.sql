@@ -121,7 +121,8 @@ SELECT endpoint_id,
        count(*) FILTER (WHERE status = 'failed') AS dead_lettered,
        percentile_disc(0.5) WITHIN GROUP (ORDER BY latency_us) / 1000.0 AS p50_ms,
        percentile_disc(0.95) WITHIN GROUP (ORDER BY latency_us) / 1000.0 AS p95_ms,
-       percentile_disc(0.99) WITHIN GROUP (ORDER BY latency_us) / 1000.0 AS p99_ms
+       percentile_disc(0.99) WITHIN GROUP (ORDER BY latency_us) / 1000.0 AS p99_ms,
+       count(*) AS rows
 FROM (SELECT endpoint_id, status, error_history,
              CASE WHEN status = 'completed'
                   THEN ((extract(epoch FROM completed_at) - extract(epoch FROM created_at)) * 1000000)::bigint
@@ -134,7 +135,9 @@ ORDER BY 1;
 -- name: sql_analytics_attempts
 SELECT endpoint_id, date_trunc('hour', completed_at) AS hour, retry_count + 1 AS attempts, count(*) AS messages
 FROM courier.archive
-WHERE status <> 'expired' AND completed_at >= coalesce(%(from)s::timestamptz, '-infinity') AND completed_at < %(to)s
+-- Attempts a message took to end: not one that expired, nor one cancelled or purged (issue 42).
+WHERE status NOT IN ('expired', 'cancelled', 'purged')
+  AND completed_at >= coalesce(%(from)s::timestamptz, '-infinity') AND completed_at < %(to)s
 GROUP BY 1, 2, 3
 ORDER BY 1, 2, 3;
 

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
+from tests.helpers import scalar
 from tests.test_pipeline import archive_dsn, seed_archive, spark  # noqa: F401 - shared fixtures
 
 pytest.importorskip("pyspark")
@@ -122,6 +123,11 @@ def _analytics_state(conn: psycopg.Connection) -> dict[str, list[tuple]]:
 
 
 def test_tiny_analytics_in_sql_equal_the_spark_job(spark, archive_dsn, conn, monkeypatch):  # noqa: F811
+    # Cancelled and purged messages (issue 42) are read, and left out of the attempts in both.
+    conn.execute("UPDATE courier.archive SET status = 'cancelled' WHERE id IN "
+                 "(SELECT id FROM courier.archive WHERE status = 'completed' ORDER BY id LIMIT 7)")
+    conn.execute("UPDATE courier.archive SET status = 'purged' WHERE id IN "
+                 "(SELECT id FROM courier.archive WHERE status = 'failed' ORDER BY id LIMIT 5)")
     monkeypatch.setenv(plan.TINY_ROWS_ENV, "0")
     through_spark = _pipeline("analytics", "--dsn", archive_dsn, "--json", "--until", "2026-12-01")
     assert through_spark.exit_code == 0, through_spark.output
@@ -138,6 +144,9 @@ def test_tiny_analytics_in_sql_equal_the_spark_job(spark, archive_dsn, conn, mon
     runs = conn.execute("SELECT master, rows_read, endpoints FROM courier.analytics_runs ORDER BY id").fetchall()
     assert [(m, r) for m, r, _ in runs] == [("local[2]", 3000), ("PostgreSQL (no Spark)", 3000)]
     assert runs[0][2] == runs[1][2]  # the per-endpoint summary the console's pane shows
+    attempted = sum(row[-1] for row in spark_state["analytics_attempts"])
+    assert attempted == scalar(conn, "SELECT count(*) FROM courier.archive "
+                                     "WHERE status NOT IN ('expired', 'cancelled', 'purged')")
 
 
 def _queue(conn: psycopg.Connection) -> list[tuple]:

@@ -26,6 +26,9 @@ HOURLY = ("endpoint_id", "hour", "delivered", "failed", "expired", "dead_lettere
 COLUMNS = "endpoint_id,status,retry_count,error_history,completed_at,created_at"
 # Error classes as courier.error_class() (functions/observability.sql) derives them: the
 # monitor role reads them, so they are words of Courier's, never an application's text.
+NOT_DELIVERY_ENDINGS = ("expired", "cancelled", "purged")
+"""Archived statuses left out of the attempts histogram: the message's deliveries did not end it
+(it expired, or was cancelled or purged, issue 42); its failed attempts still count."""
 OUTCOMES_OF_THEIR_OWN_CLASS = ("nack", "receive_failed", "stale", "lease_expired")
 WORKER_OUTCOMES = ("retryable", "permanent", "disable")
 HTTP_STATUS = r"^(\[[A-Z]+\] )?(HTTP [0-9]{3})"
@@ -109,7 +112,7 @@ def compute(spark: SparkSession, dsn: str, since: datetime | None, until: dateti
     try:
         hourly = _outcomes(archived, "endpoint_id", "hour")
         summary = _outcomes(archived, "endpoint_id", rows=True)  # rows_read too: no count job of its own
-        attempts = (archived.where(F.col("status") != "expired")
+        attempts = (archived.where(~F.col("status").isin(*NOT_DELIVERY_ENDINGS))
                     .groupBy("endpoint_id", "hour", (F.col("retry_count") + 1).alias("attempts"))
                     .agg(F.count(F.lit(1)).alias("messages")))
         classes = (archived.select("endpoint_id", "hour", F.explode("error_classes").alias("error_class"))
@@ -184,8 +187,7 @@ def compute_in_sql(dsn: str, since: datetime | None, until: datetime) -> dict[st
         conn.execute("SET TimeZone = 'UTC'")
         for name in ("summary", "hourly", "attempts", "errors"):
             found[name] = [_plain(row) for row in store.rows(conn, f"sql_analytics_{name}", params)]
-    # Every archived row is completed, expired or failed (a CHECK of courier.archive).
-    found["rows_read"] = sum(r["delivered"] + r["expired"] + r["dead_lettered"] for r in found["summary"])
+    found["rows_read"] = sum(row.pop("rows") for row in found["summary"])
     return found
 
 
