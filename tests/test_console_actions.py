@@ -145,6 +145,29 @@ def test_disable_enable_and_reset_circuit(dsn, conn, noop_endpoints):
     assert scalar(conn, "SELECT enabled FROM courier.endpoints WHERE name = 'alpha'") is True
 
 
+def test_purge_an_endpoints_pending_messages_names_the_count_first(dsn, conn, noop_endpoints):
+    """Issue 42: P on the Endpoints pane purges the pending messages after a confirmation that
+    names how many; a message in processing stays, and the other endpoint is untouched."""
+    conn.execute("SELECT courier.send_batch('beta', ARRAY['{}', '{}', '{}']::jsonb[])")
+    conn.execute("SELECT courier.send('alpha', '{}')")
+    conn.execute("SELECT courier.claim_batch('w', 1, (SELECT id FROM courier.endpoints WHERE name = 'beta'))")
+
+    def pending(name: str) -> int:
+        return scalar(conn, "SELECT count(*) FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id "
+                            "WHERE e.name = %s AND q.status = 'pending'", (name,))
+
+    async def scenario(pilot, app):
+        await open_pane(pilot, "endpoints")
+        move_cursor_to(app.pane.query_one(LiveTable), "beta")
+        await pilot.press("P")
+        await confirm(pilot, "Purge the 2 pending message(s) of beta?")
+        await wait_for(pilot, lambda: pending("beta") == 0, what="beta's purge")
+    run_console(dsn, scenario)
+    assert scalar(conn, "SELECT count(*) FROM courier.archive WHERE status = 'purged'") == 2
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'processing'") == 1
+    assert pending("alpha") == 1
+
+
 def test_create_endpoint_with_a_bad_config_shows_the_error_and_stores_nothing(dsn, conn):
     async def scenario(pilot, app):
         await open_pane(pilot, "endpoints")

@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable
 
-from sqlkit import endpoints, observability
+from sqlkit import endpoints, observability, verbs
 from sqlkit.endpoints import Endpoint
 from sqlkit.errors import CourierError
 from sqlkit.observability import DeliveryTotals, EndpointHealth
@@ -21,6 +21,7 @@ from sqlkit.observability import DeliveryTotals, EndpointHealth
 from ..formatting import clock_time, count, one_line, rate, since, state_text, when
 from ..live import LivePane
 from ..rates import DeliveryRates
+from ..widgets.confirm import ConfirmModal
 from ..widgets.detail import DetailModal
 from ..widgets.endpoint_forms import CreateEndpointForm, RetryPolicyForm
 from ..widgets.live_table import CELL_LIMIT, LiveTable
@@ -64,6 +65,9 @@ class EndpointsPane(LivePane):
         Binding("z", "toggle_pause", "Pause",
                 tooltip="Pause or resume: while paused sends are still accepted, nothing is delivered or dequeued",
                 id="endpoints.pause"),
+        Binding("P", "purge", "Purge", tooltip="Purge the pending messages (not those in processing), after "
+                "a confirmation naming how many; they go to the archive as purged", show=False,
+                id="endpoints.purge"),
         Binding("o", "open", "Open", tooltip="Open the endpoint: its last error, config and policy whole (enter)",
                 show=False, id="endpoints.open"),
     ]
@@ -136,6 +140,31 @@ class EndpointsPane(LivePane):
             else:
                 self.write(lambda conn: endpoints.pause(conn, e.name),
                            f"paused {e.name}: sends are still accepted, nothing is delivered until z resumes it")
+
+    def action_purge(self) -> None:
+        if e := self._selected():
+            self._count_then_purge(e.name)
+
+    @work(thread=True, exit_on_error=False, group="count")
+    def _count_then_purge(self, name: str) -> None:
+        """Issue 42: purge with a confirmation that names the count (read off the depth counters)."""
+        try:
+            total = self.courier.database.run(lambda conn: verbs.purge_count(conn, name))
+        except CourierError as error:
+            self.app.call_from_thread(self.notify, error.one_line(), severity="error", timeout=5)
+            return
+        if total == 0:
+            self.app.call_from_thread(self.notify, f"{name} has no pending message to purge", timeout=3)
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.write(lambda conn: verbs.purge(conn, name, actor="console"),
+                           f"purged {{result}} pending message(s) of {name}")
+        self.app.call_from_thread(
+            self.app.push_screen,
+            ConfirmModal(f"Purge the {total:,} pending message(s) of {name}? They leave the queue for the archive "
+                         "as purged; messages in processing finish normally.", "Purge"), answered)
 
     def action_reset_circuit(self) -> None:
         if e := self._selected():
