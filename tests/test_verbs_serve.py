@@ -57,6 +57,10 @@ def test_errors_name_the_field(server, conn, orders):
     assert (status, body["field"]) == (404, "endpoint")
     status, body, _ = call(server, "POST", "/api/topics/orders/purge", admin, {"dlq": "yes"})
     assert (status, body["field"]) == (400, "dlq")
+    for path, fields in (("/api/topics/orders/purge", {"dlq": True, "archive": False}),
+                         ("/api/topics/orders.dlq/purge", {"archive": False})):
+        status, body, _ = call(server, "POST", path, admin, fields)
+        assert (status, body["field"]) == (400, "archive"), path
     sent = int(call(server, "POST", "/api/messages", admin, {"topic": "orders", "payload": b64(1)})[1]["id"])
     call(server, "POST", f"/api/messages/{sent}/cancel", admin)
     conn.execute("SELECT courier.archive_completed_messages(0)")

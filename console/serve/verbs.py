@@ -15,6 +15,7 @@ from sqlkit.tokens import Token
 
 from .auth import require
 from .input import flag, message_id, text
+from .problems import bad_request
 from .routing import api, reply
 from .server import Server
 
@@ -75,6 +76,10 @@ async def purge(request: web.Request, token: Token, body: dict[str, Any]) -> web
     name = request.match_info["name"]
     dlq = bool(body["dlq"])
     archive = body["archive"] is not False
+    if not archive and (dlq or name.endswith(".dlq")):
+        # As the CLI refuses --dlq --no-archive: a DLQ's entries are deleted, never archived.
+        raise bad_request("archive", "means nothing for a DLQ, whose purged entries are deleted (their messages "
+                                     "stay in the archive as failed); leave it out")
     async with Server.of(request).session("admin") as conn:
         purged = await queries.fetch_value_async(conn, "purge_queue", {"endpoint": name, "dlq": dlq,
                                                                        "archive": archive, "actor": _actor(token)})
