@@ -67,7 +67,7 @@ BEGIN
     IF p_count > 0 THEN
         -- A message cancelled while its delivery was under way held its ordering key until now
         -- (courier._cancel): whatever its worker reports, the delivery is over.
-        DELETE FROM courier.queue WHERE id = ANY (p_ids) AND status = 'processing' AND lease = 0;
+        DELETE FROM courier.queue WHERE id = ANY (p_ids) AND status = 'processing' AND lease = -1;
         PERFORM courier._add_delivery_totals(0, 'stale_report', p_count);
         PERFORM courier._log_event('report.stale_lease', NULL, jsonb_build_object(
             'kind', p_kind, 'count', p_count, 'message_ids', to_jsonb(p_ids[1:20])));
@@ -97,7 +97,7 @@ BEGIN
         RETURN 0;
     END IF;
     -- Cancelled while in flight (courier._cancel): archived already; its delivery is given up.
-    DELETE FROM courier.queue WHERE id = ANY (p_ids) AND status = 'processing' AND lease = 0;
+    DELETE FROM courier.queue WHERE id = ANY (p_ids) AND status = 'processing' AND lease = -1;
     WITH abandoned AS (
         SELECT q.id, coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
                               v_default_max_retries) AS max_retries

@@ -92,12 +92,13 @@ BEGIN
     END IF;
     IF p_message.status = 'processing' AND p_message.visible_at IS NULL AND p_message.ordering_key IS NOT NULL THEN
         -- Its delivery is under way: the next message of its ordering key must not start
-        -- before it ends, so the row stays in processing, holding the key, under lease 0 (which
-        -- no claim hands out): the worker's report, release or renewal no longer matches it,
+        -- before it ends, so the row stays in processing, holding the key, under lease -1 (a
+        -- claim's lease is positive, and a row never claimed has 0): the worker's report,
+        -- release or renewal no longer matches it,
         -- and whichever of those comes first deletes it (_count_stale_reports), as stale or
         -- dead-worker recovery does if none comes. The archive has it as cancelled from now.
         PERFORM courier._archive_copy(p_message, 'cancelled');
-        UPDATE courier.queue SET lease = 0, expires_at = NULL, updated_at = now() WHERE id = p_message.id;
+        UPDATE courier.queue SET lease = -1, expires_at = NULL, updated_at = now() WHERE id = p_message.id;
     ELSE
         PERFORM courier._archive_messages(ARRAY[p_message.id], ARRAY['pending', 'processing'], 'cancelled');
     END IF;
@@ -109,10 +110,10 @@ END
 $$;
 
 -- Whether the message was cancelled while its delivery was under way and holds its ordering
--- key until that delivery ends (_cancel): in processing under lease 0, which no claim gives.
+-- key until that delivery ends (_cancel): in processing under lease -1, which no claim gives.
 CREATE OR REPLACE FUNCTION courier._cancelled_in_flight(p_message courier.queue) RETURNS boolean
 LANGUAGE sql IMMUTABLE
-AS $$ SELECT p_message.status = 'processing' AND p_message.lease = 0 $$;
+AS $$ SELECT p_message.status = 'processing' AND p_message.lease = -1 $$;
 
 -- The archive's row for a message that stays in the queue a while longer (_cancel).
 CREATE OR REPLACE FUNCTION courier._archive_copy(m courier.queue, p_status text) RETURNS void
