@@ -158,7 +158,8 @@ def test_analytics_equal_the_same_aggregation_in_sql_and_rerun_without_duplicate
         assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     names = dict(conn.execute("SELECT id, name FROM courier.endpoints").fetchall())
-    want = [(names[row[0]], *row[1:]) for row in _analytics_sql(conn, "sql_analytics_summary")]
+    # The SQL summary's last column is its rows read, which the JSON summary does not show.
+    want = [(names[row[0]], *row[1:-1]) for row in _analytics_sql(conn, "sql_analytics_summary")]
     assert sorted(tuple(row.values()) for row in summary) == sorted(want)
     assert set(summary[0]) == {"endpoint", "delivered", "failed", "expired", "dead_lettered",
                                "p50_ms", "p95_ms", "p99_ms"}
