@@ -30,6 +30,19 @@ AS $$
            END
 $$;
 
+-- The values each field of a valid cron schedule names, and whether its two day fields are
+-- either-or (neither starts with *), read once per call of _cron_next or _cron_prev.
+CREATE OR REPLACE FUNCTION courier._cron_fields(p_cron text, OUT minutes integer[], OUT hours integer[],
+                                               OUT days integer[], OUT months integer[], OUT weekdays integer[],
+                                               OUT either boolean)
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT courier._cron_field_values(f[1], 0, 59), courier._cron_field_values(f[2], 0, 23),
+           courier._cron_field_values(f[3], 1, 31), courier._cron_field_values(f[4], 1, 12),
+           courier._cron_weekdays(f[5]), left(f[3], 1) <> '*' AND left(f[5], 1) <> '*'
+    FROM string_to_array(p_cron, ' ') AS f
+$$;
+
 -- The first time after p_after that the cron schedule p_cron (normalized, valid) names on the
 -- clocks of p_time_zone; NULL if none within nine years. Walks local time a field at a time
 -- (a month, a day, an hour, then the minute), so a yearly schedule takes a few dozen steps.
@@ -40,27 +53,21 @@ RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_fields text[] := string_to_array(p_cron, ' ');
-    v_minutes integer[] := courier._cron_field_values(v_fields[1], 0, 59);
-    v_hours integer[] := courier._cron_field_values(v_fields[2], 0, 23);
-    v_days integer[] := courier._cron_field_values(v_fields[3], 1, 31);
-    v_months integer[] := courier._cron_field_values(v_fields[4], 1, 12);
-    v_weekdays integer[] := courier._cron_weekdays(v_fields[5]);
-    v_either boolean := left(v_fields[3], 1) <> '*' AND left(v_fields[5], 1) <> '*';
+    f record := courier._cron_fields(p_cron);
     v_local timestamp := date_trunc('minute', p_after AT TIME ZONE p_time_zone) + interval '1 minute';
     v_end timestamp := v_local + interval '9 years';
     v_minute integer;
     v_at timestamptz;
 BEGIN
     WHILE v_local < v_end LOOP
-        IF NOT extract(month FROM v_local)::integer = ANY (v_months) THEN
+        IF NOT extract(month FROM v_local)::integer = ANY (f.months) THEN
             v_local := date_trunc('month', v_local) + interval '1 month';
-        ELSIF NOT courier._cron_day_matches(v_local, v_days, v_weekdays, v_either) THEN
+        ELSIF NOT courier._cron_day_matches(v_local, f.days, f.weekdays, f.either) THEN
             v_local := date_trunc('day', v_local) + interval '1 day';
-        ELSIF NOT extract(hour FROM v_local)::integer = ANY (v_hours) THEN
+        ELSIF NOT extract(hour FROM v_local)::integer = ANY (f.hours) THEN
             v_local := date_trunc('hour', v_local) + interval '1 hour';
         ELSE
-            SELECT min(m) INTO v_minute FROM unnest(v_minutes) m WHERE m >= extract(minute FROM v_local);
+            SELECT min(m) INTO v_minute FROM unnest(f.minutes) m WHERE m >= extract(minute FROM v_local);
             IF v_minute IS NULL THEN
                 v_local := date_trunc('hour', v_local) + interval '1 hour';
             ELSE
@@ -83,27 +90,21 @@ RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_fields text[] := string_to_array(p_cron, ' ');
-    v_minutes integer[] := courier._cron_field_values(v_fields[1], 0, 59);
-    v_hours integer[] := courier._cron_field_values(v_fields[2], 0, 23);
-    v_days integer[] := courier._cron_field_values(v_fields[3], 1, 31);
-    v_months integer[] := courier._cron_field_values(v_fields[4], 1, 12);
-    v_weekdays integer[] := courier._cron_weekdays(v_fields[5]);
-    v_either boolean := left(v_fields[3], 1) <> '*' AND left(v_fields[5], 1) <> '*';
+    f record := courier._cron_fields(p_cron);
     v_local timestamp := date_trunc('minute', p_at AT TIME ZONE p_time_zone);
     v_end timestamp := v_local - interval '9 years';
     v_minute integer;
     v_at timestamptz;
 BEGIN
     WHILE v_local > v_end LOOP
-        IF NOT extract(month FROM v_local)::integer = ANY (v_months) THEN
+        IF NOT extract(month FROM v_local)::integer = ANY (f.months) THEN
             v_local := date_trunc('month', v_local) - interval '1 minute';
-        ELSIF NOT courier._cron_day_matches(v_local, v_days, v_weekdays, v_either) THEN
+        ELSIF NOT courier._cron_day_matches(v_local, f.days, f.weekdays, f.either) THEN
             v_local := date_trunc('day', v_local) - interval '1 minute';
-        ELSIF NOT extract(hour FROM v_local)::integer = ANY (v_hours) THEN
+        ELSIF NOT extract(hour FROM v_local)::integer = ANY (f.hours) THEN
             v_local := date_trunc('hour', v_local) - interval '1 minute';
         ELSE
-            SELECT max(m) INTO v_minute FROM unnest(v_minutes) m WHERE m <= extract(minute FROM v_local);
+            SELECT max(m) INTO v_minute FROM unnest(f.minutes) m WHERE m <= extract(minute FROM v_local);
             IF v_minute IS NULL THEN
                 v_local := date_trunc('hour', v_local) - interval '1 minute';
             ELSE
