@@ -182,3 +182,37 @@ def test_every_shape_of_write_keeps_the_counters_exact(conn: psycopg.Connection)
     for step in steps:
         conn.execute(step)
         assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0], step
+
+
+def test_single_sends_count_their_own_message_on_every_path(conn: psycopg.Connection):
+    """A single send (send, send_with_options, enqueue) counts its message itself and makes the
+    insert trigger stand aside for that statement only: a duplicate, a replacement in place, a
+    refused send, a rolled-back one and a batch in the same transaction must all count right."""
+    _fill(conn)
+    conn.execute("SELECT courier.create_endpoint('off', 'noop', '{}')")
+    conn.execute("SELECT courier.disable_endpoint('off')")
+    steps = [
+        "SELECT courier.send('hook', '{}')",
+        "SELECT courier.send('jobs', '{}')",                                    # a pull topic through send
+        "SELECT courier.send_with_options('hook', '{}', p_priority => 9)",
+        "SELECT courier.send_with_options('hook', '{\"a\": 1}', p_idempotency_key => 'k')",
+        "SELECT courier.send_with_options('hook', '{\"a\": 1}', p_idempotency_key => 'k')",  # the duplicate
+        "SELECT courier.enqueue('jobs', '{}')",
+        "SELECT courier.enqueue('jobs', '{\"v\": 1}', p_key => 'x')",
+        "SELECT courier.enqueue('jobs', '{\"v\": 2}', p_key => 'x')",          # replaced in place
+        "SELECT courier.send('hook', '{}'), courier.send_batch('hook', ARRAY['{}', '{}']::jsonb[]), "
+        "courier.send('jobs', '{}')",                                           # single and batch together
+    ]
+    for step in steps:
+        conn.execute(step)
+        assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0], step
+    with pytest.raises(psycopg.Error):
+        conn.execute("SELECT courier.send('off', '{}')")                       # refused: nothing counted
+    with conn.transaction(force_rollback=True):
+        conn.execute("SELECT courier.send('hook', '{}')")
+        conn.execute("SELECT courier.enqueue('jobs', '{}')")
+    # After them, in the same session, a batch and a plain insert are counted by the trigger again.
+    conn.execute("SELECT courier.send_batch('jobs', ARRAY['{}', '{}', '{}']::jsonb[])")
+    conn.execute("INSERT INTO courier.queue (endpoint_id, payload) SELECT id, '{}' FROM courier.endpoints "
+                 "WHERE name = 'hook'")
+    assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]

@@ -107,6 +107,30 @@ BEGIN
 END
 $$;
 
+-- Counts one message a single send (_send_one, enqueue) has just inserted, pending at
+-- p_priority: the counting trigger's work for that statement, which the send flagged with
+-- courier.insert_counted so that the trigger returns at once. The trigger's call, its transition
+-- table and its aggregate cost a send about 196,000 instructions; this call and its UPDATE,
+-- 122,000 (callgrind, PostgreSQL 15).
+CREATE OR REPLACE FUNCTION courier._count_sent(p_endpoint_id integer, p_priority integer) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_writes integer := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
+    v_set text := set_config('courier.depth_writes', (v_writes + 1)::text, true);
+BEGIN
+    UPDATE courier.queue_depth d SET messages = d.messages + 1
+    WHERE d.endpoint_id = p_endpoint_id AND d.status = 'pending' AND d.backend_pid = pg_backend_pid()
+      AND d.slot = v_writes >> 6;
+    IF NOT FOUND THEN
+        PERFORM courier._add_depth(p_endpoint_id, 'pending', 1, v_writes >> 6, 1 << p_priority);
+    ELSIF p_priority <> 0 THEN
+        PERFORM courier._note_priorities(p_endpoint_id, 1 << p_priority);
+    END IF;
+    RETURN true;
+END
+$$;
+
 -- The counter row slot of a write: the counting triggers compute it inline (below).
 DROP FUNCTION IF EXISTS courier._depth_slot();
 
@@ -138,8 +162,8 @@ DECLARE
     -- (a transaction of 20,000 sends took 9.5 s; pgmq's, 0.1 s). The count is a setting local
     -- to the transaction; a session that sets it itself only moves its counts to another slot,
     -- which compact_queue_depth() folds back.
-    v_writes integer := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
-    v_set text := set_config('courier.depth_writes', (v_writes + 1)::text, true);
+    v_writes integer;
+    v_set text;
     v_first integer;
     v_last integer;
     v_count bigint;
@@ -147,6 +171,11 @@ DECLARE
     v_status text;
     v_statuses integer;
 BEGIN
+    IF current_setting('courier.insert_counted', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
+    v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true);
     SELECT min(endpoint_id), max(endpoint_id), count(*), bit_or(1 << priority), min(status),
            count(DISTINCT status)
     INTO v_first, v_last, v_count, v_levels, v_status, v_statuses
@@ -252,6 +281,11 @@ BEGIN
 END
 $$;
 
+-- A single send counts its message itself (_send_one, enqueue, through _count_sent) and flags
+-- its INSERT with courier.insert_counted, set for that statement only: the trigger function
+-- returns at once. The test is in the function, not in a WHEN: PostgreSQL parses a trigger's WHEN
+-- again in every statement that writes the table, which cost every insert more (about 30,000
+-- instructions) than calling the function to return (14,000).
 CREATE OR REPLACE TRIGGER queue_count_insert AFTER INSERT ON courier.queue
     REFERENCING NEW TABLE AS inserted_rows
     FOR EACH STATEMENT EXECUTE FUNCTION courier._count_queue_insert();

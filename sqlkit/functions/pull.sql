@@ -312,6 +312,8 @@ BEGIN
         IF coalesce((v_topic.config ->> 'max_depth')::numeric, v_limits.default_max_depth) > 0 THEN
             PERFORM courier._enforce_max_depth(v_topic.id, 1);
         END IF;
+        -- The message is counted below, not by the insert trigger (_count_sent).
+        v_held := set_config('courier.insert_counted', 'on', true) IS NOT NULL;
         IF p_key IS NULL THEN
             -- No key, no conflict to look for: ON CONFLICT would insert speculatively, a WAL
             -- record more (48 bytes) in every enqueue.
@@ -320,6 +322,7 @@ BEGIN
             VALUES (v_topic.id, v_payload, p_payload_binary, p_body, v_metadata, v_scheduled_at,
                     v_due, v_due + make_interval(secs => coalesce(p_ttl_seconds, v_ttl)), p_max_retries)
             RETURNING id INTO v_id;
+            v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
             EXIT;
         END IF;
         INSERT INTO courier.queue (endpoint_id, payload, payload_binary, body, metadata, key, scheduled_at,
@@ -329,6 +332,7 @@ BEGIN
         ON CONFLICT (endpoint_id, key) WHERE key IS NOT NULL AND status IN ('pending', 'processing')
         DO NOTHING
         RETURNING id INTO v_id;
+        v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
         IF v_id IS NOT NULL THEN
             EXIT;
         END IF;
@@ -368,6 +372,9 @@ BEGIN
         END IF;
         -- It went to pending (nacked) or away (acked) meanwhile: go round again.
     END LOOP;
+    IF NOT v_replaced THEN
+        v_held := courier._count_sent(v_topic.id, 0);
+    END IF;
     -- Replaced in place, the message changed no depth counter, so nothing wakes at commit. Given a
     -- due time, it may have been scheduled for later and be due now: a rare path, woken here.
     -- Without one its due time stands, and whoever waits for it was woken when it was enqueued.
