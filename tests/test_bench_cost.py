@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
+from console.bench import cost as cost_scenario
+from console.bench import instructions
 from console.bench.cost import cost
 from console.bench.horizon import horizon
 
 
 def test_bench_cost_counts_each_operation_beside_pgmq(dsn):
-    results = {r.variant: r for r in cost(dsn)}
+    results = {r.variant: r for r in cost(dsn, instructions=False)}  # counted below, in a test of their own
     for operation in ("send", "send to a pull topic", "enqueue (pull topic)", "send_batch of 100",
                       "dequeue(10) + ack", "dequeue(100) + ack", "receive(1)", "receive(100)"):
         wal = results[f"{operation}: WAL bytes/msg"]
@@ -22,6 +28,31 @@ def test_bench_cost_counts_each_operation_beside_pgmq(dsn):
     # receive(1) deletes the row as pop does; its outcome counter writes no WAL either.
     records = results["receive(1): WAL records/msg"]
     assert records.courier.rate <= records.ceiling.rate
+    assert not any(variant.endswith("instructions/msg") for variant in results)
+
+
+@pytest.mark.skipif(instructions.unavailable() is not None, reason=str(instructions.unavailable()))
+def test_bench_cost_counts_instructions_per_message_the_same_twice(dsn, monkeypatch):
+    """Under valgrind, about a minute: the instruction rows stand beside the others, for Courier
+    and pgmq, and a second count of the same operation agrees with the first."""
+    send, receive = cost_scenario.OPERATIONS[0], cost_scenario.OPERATIONS[7]
+    assert (send.name, receive.name) == ("send", "receive(100)")
+    small = (dataclasses.replace(send, counted=100), dataclasses.replace(receive, counted=5))
+    monkeypatch.setattr(cost_scenario, "OPERATIONS", small)
+    results = {r.variant: r for r in cost(dsn, instructions=True)}
+    for operation in small:
+        row = results[f"{operation.name}: instructions/msg"]
+        assert row.lower_is_better and row.target_ratio == 1.0
+        assert row.courier.rate > 0 and row.ceiling.rate > 0
+        assert "callgrind" in row.notes
+    # A send does more than a bare INSERT (pgmq's): tens of thousands of instructions at least.
+    assert results["send: instructions/msg"].ceiling.rate > 50_000
+
+    with cost_scenario.counter() as counting:
+        again = [cost_scenario.instructions_per_message(counting, small[0], side) for side in ("courier", "pgmq")]
+    first = results["send: instructions/msg"]
+    assert again[0] == pytest.approx(first.courier.rate, rel=0.03)
+    assert again[1] == pytest.approx(first.ceiling.rate, rel=0.03)
 
 
 def test_bench_horizon_holds_a_snapshot_while_producers_send_and_a_worker_drains(dsn):

@@ -8,6 +8,11 @@ Per message, for every operation:
   BUFFERS, WAL) of each statement, which counts everything the statement ran, the functions it
   called and their triggers included, but not work deferred to commit.
 - statements executed (nested ones included), where pg_stat_statements is loaded.
+- instructions, where valgrind and PostgreSQL's server binaries are installed (and not turned
+  off with --no-instructions): CPU work as a count no machine's speed or load can change. A
+  private throwaway cluster (console/bench/instructions.py) runs under callgrind; the statements
+  run plainly there, without EXPLAIN, and a backend that ran the warm-up and the measured units
+  counts the instructions of one that ran only the warm-up less. It takes a few minutes.
 
 As in a deployment with `courier worker` running, the maintenance leader's estimate of the active
 count is kept fresh during the measurement (courier.estimate_active_messages(), once a second),
@@ -23,13 +28,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import psycopg
 
+from sqlkit import migrate
 from sqlkit.connection import connect
+from sqlkit.errors import CourierError
 
+from . import instructions as callgrind
 from . import pgmq
 from .result import Measurement, ScenarioResult
 from .scratch import backpressure_out_of_reach, leader_estimates
@@ -55,6 +65,14 @@ class Counts:
         return getattr(self, name) / max(self.messages, 1)
 
 
+class Runner(Protocol):
+    """What an operation's unit runs its statements through."""
+
+    def run(self, statement: str, params: tuple = ()) -> None: ...
+
+    def fetch(self, statement: str, params: tuple = ()) -> list[tuple]: ...
+
+
 @dataclass
 class Meter:
     """Runs statements, each in a transaction of its own, under EXPLAIN, adding up their counts."""
@@ -78,25 +96,48 @@ class Meter:
         return rows
 
 
+@dataclass
+class Plain:
+    """Runs statements as a client does, each in a transaction of its own, without EXPLAIN (which
+    costs instructions of its own), for the instructions count. What the harness needs to know
+    in between is asked on another connection, so that it stays out of the count."""
+
+    conn: psycopg.Connection
+    harness: psycopg.Connection
+
+    def run(self, statement: str, params: tuple = ()) -> None:
+        self.conn.execute(statement, params)
+        self.conn.commit()
+
+    def fetch(self, statement: str, params: tuple = ()) -> list[tuple]:
+        rows = self.harness.execute(f"/* bench harness */ {statement}", params).fetchall()
+        self.harness.commit()
+        return rows
+
+
+Unit = Callable[[Runner], None]
+
+
 @dataclass(frozen=True)
 class Operation:
     name: str
     messages: int                       # per unit
     units: int                          # measured units
-    courier: Callable[[Meter], None]
-    pgmq: Callable[[Meter], None]
+    courier: Unit
+    pgmq: Unit
     preload: int = 0                    # messages each side holds before it starts
+    counted: int = 300                  # measured units for the instructions count, under callgrind
 
 
-def _courier_send(endpoint: str) -> Callable[[Meter], None]:
+def _courier_send(endpoint: str) -> Unit:
     return lambda m: m.run("SELECT courier.send(%s, %s::jsonb)", (endpoint, PAYLOAD))
 
 
-def _courier_enqueue(m: Meter) -> None:
+def _courier_enqueue(m: Runner) -> None:
     m.run("SELECT courier.enqueue(%s, %s::jsonb)", (TOPIC, PAYLOAD))
 
 
-def _pgmq_send(m: Meter) -> None:
+def _pgmq_send(m: Runner) -> None:
     m.run("SELECT pgmq.send(%s, %s::jsonb)", (pgmq.QUEUE, PAYLOAD))
 
 
@@ -104,16 +145,16 @@ def _batch(size: int) -> list[str]:
     return [json.dumps({"order_id": n, "amount": 99.99}) for n in range(size)]
 
 
-def _courier_send_batch(size: int) -> Callable[[Meter], None]:
+def _courier_send_batch(size: int) -> Unit:
     return lambda m: m.run("SELECT courier.send_batch(%s, %s::jsonb[])", (ENDPOINT, _batch(size)))
 
 
-def _pgmq_send_batch(size: int) -> Callable[[Meter], None]:
+def _pgmq_send_batch(size: int) -> Unit:
     return lambda m: m.run("SELECT pgmq.send_batch(%s, %s::jsonb[])", (pgmq.QUEUE, _batch(size)))
 
 
-def _courier_dequeue_ack(size: int) -> Callable[[Meter], None]:
-    def unit(m: Meter) -> None:
+def _courier_dequeue_ack(size: int) -> Unit:
+    def unit(m: Runner) -> None:
         m.run("SELECT * FROM courier.dequeue(%s, %s, 60)", (TOPIC, size))
         leased = m.fetch("SELECT id, lease FROM courier.queue WHERE status = 'processing' AND visible_at IS NOT NULL")
         m.run("SELECT * FROM courier.ack(%s::bigint[], %s::integer[])",
@@ -121,19 +162,19 @@ def _courier_dequeue_ack(size: int) -> Callable[[Meter], None]:
     return unit
 
 
-def _pgmq_read_delete(size: int) -> Callable[[Meter], None]:
-    def unit(m: Meter) -> None:
+def _pgmq_read_delete(size: int) -> Unit:
+    def unit(m: Runner) -> None:
         m.run("SELECT * FROM pgmq.read(%s, 60, %s)", (pgmq.QUEUE, size))
         read = m.fetch(f"SELECT msg_id FROM pgmq.q_{pgmq.QUEUE} WHERE read_ct > 0")
         m.run("SELECT * FROM pgmq.delete(%s, %s::bigint[])", (pgmq.QUEUE, [r[0] for r in read]))
     return unit
 
 
-def _courier_receive(size: int) -> Callable[[Meter], None]:
+def _courier_receive(size: int) -> Unit:
     return lambda m: m.run("SELECT * FROM courier.receive(%s, %s)", (TOPIC, size))
 
 
-def _pgmq_pop(size: int) -> Callable[[Meter], None]:
+def _pgmq_pop(size: int) -> Unit:
     return lambda m: m.run("SELECT * FROM pgmq.pop(%s, %s)", (pgmq.QUEUE, size))
 
 
@@ -141,11 +182,12 @@ OPERATIONS = (
     Operation("send", 1, 500, _courier_send(ENDPOINT), _pgmq_send),
     Operation("send to a pull topic", 1, 500, _courier_send(TOPIC), _pgmq_send),
     Operation("enqueue (pull topic)", 1, 500, _courier_enqueue, _pgmq_send),
-    Operation("send_batch of 100", 100, 20, _courier_send_batch(100), _pgmq_send_batch(100)),
-    Operation("dequeue(10) + ack", 10, 50, _courier_dequeue_ack(10), _pgmq_read_delete(10), preload=1),
-    Operation("dequeue(100) + ack", 100, 20, _courier_dequeue_ack(100), _pgmq_read_delete(100), preload=1),
+    Operation("send_batch of 100", 100, 20, _courier_send_batch(100), _pgmq_send_batch(100), counted=10),
+    Operation("dequeue(10) + ack", 10, 50, _courier_dequeue_ack(10), _pgmq_read_delete(10), preload=1, counted=30),
+    Operation("dequeue(100) + ack", 100, 20, _courier_dequeue_ack(100), _pgmq_read_delete(100), preload=1,
+              counted=10),
     Operation("receive(1)", 1, 500, _courier_receive(1), _pgmq_pop(1), preload=1),
-    Operation("receive(100)", 100, 20, _courier_receive(100), _pgmq_pop(100), preload=1),
+    Operation("receive(100)", 100, 20, _courier_receive(100), _pgmq_pop(100), preload=1, counted=10),
 )
 
 METRICS = (
@@ -154,6 +196,7 @@ METRICS = (
     ("buffers", "shared buffers/msg", True),
     ("statements", "statements/msg", False),
 )
+INSTRUCTIONS = "instructions/msg"
 
 
 def _prepare(dsn: str) -> None:
@@ -212,9 +255,13 @@ def _checkpoint(conn: psycopg.Connection) -> None:
         conn.execute("CHECKPOINT")
 
 
+def _needed(operation: Operation, units: int) -> int:
+    return operation.messages * (units + WARMUP_UNITS) if operation.preload else 0
+
+
 def measure(dsn: str, operation: Operation, side: str) -> Counts:
     unit = operation.courier if side == "courier" else operation.pgmq
-    needed = operation.messages * (operation.units + WARMUP_UNITS) if operation.preload else 0
+    needed = _needed(operation, operation.units)
     with connect(dsn, autocommit=True) as admin:
         # Before the fill: pages made after a checkpoint are written without full-page images.
         _checkpoint(admin)
@@ -238,20 +285,109 @@ def measure(dsn: str, operation: Operation, side: str) -> Counts:
         return meter.counts
 
 
-def cost(dsn: str, *, clients: int = 1, seconds: float = 0, rounds: int = 1) -> list[ScenarioResult]:
-    del clients, seconds, rounds  # deterministic counts: one single-connection run is enough
+def _prepare_private(dsn: str) -> None:
+    """The private cluster's database, made as the scratch database is."""
+    migrate.migrate(dsn)
     _prepare(dsn)
+
+
+@dataclass
+class Counter:
+    """The callgrind'd private cluster, and what the harness keeps open on it through the pass: its
+    own connections (each backend pays valgrind's translation of the code it runs) and the
+    maintenance leader's estimates."""
+
+    cluster: callgrind.Cluster
+    admin: psycopg.Connection
+    harness: psycopg.Connection
+
+
+@contextlib.contextmanager
+def counter() -> Iterator[Counter]:
+    with callgrind.cluster(_prepare_private) as cluster, connect(cluster.dsn) as admin, \
+            connect(cluster.dsn) as harness, leader_estimates(cluster.dsn):
+        yield Counter(cluster, admin, harness)
+
+
+def instructions_per_message(counting: Counter, operation: Operation, side: str, units: int | None = None) -> float:
+    """Instructions per message of `operation` on one side: those of a backend that runs the
+    warm-up and `units` units (default: operation.counted), less those of one that runs only the
+    warm-up, each after the same fill of the queue."""
+    unit = operation.courier if side == "courier" else operation.pgmq
+    units = operation.counted if units is None else units
+
+    def backend(count: int) -> int:
+        _checkpoint(counting.admin)
+        _fill(counting.admin, side, _needed(operation, units))
+        # Fresh for the first send, whenever the leader's thread next gets to it.
+        counting.admin.execute("/* bench harness */ SELECT courier.estimate_active_messages()")
+        runner = lambda conn: Plain(conn, counting.harness)  # noqa: E731
+        return counting.cluster.instructions(lambda conn: [unit(runner(conn)) for _ in range(count)])
+
+    measured = backend(WARMUP_UNITS + units)
+    return (measured - backend(WARMUP_UNITS)) / (units * operation.messages)
+
+
+@dataclass(frozen=True)
+class Instructions:
+    """Instructions per message by operation name, (courier, pgmq), or why there are none."""
+
+    per_message: dict[str, tuple[float, float]]
+    seconds: float = 0.0
+    version: str = ""
+    missing: str = ""
+
+
+def count_instructions(operations: tuple[Operation, ...], *, required: bool = False) -> Instructions:
+    """Counted on a private callgrind'd cluster; where that cannot run, or fails to, the figures
+    are left out with the reason (raised instead when they were asked for)."""
+    reason = callgrind.unavailable()
+    if reason:
+        return Instructions({}, missing=reason)
+    started = time.monotonic()
+    try:
+        with counter() as counting:
+            found = {op.name: (instructions_per_message(counting, op, "courier"),
+                               instructions_per_message(counting, op, "pgmq")) for op in operations}
+            return Instructions(found, time.monotonic() - started, counting.cluster.version)
+    except (OSError, RuntimeError, TimeoutError, psycopg.Error) as error:
+        if required:
+            raise CourierError(f"instructions not measured: {error}") from error
+        return Instructions({}, missing=f"instructions not measured: {str(error).splitlines()[0]}")
+
+
+def cost(dsn: str, *, clients: int = 1, seconds: float = 0, rounds: int = 1,
+         instructions: bool | None = None) -> list[ScenarioResult]:
+    """`instructions`: count them too (True), not (False), or where valgrind is found (None)."""
+    del clients, seconds, rounds  # deterministic counts: one single-connection run is enough
+    if instructions and (reason := callgrind.unavailable()):
+        raise CourierError(reason)
+    _prepare(dsn)
+    counts = {operation.name: (measure(dsn, operation, "courier"), measure(dsn, operation, "pgmq"))
+              for operation in OPERATIONS}
+    counted = (count_instructions(OPERATIONS, required=bool(instructions)) if instructions is not False
+               else Instructions({}))
     results = []
     for operation in OPERATIONS:
-        mine, theirs = measure(dsn, operation, "courier"), measure(dsn, operation, "pgmq")
+        mine, theirs = counts[operation.name]
         for name, label, targeted in METRICS:
             if name == "statements" and not mine.statements:
                 continue
+            notes = _note(operation, name, mine, theirs)
+            if name == "wal_bytes" and counted.missing and operation is OPERATIONS[0]:
+                notes += f"; {counted.missing}"
             results.append(ScenarioResult(
                 scenario="cost", variant=f"{operation.name}: {label}", unit=label,
                 courier=Measurement(mine.per_message(name)), ceiling=Measurement(theirs.per_message(name)),
-                target_ratio=1.0 if targeted else None, lower_is_better=True,
-                notes=_note(operation, name, mine, theirs)))
+                target_ratio=1.0 if targeted else None, lower_is_better=True, notes=notes))
+        if operation.name in counted.per_message:
+            courier, peer = counted.per_message[operation.name]
+            results.append(ScenarioResult(
+                scenario="cost", variant=f"{operation.name}: {INSTRUCTIONS}", unit=INSTRUCTIONS,
+                courier=Measurement(courier), ceiling=Measurement(peer), target_ratio=1.0, lower_is_better=True,
+                notes=(f"callgrind, a private PostgreSQL {counted.version} cluster, {operation.counted} x "
+                       f"{operation.messages} message(s) less the warm-up; all operations counted in "
+                       f"{counted.seconds:.0f} s")))
     return results
 
 

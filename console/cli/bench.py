@@ -9,6 +9,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
+from console.bench import instructions as callgrind
 from console.bench import runner
 from console.bench.result import ScenarioResult
 
@@ -81,12 +82,18 @@ def _sizes(text: str, option: str) -> tuple[int, ...]:
               help="How long the horizon scenario holds a snapshot open.")
 @click.option("--offered-rate", type=FiniteFloatRange(1, 100000), default=800, show_default=True,
               help="Sends per second the horizon scenario's producers offer.")
+@click.option("--instructions/--no-instructions", default=None,
+              help="The cost scenario also counts CPU instructions per message, Courier's and pgmq's, under "
+                   "valgrind on a private PostgreSQL cluster: a few minutes more. Default: where valgrind and "
+                   "PostgreSQL's server binaries are installed.")
 @dsn_option
 def bench(scenarios: tuple[str, ...], json_file: Path | None, clients: int, seconds: float,
           rounds: int, depth_rows: str, spark_rows: str, processes: str, pinned_seconds: float,
-          offered_rate: float) -> None:
+          offered_rate: float, instructions: bool | None) -> None:
     """Run SCENARIOS (default: all) in a scratch database on the configured server."""
     names = list(scenarios) or sorted(runner.SCENARIOS)
+    if instructions and "cost" in names and (reason := callgrind.unavailable()):
+        raise click.UsageError(f"--instructions: {reason}")
     sizes = _sizes(depth_rows, "--depth-rows")
     quiet = json_file is not None and str(json_file) == "-"
     with console.status("benchmarking...") as status:
@@ -97,7 +104,8 @@ def bench(scenarios: tuple[str, ...], json_file: Path | None, clients: int, seco
                                                      if processes else ()},
                                       "http": {"processes": tuple(n for n in _sizes(processes, "--processes") if n > 1)
                                                if processes else ()},
-                                      "horizon": {"pinned": pinned_seconds, "rate": offered_rate}},
+                                      "horizon": {"pinned": pinned_seconds, "rate": offered_rate},
+                                      "cost": {"instructions": instructions}},
                              progress=lambda name: status.update(f"running {name}..."))
     payload = [r.as_dict() for r in results]
     if quiet:
