@@ -164,6 +164,28 @@ def test_scheduled_messages_do_not_notify(conn, noop, listener):
     assert payloads(listener) == [str(noop)]
 
 
+def test_a_due_send_wakes_even_when_a_scheduled_one_follows_it_in_the_transaction(dsn, noop, listener):
+    """The wake-up is asked for by the counter write of the due send; the scheduled send after it
+    sets the request off for its own write, and takes nothing back."""
+    with psycopg.connect(dsn) as producer:
+        producer.execute("SELECT courier.send('sink', '{}')")
+        producer.execute("SELECT courier.send_with_options('sink', '{}', p_scheduled_at := now() + interval '1 hour')")
+    assert payloads(listener) == [str(noop)]
+
+
+def test_consumers_writing_the_counters_wake_no_one(dsn, conn, listener):
+    """Dequeue, nack, ack and receive move messages between counters, in transactions of their
+    own: none of their writes queues a wake-up."""
+    topic = scalar(conn, "SELECT courier.create_endpoint('jobs', 'pull', '{}')")
+    conn.execute("SELECT courier.send_batch('jobs', ARRAY['{}', '{}', '{}', '{}']::jsonb[])")
+    assert payloads(listener) == [str(topic)]
+    taken = conn.execute("SELECT id, lease FROM courier.dequeue('jobs', 2, 60)").fetchall()
+    conn.execute("SELECT courier.nack(%s, %s)", taken[0])
+    conn.execute("SELECT courier.ack(%s, %s)", taken[1])
+    conn.execute("SELECT count(*) FROM courier.receive('jobs', 2)")
+    assert payloads(listener) == []
+
+
 def test_a_send_rolled_back_to_a_savepoint_does_not_notify(dsn, noop, listener):
     with psycopg.connect(dsn) as producer, producer.transaction():
         with pytest.raises(psycopg.errors.RaiseException), producer.transaction():

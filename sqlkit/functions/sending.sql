@@ -6,8 +6,9 @@
 -- time and group commit is lost: single sends topped out near 1 / fsync latency. So a send
 -- does not NOTIFY itself: it sets courier.wake_at_commit to 'on' for its INSERT (when the
 -- messages are due and, for a single send, notify_on_send is on), and the depth counter's
--- write queues a deferred event (the constraint trigger queue_depth_wake) that runs _wake_workers_at_commit()
--- at commit, once per statement; it acts only on a write that added pending messages. Of the
+-- write, naming the column slot in its SET because it adds pending messages while that is on
+-- (_wake_requested), queues a deferred event (the constraint trigger queue_depth_wake,
+-- restricted to that column) that runs _wake_workers_at_commit() at commit. Of the
 -- producers committing at the same moment, the one that takes the endpoint's wake lock
 -- NOTIFYs; the others skip it and commit in the same WAL flush, or the next. One of them may
 -- become visible only after the claim the NOTIFY set off, so every committing producer also
@@ -33,10 +34,9 @@ AS $$
 DECLARE
     v_held boolean;
 BEGIN
-    -- The trigger's WHEN tests only the request: here, whether this write added pending
-    -- messages.
-    IF NEW.status <> 'pending' OR (TG_OP = 'UPDATE' AND NEW.messages <= OLD.messages)
-       OR (TG_OP = 'INSERT' AND NEW.messages <= 0) THEN
+    -- Only a write that added pending messages while a wake-up was asked for names slot
+    -- (_wake_requested); this guards against any other.
+    IF NEW.status <> 'pending' THEN
         RETURN NULL;
     END IF;
     -- Tried, never waited for: any database user can hold an advisory key, and one holding
@@ -53,14 +53,14 @@ BEGIN
 END
 $$;
 
--- Deferred, so it runs at commit. Its WHEN tests only the request: PostgreSQL parses a
--- trigger's WHEN again in every statement that writes the table, and the status and count
--- tests (in the function instead) tripled its size, about 32,000 instructions of every send.
+-- Deferred, so it runs at commit. Restricted to the column slot, which only the writes that ask
+-- for a wake-up name (_wake_requested), and with no WHEN: PostgreSQL parses a trigger's WHEN
+-- again in every statement that writes the table, 32,000 instructions of every counter write,
+-- a consumer's included, where a column restriction is one test of the UPDATE's target list.
 -- A constraint trigger has no OR REPLACE.
 DROP TRIGGER IF EXISTS queue_depth_wake ON courier.queue_depth;
-CREATE CONSTRAINT TRIGGER queue_depth_wake AFTER INSERT OR UPDATE ON courier.queue_depth
+CREATE CONSTRAINT TRIGGER queue_depth_wake AFTER UPDATE OF slot ON courier.queue_depth
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
-    WHEN (current_setting('courier.wake_at_commit', true) = 'on')
     EXECUTE FUNCTION courier._wake_workers_at_commit();
 
 -- For the worker's linger: true while some producer that sent to the endpoint is committing
