@@ -48,7 +48,7 @@ from sqlkit.connection import connect, connect_async
 from sqlkit.errors import CourierError
 
 from .result import Measurement, ScenarioResult, measure_rounds
-from .scratch import backpressure_out_of_reach
+from .scratch import backpressure_out_of_reach, free_port
 
 TOPIC = "bench-http"
 BATCH = 100
@@ -71,12 +71,6 @@ SQL_ACK = "SELECT id, result FROM courier.ack(%s::bigint[], %s::integer[])"
 
 # The server -------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _server_cpu() -> int | None:
     """The CPU to pin the server to: the last one this process may use (None: cannot pin)."""
     if not hasattr(os, "sched_getaffinity"):
@@ -88,7 +82,7 @@ class ServeProcess(subprocess.Popen):
     """`courier serve` on a free loopback port, its log kept so a failure can say why."""
 
     def __init__(self, dsn: str, log: IO[str], processes: int = 1) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         # The DSN in the environment, not --dsn: any local user can read a command line.
         env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
         env["COURIER_DSN"] = dsn

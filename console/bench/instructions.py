@@ -19,7 +19,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,6 +29,8 @@ from pathlib import Path
 import psycopg
 
 from sqlkit.connection import connect
+
+from .scratch import free_port
 
 SERVER_USER = "postgres"            # initdb's superuser, and the account the server runs as under root
 START_TIMEOUT = 120.0               # under valgrind the postmaster takes 10-20 s to accept connections
@@ -97,12 +98,6 @@ def unavailable() -> str | None:
             return (f"instructions not measured: running as root, and there is no '{SERVER_USER}' account "
                     "to run PostgreSQL as")
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _alive(pid: int) -> bool:
@@ -201,7 +196,7 @@ def cluster(prepare: Callable[[str], None]) -> Iterator[Cluster]:
     try:
         if account is not None:
             os.chown(folder, account.pw_uid, account.pw_gid)
-        data, log, port = folder / "data", folder / "server.log", _free_port()
+        data, log, port = folder / "data", folder / "server.log", free_port()
         dsn = f"host=127.0.0.1 port={port} user={SERVER_USER} dbname=postgres"
         _run([str(bindir / "initdb"), "-D", str(data), "-U", SERVER_USER, "-A", "trust", "-E", "UTF8",
               "--locale=C", "--no-sync"], account)

@@ -1,9 +1,11 @@
-"""A throwaway database on the target server, so benchmarks never touch a live queue."""
+"""A throwaway database on the target server, so benchmarks never touch a live queue, and a free
+port for the servers a benchmark starts on loopback."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Iterator
 
@@ -12,6 +14,13 @@ from psycopg import sql
 
 from sqlkit import migrate
 from sqlkit.connection import connect
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now, for a server the benchmark starts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def with_dbname(dsn: str, dbname: str) -> str:

@@ -336,7 +336,7 @@ $$;
 -- delay queues), read from the endpoint row the INSERT joins anyway: no statement of its own. A
 -- delayed message is not due, so it asks for no wake-up. OFFSET 0 keeps the due time a subquery
 -- computed once: pulled up, its expression was copied into the four places that use it, each
--- made ready by the executor in every send (30,000 instructions). p_max_retries, when given, is the
+-- made ready by the executor in every send (21,000 instructions). p_max_retries, when given, is the
 -- message's own limit of retries, over the endpoint's retry policy or the topic's max_retries.
 DROP FUNCTION IF EXISTS courier._send_one(text, jsonb, integer, timestamptz, text, uuid, timestamptz, text, jsonb, jsonb);
 CREATE OR REPLACE FUNCTION courier._send_one(
