@@ -247,36 +247,76 @@ DECLARE
 BEGIN
     -- As a send does: a drop of the topic waits for this enqueue (read the topic after it).
     v_held := courier._hold_endpoint_for_send(p_topic);
-    v_topic := courier._pull_topic(p_topic);
+    -- _pull_topic's lookup, here: its call cost every enqueue a plpgsql function's entry and
+    -- exit. Any other name is looked at by it, for its error.
+    SELECT * INTO v_topic FROM courier.endpoints e WHERE e.name = p_topic AND e.protocol = 'pull';
+    IF NOT FOUND THEN
+        v_topic := courier._pull_topic(p_topic);
+    END IF;
     IF v_payload IS NULL THEN
         RAISE EXCEPTION '[courier] payload must not be NULL' USING ERRCODE = '22004',
             HINT = 'Give a JSON payload, a binary payload (p_payload_binary), or both';
     END IF;
-    IF jsonb_typeof(v_metadata) <> 'object' THEN
-        RAISE EXCEPTION '[courier] metadata must be a JSON object, got %', jsonb_typeof(v_metadata) USING ERRCODE = '22023';
-    END IF;
-    IF v_metadata <> '{}' AND jsonb_path_exists(v_metadata, 'strict $.**{32}') THEN
-        RAISE EXCEPTION '[courier] metadata is nested more than 32 levels deep' USING ERRCODE = '22023';
-    END IF;
-    IF length(p_key) NOT BETWEEN 1 AND 255 THEN
-        RAISE EXCEPTION '[courier] key must be 1 to 255 characters, got %', length(p_key) USING ERRCODE = '22023';
-    END IF;
-    IF p_scheduled_at = 'infinity' OR p_scheduled_at = '-infinity' THEN
-        RAISE EXCEPTION '[courier] scheduled_at must be a finite time' USING ERRCODE = '22023';
-    END IF;
-    IF p_ttl_seconds NOT BETWEEN 1 AND 31536000 THEN
-        RAISE EXCEPTION '[courier] ttl_seconds must be between 1 and 31536000, got %', p_ttl_seconds
-            USING ERRCODE = '22023', HINT = 'Leave it out for the topic''s message_ttl_seconds';
-    END IF;
-    IF p_max_retries NOT BETWEEN 0 AND 1000 THEN
-        PERFORM courier._check_max_retries(p_max_retries);
+    -- As in _send_one: the options a plain enqueue leaves out are checked only when given, each
+    -- IF being an expression of its own.
+    IF p_metadata IS NOT NULL OR p_key IS NOT NULL OR p_scheduled_at IS NOT NULL OR p_ttl_seconds IS NOT NULL
+       OR p_max_retries IS NOT NULL THEN
+        IF jsonb_typeof(v_metadata) <> 'object' THEN
+            RAISE EXCEPTION '[courier] metadata must be a JSON object, got %', jsonb_typeof(v_metadata) USING ERRCODE = '22023';
+        END IF;
+        IF v_metadata <> '{}' AND jsonb_path_exists(v_metadata, 'strict $.**{32}') THEN
+            RAISE EXCEPTION '[courier] metadata is nested more than 32 levels deep' USING ERRCODE = '22023';
+        END IF;
+        IF length(p_key) NOT BETWEEN 1 AND 255 THEN
+            RAISE EXCEPTION '[courier] key must be 1 to 255 characters, got %', length(p_key) USING ERRCODE = '22023';
+        END IF;
+        IF p_scheduled_at = 'infinity' OR p_scheduled_at = '-infinity' THEN
+            RAISE EXCEPTION '[courier] scheduled_at must be a finite time' USING ERRCODE = '22023';
+        END IF;
+        IF p_ttl_seconds NOT BETWEEN 1 AND 31536000 THEN
+            RAISE EXCEPTION '[courier] ttl_seconds must be between 1 and 31536000, got %', p_ttl_seconds
+                USING ERRCODE = '22023', HINT = 'Leave it out for the topic''s message_ttl_seconds';
+        END IF;
+        IF p_max_retries NOT BETWEEN 0 AND 1000 THEN
+            PERFORM courier._check_max_retries(p_max_retries);
+        END IF;
     END IF;
     IF p_scheduled_at IS NULL AND v_topic.config ? 'delay_seconds' THEN
         v_scheduled_at := now() + make_interval(secs => nullif((v_topic.config ->> 'delay_seconds')::integer, 0));
     END IF;
     v_due := coalesce(v_scheduled_at, now());
     v_size := octet_length(v_payload::text) + coalesce(octet_length(p_payload_binary), 0) + coalesce(octet_length(p_body), 0);
-    -- Every limit a send reads, in one row read once (each read was a statement of its own).
+    IF p_key IS NULL THEN
+        -- No key, nothing to replace: one statement, as a send's, reads the limits (size,
+        -- max_queue_size, max_depth), asks for the wake-up and inserts. It inserts nothing when
+        -- a limit stands in the way, and _send_refusal says which; with none left (the topic
+        -- enabled meanwhile), round again. No ON CONFLICT: it would insert speculatively, a WAL
+        -- record more (48 bytes) in every enqueue. The message is counted below (_count_sent).
+        LOOP
+            INSERT INTO courier.queue (endpoint_id, payload, payload_binary, body, metadata, scheduled_at,
+                                       visible_at, expires_at, max_retries)
+            SELECT v_topic.id, v_payload, p_payload_binary, p_body, v_metadata, v_scheduled_at, v_due,
+                   v_due + make_interval(secs => coalesce(p_ttl_seconds, nullif(coalesce(
+                       (v_topic.config ->> 'message_ttl_seconds')::numeric, l.default_message_ttl), 0))),
+                   p_max_retries
+            FROM courier.send_limits l,
+                 LATERAL (SELECT coalesce((v_topic.config ->> 'max_depth')::bigint, l.default_max_depth) AS max_depth
+                          OFFSET 0) d
+            WHERE v_topic.enabled AND v_size <= l.max_payload_size AND courier._room_for(l, 1)
+              AND (d.max_depth = 0 OR d.max_depth >= 1 + courier._active_messages(v_topic.id))
+              AND set_config('courier.wake_at_commit',
+                             CASE WHEN v_due <= now() AND l.notify_on_send THEN 'on' ELSE 'off' END, true) IS NOT NULL
+              AND set_config('courier.insert_counted', 'on', true) IS NOT NULL
+            RETURNING id INTO v_id;
+            v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
+            EXIT WHEN v_id IS NOT NULL;
+            PERFORM courier._send_refusal(p_topic, 1, v_size);
+            v_topic := courier._pull_topic(p_topic);
+        END LOOP;
+        v_held := courier._count_sent(v_topic.id, 0);
+        RETURN v_id;
+    END IF;
+    -- With a key: every limit a send reads, in one row read once.
     SELECT * INTO v_limits FROM courier.send_limits;
     -- The endpoint's state, the size and max_queue_size, with send()'s errors.
     IF NOT v_topic.enabled OR v_size > v_limits.max_payload_size
@@ -314,17 +354,6 @@ BEGIN
         END IF;
         -- The message is counted below, not by the insert trigger (_count_sent).
         v_held := set_config('courier.insert_counted', 'on', true) IS NOT NULL;
-        IF p_key IS NULL THEN
-            -- No key, no conflict to look for: ON CONFLICT would insert speculatively, a WAL
-            -- record more (48 bytes) in every enqueue.
-            INSERT INTO courier.queue (endpoint_id, payload, payload_binary, body, metadata, scheduled_at,
-                                       visible_at, expires_at, max_retries)
-            VALUES (v_topic.id, v_payload, p_payload_binary, p_body, v_metadata, v_scheduled_at,
-                    v_due, v_due + make_interval(secs => coalesce(p_ttl_seconds, v_ttl)), p_max_retries)
-            RETURNING id INTO v_id;
-            v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
-            EXIT;
-        END IF;
         INSERT INTO courier.queue (endpoint_id, payload, payload_binary, body, metadata, key, scheduled_at,
                                    visible_at, expires_at, max_retries)
         VALUES (v_topic.id, v_payload, p_payload_binary, p_body, v_metadata, p_key, v_scheduled_at,
