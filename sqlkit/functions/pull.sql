@@ -302,11 +302,7 @@ BEGIN
             FROM courier.send_limits l,
                  LATERAL (SELECT coalesce((v_topic.config ->> 'max_depth')::bigint, l.default_max_depth) AS max_depth
                           OFFSET 0) d
-            WHERE v_topic.enabled AND v_size <= l.max_payload_size AND courier._room_for(l, 1)
-              AND (d.max_depth = 0 OR d.max_depth >= 1 + courier._active_messages(v_topic.id))
-              AND set_config('courier.wake_at_commit',
-                             CASE WHEN v_due <= now() AND l.notify_on_send THEN 'on' ELSE 'off' END, true) IS NOT NULL
-              AND set_config('courier.insert_counted', 'on', true) IS NOT NULL
+            WHERE v_topic.enabled AND courier._admit_one(l, v_topic.id, v_size, d.max_depth, v_due <= now())
             RETURNING id INTO v_id;
             v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
             EXIT WHEN v_id IS NOT NULL;

@@ -159,6 +159,24 @@ AS $$
         OR p_limits.max_queue_size >= p_incoming + courier._active_messages(NULL)
 $$;
 
+-- Whether a single send (_send_one, enqueue) may insert its message, decided in its INSERT's
+-- WHERE: the payload's size, max_queue_size and the endpoint's max_depth (p_max_depth, 0 for
+-- none) allow it. When they do it also asks for the commit-time wake-up (p_due: the message is
+-- due now) and flags the insert as counted by the caller (_count_sent), both set as the row is
+-- made. False inserts nothing, and the caller asks _send_refusal why. SQL, so that it is
+-- inlined into the INSERT: no call of its own.
+CREATE OR REPLACE FUNCTION courier._admit_one(p_limits courier.send_limits, p_endpoint_id integer, p_size bigint,
+                                              p_max_depth bigint, p_due boolean) RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT p_size <= p_limits.max_payload_size AND courier._room_for(p_limits, 1)
+       AND (p_max_depth = 0 OR p_max_depth >= 1 + courier._active_messages(p_endpoint_id))
+       AND set_config('courier.wake_at_commit',
+                      CASE WHEN p_due AND p_limits.notify_on_send THEN 'on' ELSE 'off' END, true) IS NOT NULL
+       AND set_config('courier.insert_counted', 'on', true) IS NOT NULL
+$$;
+
+
 -- _room_for with the limits read here. The active count is a sum over the trigger-maintained
 -- counter rows, so this is O(1) in the size of the queue. In plpgsql: a SQL function that reads
 -- a table is not inlined, and PostgreSQL 15 parses and plans its query on every call (58 us of
@@ -417,15 +435,10 @@ BEGIN
                                      secs => nullif((e.config ->> 'delay_seconds')::integer, 0))) AS due,
                                  coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) AS max_depth
                           OFFSET 0) d
-            WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
-              AND courier._room_for(l, 1)
-              AND (d.max_depth = 0 OR d.max_depth >= 1 + courier._active_messages(e.id))
-              -- The wake-up request, set as the row is made, before its depth counter write
-              -- reads it (see the top of this file); here rather than in a statement of its own.
-              AND set_config('courier.wake_at_commit',
-                             CASE WHEN (d.due IS NULL OR d.due <= now()) AND l.notify_on_send
-                                  THEN 'on' ELSE 'off' END, true) IS NOT NULL
-              AND set_config('courier.insert_counted', 'on', true) IS NOT NULL
+            -- The wake-up request is set as the row is made, before its depth counter write
+            -- reads it (see the top of this file); here rather than in a statement of its own.
+            WHERE e.name = p_endpoint_name AND e.enabled
+              AND courier._admit_one(l, e.id, v_size, d.max_depth, d.due IS NULL OR d.due <= now())
             RETURNING id, endpoint_id INTO v_id, v_endpoint_id;
             v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
         ELSE
@@ -442,13 +455,8 @@ BEGIN
                                      secs => nullif((e.config ->> 'delay_seconds')::integer, 0))) AS due,
                                  coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) AS max_depth
                           OFFSET 0) d
-            WHERE e.name = p_endpoint_name AND e.enabled AND v_size <= l.max_payload_size
-              AND courier._room_for(l, 1)
-              AND (d.max_depth = 0 OR d.max_depth >= 1 + courier._active_messages(e.id))
-              AND set_config('courier.wake_at_commit',
-                             CASE WHEN (d.due IS NULL OR d.due <= now()) AND l.notify_on_send
-                                  THEN 'on' ELSE 'off' END, true) IS NOT NULL
-              AND set_config('courier.insert_counted', 'on', true) IS NOT NULL
+            WHERE e.name = p_endpoint_name AND e.enabled
+              AND courier._admit_one(l, e.id, v_size, d.max_depth, d.due IS NULL OR d.due <= now())
             ON CONFLICT (endpoint_id, idempotency_key)
                 WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')
             DO NOTHING
