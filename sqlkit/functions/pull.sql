@@ -17,6 +17,14 @@
 -- nack -> pending, or once past max_retries -> courier.dlq (<topic>.dlq) and the archive as
 -- failed; TTL passed -> expired (reaper), then deleted for good by the delete reaper.
 
+-- A queue is read by its indexes. The consumer's calls (dequeue, receive, peek and every
+-- fenced settle) look their rows up by TID, id or a due index, and say so with
+-- enable_seqscan = off: on a queue of a few hundred rows, as a drained topic's often is, the
+-- planner would rather read every page, testing every row against the batch's TIDs or ids (a
+-- sixth of a receive(1)'s instructions), and dequeue's and receive's generic plans, made once
+-- per session, would keep that scan however far the queue grew before the next ANALYZE.
+-- tests/test_pull_plans.py holds both ends: 100k rows and 300.
+
 -- Resolving topics and their limits -----------------------------------------------------
 
 -- The pull endpoint named p_topic, or an error that says what is wrong with the name.
@@ -491,6 +499,7 @@ RETURNS TABLE (id bigint, lease integer, payload jsonb, payload_binary bytea, bo
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
+SET enable_seqscan = off  -- see "A queue is read by its indexes" at the top of this file
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
@@ -755,6 +764,7 @@ RETURNS TABLE (id bigint, result text)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
+SET enable_seqscan = off  -- see "A queue is read by its indexes" at the top of this file
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -900,6 +910,7 @@ RETURNS TABLE (id bigint, result text)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
+SET enable_seqscan = off  -- see "A queue is read by its indexes" at the top of this file
 SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
@@ -981,6 +992,7 @@ RETURNS TABLE (id bigint, result text, visible_until timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
+SET enable_seqscan = off  -- see "A queue is read by its indexes" at the top of this file
 SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
@@ -1110,6 +1122,7 @@ RETURNS TABLE (id bigint, result text)
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
+SET enable_seqscan = off  -- see "A queue is read by its indexes" at the top of this file
 AS $$ SELECT * FROM courier._give_back(p_ids, p_leases, now(), 'released', 'release') $$;
 
 -- Snooze (River's JobSnooze): gives messages held under their leases back to be taken again
@@ -1121,6 +1134,7 @@ RETURNS TABLE (id bigint, result text, visible_until timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
+SET enable_seqscan = off  -- see "A queue is read by its indexes" at the top of this file
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1157,6 +1171,7 @@ RETURNS TABLE (id bigint, payload jsonb, payload_binary bytea, body text, metada
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
+SET enable_seqscan = off  -- see "A queue is read by its indexes" at the top of this file
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
@@ -1244,6 +1259,7 @@ CREATE OR REPLACE FUNCTION courier.peek(p_topic text) RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
+SET enable_seqscan = off  -- see "A queue is read by its indexes" at the top of this file
 AS $$
 DECLARE
     v_topic courier.endpoints;
