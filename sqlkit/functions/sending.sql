@@ -649,6 +649,9 @@ BEGIN
     -- a delayed batch, which is not due.
     PERFORM set_config('courier.wake_at_commit', CASE WHEN v_scheduled_at IS NULL THEN 'on' ELSE 'off' END, true);
     -- The TTL and due time are the batch's, computed once above: per row they halved the rate.
+    -- Counted below (_count_sent), not by the insert trigger, which would aggregate the batch's
+    -- transition table again to learn what is known here: 3,500 instructions a message.
+    PERFORM set_config('courier.insert_counted', 'on', true);
     WITH inserted AS (
         INSERT INTO courier.queue (endpoint_id, payload, priority, scheduled_at, expires_at, visible_at)
         SELECT v_endpoint_id, payload, p_priority, v_scheduled_at, v_expires_at, v_visible_at
@@ -657,6 +660,8 @@ BEGIN
         RETURNING id
     )
     SELECT array_agg(id ORDER BY id) INTO v_ids FROM inserted;
+    PERFORM set_config('courier.insert_counted', 'off', true);
+    PERFORM courier._count_sent(v_endpoint_id, p_priority, v_count);
 
     RETURN v_ids;
 END
