@@ -23,6 +23,9 @@
 -- planner would rather read every page, testing every row against the batch's TIDs or ids (a
 -- sixth of a receive(1)'s instructions), and dequeue's and receive's generic plans, made once
 -- per session, would keep that scan however far the queue grew before the next ANALYZE.
+-- Under callgrind, a receive(1) from 300 rows costs 153,000 instructions less with it; from
+-- 3,000, where the planner takes the TID scan anyway, 16,000 more (the setting 2,800, the rest
+-- index scans of the one-page tables it reads, endpoints, settings and a depth counter).
 -- tests/test_pull_plans.py holds both ends: 100k rows and 300.
 
 -- Resolving topics and their limits -----------------------------------------------------
