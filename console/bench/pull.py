@@ -26,7 +26,9 @@ messages: a transaction per message is commit-bound.
 With pgmq installed (the `peers` extra), the SQL paths are also measured against pgmq's own,
 in the same database and the same rounds: dequeue + ack against pgmq's read + delete of the
 same batch, receive against its pop. pgmq is the peer a user would weigh Courier's pull
-topics against; unlike the bare ceilings it is a queue as shipped.
+topics against; unlike the bare ceilings it is a queue as shipped. The Python Consumer is
+measured against the loop a pgmq user writes too: psycopg, read a batch then delete it, with as
+many asyncio tasks in one process as the Consumer has.
 
 Every figure is messages drained per second; a Courier figure and its ceiling drain the same
 number of preloaded messages from a table of the same size."""
@@ -36,6 +38,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+
+import psycopg
 
 from console import extras
 from sqlkit import queries
@@ -188,6 +192,38 @@ def _drain_with_consumer(dsn: str, batch: int, messages: int, clients: int) -> M
     return Measurement(drained / elapsed)
 
 
+def _drain_pgmq_with_psycopg(dsn: str, batch: int, messages: int, clients: int) -> Measurement:
+    """The peer of the Consumer: what a user of pgmq writes, `clients` asyncio tasks in one process,
+    each on a psycopg connection of its own, reading a batch (payloads decoded, as the Consumer's
+    are) and deleting it, two autocommit transactions per batch, polling as often as the Consumer."""
+    pgmq.preload(dsn, messages)
+    drained = 0
+
+    async def consume(done: asyncio.Event) -> None:
+        nonlocal drained
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            while not done.is_set():
+                rows = await (await conn.execute("SELECT msg_id, message FROM pgmq.read(%s, 60, %s)",
+                                                 (pgmq.QUEUE, batch))).fetchall()
+                if not rows:
+                    await asyncio.sleep(0.05)
+                    continue
+                deleted = await (await conn.execute("SELECT pgmq.delete(%s, %s::bigint[])",
+                                                    (pgmq.QUEUE, [r[0] for r in rows]))).fetchall()
+                drained += len(deleted)
+                if drained >= messages:
+                    done.set()
+
+    async def main() -> float:
+        done = asyncio.Event()
+        started = time.perf_counter()
+        await asyncio.gather(*(consume(done) for _ in range(clients)))
+        return time.perf_counter() - started
+
+    elapsed = asyncio.run(main())
+    return Measurement(drained / elapsed)
+
+
 def _drain_with_receive_loop(dsn: str, messages: int, clients: int) -> Measurement:
     _preload(dsn, "courier.queue", messages)
 
@@ -244,6 +280,8 @@ def pull(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int =
         for batch in BATCHES:
             runs[f"pgmq read {batch}"] = (
                 lambda b=batch: _drain_pgmq(dsn, pgmq.read_delete_script(b), b, messages, clients))
+            runs[f"pgmq psycopg {batch}"] = (
+                lambda b=batch: _drain_pgmq_with_psycopg(dsn, b, messages, clients))
         runs["pgmq pop"] = lambda: _drain_pgmq(dsn, pgmq.pop_script(RECEIVE_BATCH), RECEIVE_BATCH, messages, clients)
         runs["sql receive 1"] = lambda: _drain_with_pgbench(dsn, queue, sql_receive_script(1), 1, singles, clients)
         runs["pgmq pop 1"] = lambda: _drain_pgmq(dsn, pgmq.pop_script(1), 1, singles, clients)
@@ -280,6 +318,13 @@ def pull(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int =
             notes=f"{clients} sqlkit.consumer.Consumer instances in one asyncio process, batches() + ack(batch), "
                   f"each ack carrying the dequeue of the batch after next (the statement above); ceiling: the "
                   f"bare leased claim + delete of {batch} above"))
+        if with_pgmq:
+            results.append(ScenarioResult(
+                scenario="pull", variant=f"Python Consumer vs a psycopg loop of pgmq read({batch}) + delete",
+                unit="msg/s", courier=m[f"consumer {batch}"], ceiling=m[f"pgmq psycopg {batch}"], target_ratio=1.0,
+                notes=f"the Consumer above against {clients} asyncio tasks in one process, each on a psycopg "
+                      f"connection of its own running pgmq.read(queue, 60, {batch}) (payloads decoded) then "
+                      f"pgmq.delete(queue, ids), two transactions per batch ({pgmq.note()})"))
     delete = m["raw delete"]
     results.append(ScenarioResult(
         scenario="pull", variant=f"SQL receive({RECEIVE_BATCH}), {messages:,} msgs", unit="msg/s",
