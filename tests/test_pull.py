@@ -473,6 +473,14 @@ def test_the_global_throughput_limit_applies_to_topics_without_their_own(conn, o
     assert len(dequeue(conn, 10)) == 3
 
 
+def test_the_global_throughput_limit_applies_to_receive_too(conn, orders):
+    conn.execute("SELECT courier.set_setting('default_throughput_limit', '3')")
+    conn.execute("SELECT courier.enqueue('orders', jsonb_build_object('n', g)) FROM generate_series(1, 10) g")
+    assert scalar(conn, "SELECT count(*) FROM courier.receive('orders', 10)") == 3
+    conn.execute("SELECT courier.set_setting('default_throughput_limit', '0')")  # 0: no limit again
+    assert scalar(conn, "SELECT count(*) FROM courier.receive('orders', 10)") == 7
+
+
 def test_push_endpoints_enforce_max_depth_and_ttl_and_refuse_pull_only_keys(conn):
     conn.execute("""SELECT courier.create_endpoint('hook', 'http',
                     '{"url": "https://h.example/x", "max_depth": 2, "message_ttl_seconds": 30}')""")
