@@ -216,3 +216,40 @@ def test_single_sends_count_their_own_message_on_every_path(conn: psycopg.Connec
     conn.execute("INSERT INTO courier.queue (endpoint_id, payload) SELECT id, '{}' FROM courier.endpoints "
                  "WHERE name = 'hook'")
     assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
+
+
+def test_a_dequeue_counts_its_own_leases_and_the_trigger_counts_every_other_update(conn: psycopg.Connection):
+    """dequeue counts the pending messages it leases in its own statement and makes the update
+    trigger stand aside for that statement only: lapsed leases taken again (which stay in
+    processing) beside pending ones, a dequeue many times in one transaction (the counter slots
+    move), and plain updates after it in the same transaction must all count right."""
+    _fill(conn)  # 30 jobs, 7 of them leased
+    lapse = ("UPDATE courier.queue SET visible_at = now() - interval '1 second' "
+             "WHERE status = 'processing' AND visible_at IS NOT NULL")
+    steps = [
+        lapse,
+        "SELECT count(*) FROM courier.dequeue('jobs', 10, 60)",  # the 7 lapsed first, then 3 pending
+        "SELECT count(*) FROM courier.dequeue('jobs', 100, 60)",  # the rest, all pending
+        "SELECT count(*) FROM courier.dequeue('jobs', 5, 60)",   # nothing left: no counter written
+        lapse,
+        "SELECT count(*) FROM courier.dequeue('jobs', 4, 60)",   # lapsed only: no status moves
+    ]
+    for step in steps:
+        conn.execute(step)
+        assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0], step
+    conn.execute("SELECT courier.send_batch('jobs', array_agg(jsonb_build_object('n', g))) "
+                 "FROM generate_series(1, 200) g")
+    with conn.transaction():
+        for _ in range(70):  # past 64 writes: the transaction's counter slot moves on
+            conn.execute("SELECT count(*) FROM courier.dequeue('jobs', 2, 60)")
+        conn.execute("UPDATE courier.queue SET status = 'pending', visible_at = now() "
+                     "WHERE id IN (SELECT id FROM courier.queue WHERE status = 'processing' "
+                     "AND visible_at IS NOT NULL ORDER BY id LIMIT 3)")  # counted by the trigger again
+        conn.execute("SELECT count(*) FROM courier.release(ARRAY(SELECT id FROM courier.queue "
+                     "WHERE status = 'processing' AND visible_at IS NOT NULL ORDER BY id LIMIT 2), "
+                     "ARRAY(SELECT lease FROM courier.queue WHERE status = 'processing' AND visible_at IS NOT NULL "
+                     "ORDER BY id LIMIT 2))")
+    assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
+    with conn.transaction(force_rollback=True):
+        conn.execute("SELECT count(*) FROM courier.dequeue('jobs', 20, 60)")
+    assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]

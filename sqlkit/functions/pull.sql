@@ -515,6 +515,8 @@ DECLARE
     v_limit integer := p_count;
     v_dead bigint[];
     v_taken integer;
+    v_writes integer;
+    v_set text;
 BEGIN
     IF p_count IS NULL OR p_count NOT BETWEEN 1 AND 10000 THEN  -- a plain expression: no statement per call
         PERFORM courier._require_count('count', p_count, 10000);
@@ -549,12 +551,19 @@ BEGIN
         END IF;
     END IF;
 
+    -- The lease counts itself (the CTE `counted`: its pending messages move to processing) and
+    -- the update trigger stands aside for this statement: the trigger read both transition
+    -- tables, 15,400 instructions a message of a dequeue(10) + ack (262,350 against 277,798;
+    -- 3,400 at 100). The counter row slot as the triggers choose it (_count_queue_insert).
+    v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
+    v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
+             || set_config('courier.update_counted', 'on', true);
     RETURN QUERY
     WITH candidates AS (
         -- Each priority level the topic has used (migration 0039), highest first.
         SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
         CROSS JOIN LATERAL (
-            SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
+            SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due, q.status = 'pending' AS was_pending,
                    q.status = 'processing' AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap) AS exhausted
             FROM courier.queue q
             WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
@@ -604,6 +613,16 @@ BEGIN
         WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
         RETURNING q.id, q.lease, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.retry_count,
                   q.max_retries, q.created_at, q.visible_at
+    ),
+    -- Every candidate is leased (each is locked), so the candidates say what moved: the pending
+    -- ones. A lapsed lease taken again stays in processing.
+    counted AS (
+        INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
+        SELECT v_topic.id, s.status, pg_backend_pid(), v_writes >> 6, s.delta
+        FROM (SELECT count(*) AS moved FROM candidates c WHERE c.was_pending) m
+        CROSS JOIN LATERAL (VALUES ('pending', -m.moved), ('processing', m.moved)) AS s(status, delta)
+        WHERE m.moved > 0
+        ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
     )
     SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
            coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
@@ -611,6 +630,7 @@ BEGIN
     WHERE NOT c.exhausted
     ORDER BY c.priority DESC, c.due, c.id;
     GET DIAGNOSTICS v_taken = ROW_COUNT;
+    v_set := set_config('courier.update_counted', 'off', true);
     IF v_rate > 0 THEN
         PERFORM courier._return_throughput(v_topic, v_limit - v_taken);
     END IF;
