@@ -45,9 +45,10 @@ def busy_queue(conn, webhook):
 
 
 def claim_query(conn) -> str:
-    """The query of _claim_due (a plpgsql function whose body is RETURN QUERY <query>)."""
+    """The query of _claim_due (a plpgsql function whose body is RETURN QUERY <query>, between the
+    setting of its counter slot and flag and the flag's reset)."""
     body = scalar(conn, "SELECT prosrc FROM pg_proc WHERE proname = '_claim_due'")
-    match = re.fullmatch(r"\s*BEGIN\s+RETURN QUERY\s+(.*?);\s*END\s*", body, re.DOTALL)
+    match = re.fullmatch(r".*\bBEGIN\s+RETURN QUERY\s+(.*?);\s*v_set := [^;]*;\s*END\s*", body, re.DOTALL)
     assert match, body
     return match[1]
 
@@ -55,7 +56,7 @@ def claim_query(conn) -> str:
 def claim_body(conn, worker: str, batch: int, endpoint: str) -> str:
     body = claim_query(conn)
     return (body.replace("p_worker_id", f"'{worker}'").replace("p_batch_size", str(batch))
-            .replace("p_endpoint_id", endpoint))
+            .replace("p_endpoint_id", endpoint).replace("v_writes", "0"))
 
 
 @pytest.mark.parametrize("endpoint", ["1", "NULL"])
@@ -87,11 +88,12 @@ def test_claim_cost_stays_flat_after_many_finished_rows(busy_queue):
 
 def generic_claim_plan(conn, body: str) -> list[dict[str, Any]]:
     """The plan a function gets: parameters unknown to the planner, as in a generic plan."""
-    parameterised = (body.replace("p_worker_id", "$1").replace("p_batch_size", "$2").replace("p_endpoint_id", "$3"))
-    conn.execute(f"PREPARE generic_claim (text, integer, integer) AS {parameterised}")
+    parameterised = (body.replace("p_worker_id", "$1").replace("p_batch_size", "$2").replace("p_endpoint_id", "$3")
+                     .replace("v_writes", "$4"))
+    conn.execute(f"PREPARE generic_claim (text, integer, integer, integer) AS {parameterised}")
     conn.execute("SET plan_cache_mode = force_generic_plan")
     try:
-        return explain(conn, "EXECUTE generic_claim('w', 100, 1)")
+        return explain(conn, "EXECUTE generic_claim('w', 100, 1, 0)")
     finally:
         conn.execute("RESET plan_cache_mode")
         conn.execute("DEALLOCATE generic_claim")

@@ -173,6 +173,9 @@ def test_every_shape_of_write_keeps_the_counters_exact(conn: psycopg.Connection)
         "UPDATE courier.queue SET updated_at = now() WHERE status = 'pending'",  # no status moves
         "UPDATE courier.queue SET status = 'processing' WHERE false",          # no rows at all
         "SELECT count(*) FROM courier.dequeue('jobs', 5, 60)",                # one endpoint, one move
+        "SELECT count(*) FROM courier.claim_batch('w', 4, (SELECT id FROM courier.endpoints "
+        "WHERE name = 'hook'))",                                              # a push claim counts itself
+        "SELECT count(*) FROM courier._claim_due('w', 6)",                     # of any endpoint: two of them
         "SELECT count(*) FROM courier.ack(ARRAY(SELECT id FROM courier.queue WHERE status = 'processing' "
         "AND visible_at IS NOT NULL ORDER BY id), ARRAY(SELECT lease FROM courier.queue WHERE status = 'processing' "
         "AND visible_at IS NOT NULL ORDER BY id))",

@@ -421,10 +421,14 @@ SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    v_writes integer := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
+    v_set text := set_config('courier.depth_writes', (v_writes + 1)::text, true)
+                  || set_config('courier.update_counted', 'on', true);
 BEGIN
     RETURN QUERY
     WITH candidates AS (
-        SELECT c.id
+        SELECT c.id, e.id AS endpoint_id
         FROM courier.endpoints e
         CROSS JOIN LATERAL (
             -- Two index paths, each limited: rows with no time attached in claim order from
@@ -486,6 +490,17 @@ BEGIN
             lease = courier._next_lease(q.lease)
         WHERE q.id = ANY (ARRAY(SELECT id FROM candidates))
         RETURNING q.*
+    ),
+    -- The claim counts itself, as dequeue does (pull.sql): every candidate is claimed, and each
+    -- was pending. The update trigger stands aside for this statement (courier.update_counted):
+    -- reading its two transition tables cost a claim of 10 about 10,600 instructions a message
+    -- (199,604 -> 188,980; 95,896 -> 93,027 for a claim of 100).
+    counted AS (
+        INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
+        SELECT m.endpoint_id, s.status, pg_backend_pid(), v_writes >> 6, s.delta
+        FROM (SELECT c.endpoint_id, count(*) AS moved FROM candidates c GROUP BY c.endpoint_id) m
+        CROSS JOIN LATERAL (VALUES ('pending', -m.moved), ('processing', m.moved)) AS s(status, delta)
+        ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
     )
     SELECT c.id, c.endpoint_id, e.name, e.protocol, c.payload, c.headers, c.metadata, c.priority,
            c.retry_count, coalesce(c.max_retries, (e.retry_policy ->> 'max_retries')::integer,
@@ -494,6 +509,7 @@ BEGIN
            c.lease
     FROM claimed c JOIN courier.endpoints e ON e.id = c.endpoint_id
     ORDER BY c.priority DESC, c.id;
+    v_set := set_config('courier.update_counted', 'off', true);
 END
 $$;
 

@@ -240,9 +240,9 @@ BEGIN
 END
 $$;
 
--- dequeue counts the messages it leases in its own statement and flags it with
--- courier.update_counted, as the sends flag their INSERT: reading the two transition tables is
--- most of what this trigger costs (see dequeue in pull.sql).
+-- dequeue and the push claim (_claim_due) count the messages they lease in their own statement
+-- and flag it with courier.update_counted, as the sends flag their INSERT: reading the two
+-- transition tables is most of what this trigger costs (see dequeue in pull.sql).
 CREATE OR REPLACE FUNCTION courier._count_queue_update() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
