@@ -266,7 +266,10 @@ BEGIN
     check_name := 'workers';
     value := v_alive;
     status := CASE WHEN v_alive > 0 THEN 'ok' WHEN v_pending > 0 THEN 'critical' ELSE 'warning' END;
-    detail := format('%s worker(s) alive, %s message(s) pending', v_alive, v_pending);
+    detail := format('%s worker(s) alive, %s message(s) pending', v_alive, v_pending)
+              -- Pull topics need no worker to be consumed, but their upkeep runs in one.
+              || CASE WHEN v_alive = 0 THEN '; no maintenance runs without one, for pull topics too '
+                                            '(expiry, archiving, depth counters)' ELSE '' END;
     RETURN NEXT;
 
     -- Critical once workers have been alive a lease's length with nobody running maintenance
@@ -281,7 +284,7 @@ BEGIN
                         < now() - make_interval(secs => courier._maintenance_lease_seconds()) THEN 'critical'
                    WHEN v_leader THEN 'ok'
                    ELSE 'warning' END;
-    detail := CASE WHEN v_alive = 0 THEN 'no workers running'
+    detail := CASE WHEN v_alive = 0 THEN 'no workers running: nothing leads maintenance'
                    ELSE concat_ws('; ',
                        CASE WHEN v_leader THEN 'a live worker holds the maintenance lease'
                             ELSE 'workers are alive but none leads maintenance' END,
