@@ -255,8 +255,8 @@ def _answer_head(head: bytes) -> tuple[int, int, bool]:
 
 
 class _Http:
-    """The bench's HTTP clients: each a _Connection of its own, or for the paced load a set of
-    them that grows up to a limit as answers are outstanding."""
+    """The bench's HTTP clients against one server: a _Connection per closed-loop client, and
+    for the paced load LATENCY_CONNECTIONS of them, each opened at its first request."""
 
     def __init__(self, url: str, secret: str) -> None:
         address = url.removeprefix("http://")
