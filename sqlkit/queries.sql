@@ -626,6 +626,11 @@ SELECT * FROM courier.authenticate_api_token(%(secret_hash)s);
 SELECT courier.enqueue(%(topic)s, NULL, %(key)s, %(metadata)s, %(payload)s, NULL, %(scheduled_at)s,
                        %(ttl_seconds)s, %(max_retries)s);
 
+-- name: pull_enqueue_batch
+-- Single enqueues that arrived together at `courier serve` (console/serve/enqueues.py).
+SELECT courier.enqueue_batch(%(topic)s, NULL, %(payloads)s::bytea[], %(metadata)s::jsonb[],
+                             %(scheduled_at)s::timestamptz[], %(ttl_seconds)s::integer[], %(max_retries)s::integer[]);
+
 -- name: pull_dequeue
 -- The payload as the bytes a client gets (a JSON payload as its text), and the metadata as its
 -- text: neither parsed and dumped again, so no number is rounded on the way.

@@ -8,8 +8,9 @@ of server), and stopped with SIGTERM at the end, or on any failure.
   /api/messages in a closed loop, against as many psycopg connections calling
   `courier.enqueue(topic, NULL, p_payload_binary => payload)` (the server's own call: a base64
   payload is stored as the binary payload), one per transaction.
-- enqueue, batch 100: POST /api/messages/batch of 100, against one statement (one
-  transaction) calling courier.enqueue for each of 100 payloads.
+- enqueue, batch 100: POST /api/messages/batch of 100, against courier.enqueue_batch of 100
+  binary payloads (the server's own call for a run of one topic's unkeyed messages), one
+  transaction each.
 - dequeue(100) + ack: POST /api/messages/dequeue then /api/messages/ack with the batch's
   receipts, against courier.dequeue(topic, 100, 60) then courier.ack(ids, leases), on a topic
   preloaded for each run.
@@ -61,8 +62,7 @@ LATENCY_CONNECTIONS = 32
 PAYLOAD = json.dumps({"order_id": 1, "amount": 99.99, "customer": "c-789"}).encode()
 
 SQL_ENQUEUE = "SELECT courier.enqueue(p_topic => %s, p_payload => NULL, p_payload_binary => %s)"
-SQL_ENQUEUE_BATCH = ("SELECT courier.enqueue(p_topic => %s, p_payload => NULL, p_payload_binary => p) "
-                     "FROM unnest(%s::bytea[]) AS p")
+SQL_ENQUEUE_BATCH = "SELECT unnest(courier.enqueue_batch(%s, NULL, %s::bytea[]))"
 SQL_DEQUEUE = ("SELECT id, lease, payload, payload_binary, metadata, key, retry_count, max_retries, created_at, "
                "visible_until FROM courier.dequeue(%s, %s, %s)")
 SQL_ACK = "SELECT id, result FROM courier.ack(%s::bigint[], %s::integer[])"
@@ -532,8 +532,8 @@ def http(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int =
         ScenarioResult(
             scenario="http", variant=f"enqueue, batch {BATCH}, {clients} clients", unit="msg/s",
             courier=m[f"http enqueue {BATCH}"], ceiling=m[f"sql enqueue {BATCH}"], target_ratio=0.5,
-            notes=f"POST /api/messages/batch of {BATCH} vs one statement calling courier.enqueue for each of "
-                  f"{BATCH} payloads (unnest of a bytea[]), one transaction each; {clients_note}"),
+            notes=f"POST /api/messages/batch of {BATCH} vs courier.enqueue_batch of {BATCH} binary payloads, "
+                  f"one transaction each; {clients_note}"),
         ScenarioResult(
             scenario="http", variant=f"dequeue({BATCH}) + ack, {clients} clients", unit="msg/s",
             courier=m["http drain"], ceiling=m["sql drain"], target_ratio=0.5,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import itertools
 import re
 import struct
 from typing import Any
@@ -28,6 +29,7 @@ from sqlkit import exact_json, queries
 from sqlkit.tokens import Token
 
 from .auth import require
+from .enqueues import enqueue_run
 from .input import (
     base64_bytes,
     checked_object,
@@ -80,8 +82,7 @@ async def enqueue(request: web.Request, token: Token, body: dict[str, Any]) -> w
     """Enqueue a message (a keyed one replaces the topic's pending message of that key, same id)."""
     server = Server.of(request)
     require(token, "enqueue", topic=body["topic"])
-    async with server.session("application") as conn:
-        new_id = await queries.fetch_value_async(conn, "pull_enqueue", _enqueue_params(body))
+    new_id = await server.enqueues.enqueue(_enqueue_params(body))
     return reply({"id": str(new_id)}, status=201)
 
 
@@ -94,8 +95,16 @@ async def enqueue_batch(request: web.Request, token: Token, body: dict[str, Any]
                for n, item in enumerate(body["messages"])]
     for item in checked:
         require(token, "enqueue", topic=item["topic"])
+    ids: list[int] = []
     async with server.session("application") as conn, conn.transaction():
-        ids = await queries.fetch_values_many_async(conn, "pull_enqueue", [_enqueue_params(item) for item in checked])
+        # Each run of unkeyed messages for one topic is one statement; keyed ones go alone.
+        for (_, keyed), run in itertools.groupby(map(_enqueue_params, checked),
+                                                 key=lambda params: (params["topic"], params["key"] is not None)):
+            run = list(run)
+            if keyed or len(run) == 1:
+                ids += await queries.fetch_values_many_async(conn, "pull_enqueue", run)
+            else:
+                ids += await enqueue_run(conn, run)
     return reply({"ids": [str(i) for i in ids]}, status=201)
 
 

@@ -28,6 +28,7 @@ from sqlkit.connection import AsyncDatabase, connect
 from sqlkit.errors import CourierError, DatabaseUnavailable
 
 from .auth import Authenticator
+from .enqueues import EnqueueGroups
 from .problems import ApiError
 from .wakeups import TopicWakeups
 
@@ -78,6 +79,11 @@ class Server:
     _topic_ids: dict[str, tuple[int | None, float]] = field(default_factory=dict)
     closing: bool = False
     """Set at shutdown: long polls answer with what they have instead of waiting on."""
+    enqueues: EnqueueGroups = field(init=False)
+    """Single enqueues, written together when they arrive together."""
+
+    def __post_init__(self) -> None:
+        self.enqueues = EnqueueGroups(lambda: self.session("application"))
 
     KEY = web.AppKey("courier", object)
 

@@ -421,6 +421,111 @@ BEGIN
 END
 $$;
 
+-- Many messages for one topic in one statement, each with enqueue()'s options but a key (a keyed
+-- message replaces another and goes through enqueue() alone). Element i is p_payloads[i] (JSON)
+-- or p_payloads_binary[i] (bytes, its JSON payload then null), with p_metadata[i],
+-- p_scheduled_at[i], p_ttl_seconds[i] and p_max_retries[i]; an option array left NULL, or an
+-- element of it, takes enqueue()'s default. Every array given holds one element per message.
+-- All are enqueued, or none, with the first bad element named in the error. Ids come back in the
+-- order of the elements, and the messages are due in that order. `courier serve` writes the
+-- single enqueues that arrive together as one of these: a statement, a counter write and a commit
+-- for the lot instead of one each (see console/serve/enqueues.py).
+CREATE OR REPLACE FUNCTION courier.enqueue_batch(
+    p_topic             text,
+    p_payloads          jsonb[],
+    p_payloads_binary   bytea[]       DEFAULT NULL,
+    p_metadata          jsonb[]       DEFAULT NULL,
+    p_scheduled_at      timestamptz[] DEFAULT NULL,
+    p_ttl_seconds       integer[]     DEFAULT NULL,
+    p_max_retries       integer[]     DEFAULT NULL
+) RETURNS bigint[]
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_count integer := greatest(coalesce(cardinality(p_payloads), 0), coalesce(cardinality(p_payloads_binary), 0));
+    v_topic courier.endpoints;
+    v_largest bigint;
+    v_bad_at bigint;      -- the first element enqueue() would refuse, why, and its SQLSTATE
+    v_bad text;
+    v_bad_code text;
+    v_delayed timestamptz;
+    v_ttl double precision;
+    v_ids bigint[];
+    v_held boolean;
+BEGIN
+    IF (p_payloads IS NOT NULL AND cardinality(p_payloads) <> v_count)
+       OR (p_payloads_binary IS NOT NULL AND cardinality(p_payloads_binary) <> v_count)
+       OR cardinality(p_metadata) <> v_count OR cardinality(p_scheduled_at) <> v_count
+       OR cardinality(p_ttl_seconds) <> v_count OR cardinality(p_max_retries) <> v_count THEN
+        RAISE EXCEPTION '[courier] the arrays of a batch must all hold one element per message (%)', v_count
+            USING ERRCODE = '22023', HINT = 'Leave an option''s array NULL for its default in every message';
+    END IF;
+    -- Each element's size as enqueue() counts it, and the first element enqueue() would refuse.
+    SELECT max(octet_length(coalesce(u.payload, 'null')::text) + coalesce(octet_length(u.payload_binary), 0)),
+           min(u.ord) FILTER (WHERE u.problem IS NOT NULL),
+           (array_agg(u.problem ORDER BY u.ord) FILTER (WHERE u.problem IS NOT NULL))[1],
+           (array_agg(u.code ORDER BY u.ord) FILTER (WHERE u.problem IS NOT NULL))[1]
+    INTO v_largest, v_bad_at, v_bad, v_bad_code
+    FROM (SELECT u.*,
+                 CASE WHEN u.payload IS NULL AND u.payload_binary IS NULL THEN 'payload must not be NULL'
+                      WHEN jsonb_typeof(u.metadata) <> 'object' THEN 'metadata must be a JSON object'
+                      WHEN u.metadata <> '{}' AND jsonb_path_exists(u.metadata, 'strict $.**{32}')
+                          THEN 'metadata is nested more than 32 levels deep'
+                      WHEN NOT isfinite(u.scheduled_at) THEN 'scheduled_at must be a finite time'
+                      WHEN u.ttl_seconds NOT BETWEEN 1 AND 31536000
+                          THEN format('ttl_seconds must be between 1 and 31536000, got %s', u.ttl_seconds)
+                      WHEN u.max_retries NOT BETWEEN 0 AND 1000
+                          THEN format('max_retries must be between 0 and 1000, got %s', u.max_retries)
+                 END AS problem,
+                 CASE WHEN u.payload IS NULL AND u.payload_binary IS NULL THEN '22004' ELSE '22023' END AS code
+          FROM unnest(p_payloads, p_payloads_binary, p_metadata, p_scheduled_at, p_ttl_seconds, p_max_retries)
+               WITH ORDINALITY AS u(payload, payload_binary, metadata, scheduled_at, ttl_seconds, max_retries, ord)) u;
+    IF v_bad_at IS NOT NULL THEN
+        RAISE EXCEPTION '[courier] batch element %: %', v_bad_at, v_bad USING ERRCODE = v_bad_code;
+    END IF;
+
+    -- As enqueue() does: a drop of the topic waits for this batch; then the limits, all at once.
+    v_held := courier._hold_endpoint_for_send(p_topic);
+    SELECT * INTO v_topic FROM courier.endpoints e WHERE e.name = p_topic AND e.protocol = 'pull';
+    IF NOT FOUND THEN
+        v_topic := courier._pull_topic(p_topic);
+    END IF;
+    v_topic := courier._endpoint_with_room(p_topic, v_count, v_largest);
+    IF v_count = 0 THEN
+        RETURN '{}';
+    END IF;
+    v_delayed := now() + make_interval(secs => nullif((v_topic.config ->> 'delay_seconds')::integer, 0));
+    v_ttl := courier._message_ttl(v_topic.config);
+
+    -- One wake-up for the batch, when any of it is due now (see the top of sending.sql), and one
+    -- counter write (_count_sent), the insert trigger standing aside.
+    PERFORM set_config('courier.wake_at_commit',
+                       CASE WHEN v_delayed IS NULL AND (p_scheduled_at IS NULL
+                                                        OR EXISTS (SELECT FROM unnest(p_scheduled_at) s(at)
+                                                                   WHERE s.at IS NULL OR s.at <= now()))
+                            THEN 'on' ELSE 'off' END, true);
+    PERFORM set_config('courier.insert_counted', 'on', true);
+    WITH inserted AS (
+        INSERT INTO courier.queue (endpoint_id, payload, payload_binary, metadata, scheduled_at, visible_at,
+                                   expires_at, max_retries)
+        SELECT v_topic.id, coalesce(u.payload, 'null'), u.payload_binary, coalesce(u.metadata, '{}'),
+               coalesce(u.scheduled_at, v_delayed), coalesce(u.scheduled_at, v_delayed, now()),
+               coalesce(u.scheduled_at, v_delayed, now())
+                   + make_interval(secs => coalesce(u.ttl_seconds::double precision, v_ttl)),
+               u.max_retries
+        FROM unnest(p_payloads, p_payloads_binary, p_metadata, p_scheduled_at, p_ttl_seconds, p_max_retries)
+             WITH ORDINALITY AS u(payload, payload_binary, metadata, scheduled_at, ttl_seconds, max_retries, ord)
+        ORDER BY u.ord
+        RETURNING id
+    )
+    SELECT array_agg(id ORDER BY id) INTO v_ids FROM inserted;
+    PERFORM set_config('courier.insert_counted', 'off', true);
+    PERFORM courier._count_sent(v_topic.id, 0, v_count);
+    RETURN v_ids;
+END
+$$;
+
 -- Dequeue, ack, nack, leases -------------------------------------------------------------------
 
 -- Moves the given pull messages (locked by the caller), which have used up their retries, out

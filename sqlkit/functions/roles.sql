@@ -84,6 +84,7 @@ GRANT EXECUTE ON FUNCTION
     courier.publish(text, jsonb, text, uuid),
     courier.publish_batch(text, jsonb[]),
     courier.enqueue(text, jsonb, text, jsonb, bytea, text, timestamptz, integer, integer),
+    courier.enqueue_batch(text, jsonb[], bytea[], jsonb[], timestamptz[], integer[], integer[]),
     courier.dequeue(text, integer, integer),
     courier.ack(bigint[], integer[]),
     courier.ack(bigint, integer),

@@ -1,0 +1,140 @@
+"""Single enqueues that arrive together at `courier serve` are written together
+(console/serve/enqueues.py): each request still gets its own message and id, committed before
+its answer, and one refused message fails alone."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import aiohttp
+import psycopg
+
+from tests.helpers import scalar
+from tests.test_serve import server, start_server, stop_server, token  # noqa: F401 - the server fixture
+
+CONCURRENT = 200
+
+
+def enqueue_all(base: str, secret: str, bodies: list[dict[str, Any]]) -> list[tuple[int, Any]]:
+    """POST every body at once, over up to 50 connections; (status, answer) in the bodies' order."""
+    async def go() -> list[tuple[int, Any]]:
+        connector = aiohttp.TCPConnector(limit=50)
+        async with aiohttp.ClientSession(connector=connector,
+                                         headers={"Authorization": f"Bearer {secret}"}) as session:
+            async def one(body: dict[str, Any]) -> tuple[int, Any]:
+                async with session.post(base + "/api/messages", json=body) as response:
+                    return response.status, json.loads(await response.text())
+            return list(await asyncio.gather(*(one(body) for body in bodies)))
+    return asyncio.run(go())
+
+
+def body(n: int, topic: str = "orders", **extra: Any) -> dict[str, Any]:
+    return {"topic": topic, "payload": base64.b64encode(f"message {n}".encode()).decode(), **extra}
+
+
+def test_concurrent_enqueues_each_get_their_own_message_in_fewer_statements(dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
+    conn.execute("ALTER DATABASE " + scalar(conn, "SELECT quote_ident(current_database())")
+                 + " SET track_functions = 'all'")
+    secret = token(conn, "app", ["enqueue"])
+    process, base = start_server(dsn)
+    try:
+        answers = enqueue_all(base, secret, [body(n, metadata={"n": str(n)}, max_retries=n % 7)
+                                             for n in range(CONCURRENT)])
+    finally:
+        assert "Traceback" not in stop_server(process)
+    assert all(status == 201 for status, _ in answers), answers
+    ids = [int(answer["id"]) for _, answer in answers]
+    assert len(set(ids)) == CONCURRENT
+    stored = dict((row[0], row[1:]) for row in conn.execute(
+        "SELECT id, payload_binary, metadata, max_retries FROM courier.queue").fetchall())
+    # Every request's id names the message it sent, with its own options, and nothing else is there.
+    assert {i: stored[i] for i in ids} == {i: (f"message {n}".encode(), {"n": str(n)}, n % 7)
+                                           for n, i in enumerate(ids)}
+    assert len(stored) == CONCURRENT
+    assert scalar(conn, "SELECT sum(messages) FROM courier.queue_depth WHERE status = 'pending'") == CONCURRENT
+    calls = dict(conn.execute("SELECT funcname, calls FROM pg_stat_user_functions "
+                              "WHERE funcname IN ('enqueue', 'enqueue_batch')").fetchall())
+    assert calls.get("enqueue_batch", 0) > 0 and calls.get("enqueue", 0) + calls["enqueue_batch"] < CONCURRENT
+
+
+def test_a_refused_message_fails_alone_and_the_rest_are_enqueued(server, conn):  # noqa: F811
+    """A topic with room for 30 of 60 concurrent enqueues: exactly 30 are answered 201 and stored,
+    the rest 429; an oversized one among them 413, and a keyed pair still replaces."""
+    conn.execute("SELECT courier.create_endpoint('small', 'pull', '{\"max_depth\": 30}')")
+    conn.execute("SELECT courier.set_setting('max_payload_size', '2000')")
+    secret = token(conn, "app", ["enqueue"])
+    bodies = [body(n, topic="small") for n in range(60)]
+    bodies[7] = {"topic": "small", "payload": base64.b64encode(b"x" * 4000).decode()}
+    answers = enqueue_all(server, secret, bodies)
+    statuses = [status for status, _ in answers]
+    assert statuses[7] == 413 and answers[7][1]["error"] == "payload_too_large"
+    assert statuses.count(201) == 30 and statuses.count(429) == 29
+    stored = {row[0] for row in conn.execute("SELECT id FROM courier.queue").fetchall()}
+    assert stored == {int(answer["id"]) for status, answer in answers if status == 201}
+
+
+def test_keyed_enqueues_sent_together_replace_one_another(server, conn):  # noqa: F811
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
+    secret = token(conn, "app", ["enqueue"])
+    answers = enqueue_all(server, secret, [body(n, key="order-42") for n in range(20)]
+                          + [body(n) for n in range(20, 40)])
+    assert all(status == 201 for status, _ in answers)
+    assert len({answer["id"] for _, answer in answers[:20]}) == 1
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 21
+
+
+def test_a_stopped_database_answers_every_waiting_enqueue_503(dsn, server_dsn, conn):
+    """Killed sessions: the grouped write fails as a whole, and each request is answered, none hangs."""
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
+    secret = token(conn, "app", ["enqueue"])
+    process, base = start_server(dsn)
+    try:
+        assert enqueue_all(base, secret, [body(0)])[0][0] == 201
+        database = scalar(conn, "SELECT quote_ident(current_database())")
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(f"ALTER DATABASE {database} ALLOW_CONNECTIONS false")
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = %s AND application_name = 'courier-serve'", (database,))
+            try:
+                answers = enqueue_all(base, secret, [body(n) for n in range(1, 41)])
+            finally:
+                admin.execute(f"ALTER DATABASE {database} ALLOW_CONNECTIONS true")
+        assert {status for status, _ in answers} == {503}
+        assert enqueue_all(base, secret, [body(99)])[0][0] == 201
+    finally:
+        assert "Traceback" not in stop_server(process)
+
+
+def test_a_batch_request_writes_each_run_of_one_topic_in_one_statement_all_or_none(server, conn):  # noqa: F811
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
+    conn.execute("SELECT courier.create_endpoint('audit', 'pull', '{}')")
+    conn.execute("SELECT courier.create_endpoint('small', 'pull', '{\"max_depth\": 1}')")
+    secret = token(conn, "app", ["enqueue"])
+
+    def post(items: list[dict[str, Any]]) -> tuple[int, Any]:
+        async def go() -> tuple[int, Any]:
+            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {secret}"}) as session, \
+                    session.post(server + "/api/messages/batch", json={"messages": items}) as response:
+                return response.status, json.loads(await response.text())
+        return asyncio.run(go())
+
+    items = [body(0), body(1, ttl_seconds=60), body(2, topic="audit"), body(3, key="k"), body(4), body(5)]
+    status, answer = post(items)
+    assert status == 201
+    ids = [int(i) for i in answer["ids"]]
+    rows = dict((row[0], row[1:]) for row in conn.execute(
+        "SELECT q.id, e.name, q.payload_binary, q.key, q.expires_at IS NOT NULL "
+        "FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id").fetchall())
+    assert [rows[i] for i in ids] == [("orders", b"message 0", None, False), ("orders", b"message 1", None, True),
+                                      ("audit", b"message 2", None, False), ("orders", b"message 3", "k", False),
+                                      ("orders", b"message 4", None, False), ("orders", b"message 5", None, False)]
+    assert ids == sorted(ids)  # due in the order given
+
+    # A later run refused (small has room for one): nothing of the request is stored.
+    status, answer = post([body(6), body(7), body(8, topic="small"), body(9, topic="small")])
+    assert (status, answer["error"]) == (429, "full")
+    assert conn.execute("SELECT count(*) FROM courier.queue").fetchone()[0] == 6
