@@ -628,7 +628,7 @@ SELECT courier.enqueue(%(topic)s, NULL, %(key)s, %(metadata)s, %(payload)s, NULL
 
 -- name: pull_enqueue_batch
 -- Single enqueues that arrived together at `courier serve` (console/serve/enqueues.py).
-SELECT courier.enqueue_batch(%(topic)s, NULL, %(payloads)s::bytea[], %(metadata)s::jsonb[],
+SELECT courier.enqueue_batch(%(topic)s, NULL, %(payloads)b::bytea[], %(metadata)s::jsonb[],
                              %(scheduled_at)s::timestamptz[], %(ttl_seconds)s::integer[], %(max_retries)s::integer[]);
 
 -- name: pull_dequeue

@@ -95,16 +95,20 @@ async def enqueue_batch(request: web.Request, token: Token, body: dict[str, Any]
                for n, item in enumerate(body["messages"])]
     for item in checked:
         require(token, "enqueue", topic=item["topic"])
+    # Each run of unkeyed messages for one topic is one statement; keyed ones go alone.
+    runs = [(keyed, list(run)) for (_, keyed), run in itertools.groupby(
+        map(_enqueue_params, checked), key=lambda params: (params["topic"], params["key"] is not None))]
     ids: list[int] = []
-    async with server.session("application") as conn, conn.transaction():
-        # Each run of unkeyed messages for one topic is one statement; keyed ones go alone.
-        for (_, keyed), run in itertools.groupby(map(_enqueue_params, checked),
-                                                 key=lambda params: (params["topic"], params["key"] is not None)):
-            run = list(run)
-            if keyed or len(run) == 1:
-                ids += await queries.fetch_values_many_async(conn, "pull_enqueue", run)
-            else:
-                ids += await enqueue_run(conn, run)
+    async with server.session("application") as conn:
+        if len(runs) == 1 and not runs[0][0]:  # one statement: a transaction of its own in autocommit
+            ids = await enqueue_run(conn, runs[0][1])
+        else:
+            async with conn.transaction():
+                for keyed, run in runs:
+                    if keyed or len(run) == 1:
+                        ids += await queries.fetch_values_many_async(conn, "pull_enqueue", run)
+                    else:
+                        ids += await enqueue_run(conn, run)
     return reply({"ids": [str(i) for i in ids]}, status=201)
 
 
