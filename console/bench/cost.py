@@ -149,6 +149,10 @@ def _courier_send_batch(size: int) -> Unit:
     return lambda m: m.run("SELECT courier.send_batch(%s, %s::jsonb[])", (ENDPOINT, _batch(size)))
 
 
+def _courier_enqueue_batch(size: int) -> Unit:
+    return lambda m: m.run("SELECT courier.enqueue_batch(%s, %s::jsonb[])", (TOPIC, _batch(size)))
+
+
 def _pgmq_send_batch(size: int) -> Unit:
     return lambda m: m.run("SELECT pgmq.send_batch(%s, %s::jsonb[])", (pgmq.QUEUE, _batch(size)))
 
@@ -183,6 +187,7 @@ OPERATIONS = (
     Operation("send to a pull topic", 1, 500, _courier_send(TOPIC), _pgmq_send),
     Operation("enqueue (pull topic)", 1, 500, _courier_enqueue, _pgmq_send),
     Operation("send_batch of 100", 100, 20, _courier_send_batch(100), _pgmq_send_batch(100), counted=10),
+    Operation("enqueue_batch of 100", 100, 20, _courier_enqueue_batch(100), _pgmq_send_batch(100), counted=10),
     Operation("dequeue(10) + ack", 10, 50, _courier_dequeue_ack(10), _pgmq_read_delete(10), preload=1, counted=30),
     Operation("dequeue(100) + ack", 100, 20, _courier_dequeue_ack(100), _pgmq_read_delete(100), preload=1,
               counted=10),

@@ -462,25 +462,33 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'Leave an option''s array NULL for its default in every message';
     END IF;
     -- Each element's size as enqueue() counts it, and the first element enqueue() would refuse.
-    SELECT max(octet_length(coalesce(u.payload, 'null')::text) + coalesce(octet_length(u.payload_binary), 0)),
-           min(u.ord) FILTER (WHERE u.problem IS NOT NULL),
-           (array_agg(u.problem ORDER BY u.ord) FILTER (WHERE u.problem IS NOT NULL))[1],
-           (array_agg(u.code ORDER BY u.ord) FILTER (WHERE u.problem IS NOT NULL))[1]
-    INTO v_largest, v_bad_at, v_bad, v_bad_code
-    FROM (SELECT u.*,
-                 CASE WHEN u.payload IS NULL AND u.payload_binary IS NULL THEN 'payload must not be NULL'
-                      WHEN jsonb_typeof(u.metadata) <> 'object' THEN 'metadata must be a JSON object'
-                      WHEN u.metadata <> '{}' AND jsonb_path_exists(u.metadata, 'strict $.**{32}')
-                          THEN 'metadata is nested more than 32 levels deep'
-                      WHEN NOT isfinite(u.scheduled_at) THEN 'scheduled_at must be a finite time'
-                      WHEN u.ttl_seconds NOT BETWEEN 1 AND 31536000
-                          THEN format('ttl_seconds must be between 1 and 31536000, got %s', u.ttl_seconds)
-                      WHEN u.max_retries NOT BETWEEN 0 AND 1000
-                          THEN format('max_retries must be between 0 and 1000, got %s', u.max_retries)
-                 END AS problem,
-                 CASE WHEN u.payload IS NULL AND u.payload_binary IS NULL THEN '22004' ELSE '22023' END AS code
-          FROM unnest(p_payloads, p_payloads_binary, p_metadata, p_scheduled_at, p_ttl_seconds, p_max_retries)
-               WITH ORDINALITY AS u(payload, payload_binary, metadata, scheduled_at, ttl_seconds, max_retries, ord)) u;
+    -- Payloads alone (the usual batch) have only their NULLs to find: 3,000 instructions a message less.
+    IF p_metadata IS NULL AND p_scheduled_at IS NULL AND p_ttl_seconds IS NULL AND p_max_retries IS NULL THEN
+        SELECT max(octet_length(coalesce(u.payload, 'null')::text) + coalesce(octet_length(u.payload_binary), 0)),
+               min(u.ord) FILTER (WHERE u.payload IS NULL AND u.payload_binary IS NULL), 'payload must not be NULL', '22004'
+        INTO v_largest, v_bad_at, v_bad, v_bad_code
+        FROM unnest(p_payloads, p_payloads_binary) WITH ORDINALITY AS u(payload, payload_binary, ord);
+    ELSE
+        SELECT max(octet_length(coalesce(u.payload, 'null')::text) + coalesce(octet_length(u.payload_binary), 0)),
+               min(u.ord) FILTER (WHERE u.problem IS NOT NULL),
+               (array_agg(u.problem ORDER BY u.ord) FILTER (WHERE u.problem IS NOT NULL))[1],
+               (array_agg(u.code ORDER BY u.ord) FILTER (WHERE u.problem IS NOT NULL))[1]
+        INTO v_largest, v_bad_at, v_bad, v_bad_code
+        FROM (SELECT u.*,
+                     CASE WHEN u.payload IS NULL AND u.payload_binary IS NULL THEN 'payload must not be NULL'
+                          WHEN jsonb_typeof(u.metadata) <> 'object' THEN 'metadata must be a JSON object'
+                          WHEN u.metadata <> '{}' AND jsonb_path_exists(u.metadata, 'strict $.**{32}')
+                              THEN 'metadata is nested more than 32 levels deep'
+                          WHEN NOT isfinite(u.scheduled_at) THEN 'scheduled_at must be a finite time'
+                          WHEN u.ttl_seconds NOT BETWEEN 1 AND 31536000
+                              THEN format('ttl_seconds must be between 1 and 31536000, got %s', u.ttl_seconds)
+                          WHEN u.max_retries NOT BETWEEN 0 AND 1000
+                              THEN format('max_retries must be between 0 and 1000, got %s', u.max_retries)
+                     END AS problem,
+                     CASE WHEN u.payload IS NULL AND u.payload_binary IS NULL THEN '22004' ELSE '22023' END AS code
+              FROM unnest(p_payloads, p_payloads_binary, p_metadata, p_scheduled_at, p_ttl_seconds, p_max_retries)
+                   WITH ORDINALITY AS u(payload, payload_binary, metadata, scheduled_at, ttl_seconds, max_retries, ord)) u;
+    END IF;
     IF v_bad_at IS NOT NULL THEN
         RAISE EXCEPTION '[courier] batch element %: %', v_bad_at, v_bad USING ERRCODE = v_bad_code;
     END IF;
