@@ -138,3 +138,47 @@ def test_a_batch_request_writes_each_run_of_one_topic_in_one_statement_all_or_no
     status, answer = post([body(6), body(7), body(8, topic="small"), body(9, topic="small")])
     assert (status, answer["error"]) == (429, "full")
     assert conn.execute("SELECT count(*) FROM courier.queue").fetchone()[0] == 6
+
+
+def settle_all(base: str, secret: str, requests: list[tuple[str, dict[str, Any]]]) -> list[tuple[int, Any]]:
+    """POST every (path, body) at once, over up to 50 connections; (status, answer) in order."""
+    async def go() -> list[tuple[int, Any]]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=50),
+                                         headers={"Authorization": f"Bearer {secret}"}) as session:
+            async def one(path: str, sent: dict[str, Any]) -> tuple[int, Any]:
+                async with session.post(base + path, json=sent) as response:
+                    return response.status, json.loads(await response.text())
+            return list(await asyncio.gather(*(one(path, sent) for path, sent in requests)))
+    return asyncio.run(go())
+
+
+def test_concurrent_single_settles_each_get_their_own_message_s_result(dsn, conn):
+    """100 acks and 20 nacks, each of its own message but two acks of one, sent at once: every
+    request is answered for its own message (a nack's error is its own), in fewer calls."""
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{\"max_retries\": 5}')")
+    conn.execute("SELECT courier.enqueue_batch('orders', array_agg(jsonb_build_object('n', g))) "
+                 "FROM generate_series(1, 120) g")
+    conn.execute("ALTER DATABASE " + scalar(conn, "SELECT quote_ident(current_database())")
+                 + " SET track_functions = 'all'")
+    secret = token(conn, "app", ["consume"])
+    process, base = start_server(dsn)
+    try:
+        ((status, leased),) = settle_all(base, secret, [("/api/messages/dequeue", {"topic": "orders", "count": 120})])
+        messages = leased["messages"]
+        assert status == 200 and len(messages) == 120
+        acks = [(f"/api/messages/{m['id']}/ack", {"receipt": m["receipt"]}) for m in messages[:100]]
+        acks.append(acks[0])  # the same message twice: one ack settles it, the other finds it gone
+        nacks = [(f"/api/messages/{m['id']}/nack", {"receipt": m["receipt"], "error": f"failed {m['id']}"})
+                 for m in messages[100:]]
+        answers = settle_all(base, secret, acks + nacks)
+    finally:
+        assert "Traceback" not in stop_server(process)
+    first, again = answers[0], answers[100]
+    assert sorted([first[0], again[0]]) == [200, 404]
+    assert all(answer == (200, {"id": m["id"], "result": "acked"})
+               for answer, m in zip(answers[1:100], messages[1:100], strict=True))
+    assert all(status == 200 and answer["result"] == "nacked" for status, answer in answers[101:])
+    errors = dict(conn.execute("SELECT id::text, last_error FROM courier.queue").fetchall())
+    assert errors == {m["id"]: f"failed {m['id']}" for m in messages[100:]}
+    calls = scalar(conn, "SELECT calls FROM pg_stat_user_functions WHERE funcname = 'settle_in_topics'")
+    assert calls < 120

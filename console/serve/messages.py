@@ -271,7 +271,10 @@ def _settle_one_route(verb: str) -> Any:
         if issued_for != target:
             raise ApiError(409, "receipt_mismatch", f"the receipt was not issued for message {target}: settle the "
                                                    "message its dequeue returned it with", field="receipt")
-        (result,) = await _settle(Server.of(request), token, verb, [body["receipt"]], body)
+        topics = token.topics_for("consume")
+        kind = (verb, tuple(topics) if topics is not None else None, body.get("error"),
+                body.get("visibility_timeout_seconds"), body.get("delay_seconds", 0))
+        result = _answer(await Server.of(request).settles.settle(kind, body["receipt"]))
         if result["result"] == "lease_lost":
             raise ApiError(409, "lease_lost", f"message {target}: this receipt's dequeue no longer holds it (its "
                                               "visibility timeout passed, and it was taken back or dequeued again)")
@@ -325,6 +328,10 @@ async def _settle(server: Server, token: Token, verb: str, receipts: list[tuple[
               "delay_seconds": body.get("delay_seconds", 0)}
     async with server.session("application") as conn:
         rows = await queries.fetch_all_async(conn, "pull_settle", params)
-    return [{"id": str(row["id"]), "result": row["result"],
-             **({"visible_until": row["visible_until"]} if row["visible_until"] else {})}
-            for row in rows]
+    return [_answer(row) for row in rows]
+
+
+def _answer(row: dict[str, Any]) -> dict[str, Any]:
+    """A settle's row as the API answers it."""
+    return {"id": str(row["id"]), "result": row["result"],
+            **({"visible_until": row["visible_until"]} if row["visible_until"] else {})}

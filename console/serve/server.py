@@ -30,6 +30,7 @@ from sqlkit.errors import CourierError, DatabaseUnavailable
 from .auth import Authenticator
 from .enqueues import EnqueueGroups
 from .problems import ApiError
+from .settles import SettleGroups
 from .wakeups import TopicWakeups
 
 TOPIC_IDS_SECONDS = 10.0
@@ -81,9 +82,12 @@ class Server:
     """Set at shutdown: long polls answer with what they have instead of waiting on."""
     enqueues: EnqueueGroups = field(init=False)
     """Single enqueues, written together when they arrive together."""
+    settles: SettleGroups = field(init=False)
+    """Single acks, nacks, snoozes and extends, written together when they arrive together."""
 
     def __post_init__(self) -> None:
         self.enqueues = EnqueueGroups(lambda: self.session("application"))
+        self.settles = SettleGroups(lambda: self.session("application"))
 
     KEY = web.AppKey("courier", object)
 
