@@ -175,8 +175,7 @@ async def _poll(request: web.Request, server: Server, topic: str, params: dict[s
                 await server.wakeups.until_listening(max(0.0, deadline - loop.time()))
             if _client_gone(request):
                 return []
-            async with server.session("application") as conn:
-                rows = await queries.fetch_all_async(conn, "pull_dequeue", params)
+            rows = await server.dequeues.dequeue(params)
             fresh, unanswered = unanswered, False
             left = deadline - loop.time()
             if rows or waiter is None or left <= 0 or server.closing:

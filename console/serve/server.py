@@ -28,6 +28,7 @@ from sqlkit.connection import AsyncDatabase, connect
 from sqlkit.errors import CourierError, DatabaseUnavailable
 
 from .auth import Authenticator
+from .dequeues import DequeueGroups
 from .enqueues import EnqueueGroups
 from .problems import ApiError
 from .settles import SettleGroups
@@ -84,10 +85,13 @@ class Server:
     """Single enqueues, written together when they arrive together."""
     settles: SettleGroups = field(init=False)
     """Single acks, nacks, snoozes and extends, written together when they arrive together."""
+    dequeues: DequeueGroups = field(init=False)
+    """Dequeues of a topic, written together when they arrive together."""
 
     def __post_init__(self) -> None:
         self.enqueues = EnqueueGroups(lambda: self.session("application"))
         self.settles = SettleGroups(lambda: self.session("application"))
+        self.dequeues = DequeueGroups(lambda: self.session("application"))
 
     KEY = web.AppKey("courier", object)
 

@@ -1,6 +1,6 @@
-"""Single enqueues that arrive together at `courier serve` are written together
-(console/serve/enqueues.py): each request still gets its own message and id, committed before
-its answer, and one refused message fails alone."""
+"""Requests that arrive together at `courier serve` are written together (console/serve/
+groups.py: enqueues, dequeues and single settles): each request still gets its own message, id
+or result, committed before its answer, and one refused message fails alone."""
 
 from __future__ import annotations
 
@@ -182,3 +182,30 @@ def test_concurrent_single_settles_each_get_their_own_message_s_result(dsn, conn
     assert errors == {m["id"]: f"failed {m['id']}" for m in messages[100:]}
     calls = scalar(conn, "SELECT calls FROM pg_stat_user_functions WHERE funcname = 'settle_in_topics'")
     assert calls < 120
+
+
+def test_concurrent_dequeues_share_one_dequeue_and_each_gets_its_own_messages(dsn, conn):
+    """60 requests for 1-3 messages each against 100 messages: each gets at most its count, no
+    message twice, every one leased is handed to someone, and each receipt acks its message."""
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
+    conn.execute("SELECT courier.enqueue_batch('orders', array_agg(jsonb_build_object('n', g))) "
+                 "FROM generate_series(1, 100) g")
+    conn.execute("ALTER DATABASE " + scalar(conn, "SELECT quote_ident(current_database())")
+                 + " SET track_functions = 'all'")
+    secret = token(conn, "app", ["consume"])
+    counts = [1 + n % 3 for n in range(60)]  # 120 asked for, 100 there
+    process, base = start_server(dsn)
+    try:
+        answers = settle_all(base, secret, [("/api/messages/dequeue", {"topic": "orders", "count": count})
+                                            for count in counts])
+        assert all(status == 200 for status, _ in answers)
+        handed = [m for _, answer in answers for m in answer["messages"]]
+        assert all(len(answer["messages"]) <= count for (_, answer), count in zip(answers, counts, strict=True))
+        assert len(handed) == len({m["id"] for m in handed}) == 100
+        acks = settle_all(base, secret, [("/api/messages/ack", {"messages": [
+            {"id": m["id"], "receipt": m["receipt"]} for m in handed]})])
+        assert {r["result"] for r in acks[0][1]["results"]} == {"acked"}
+    finally:
+        assert "Traceback" not in stop_server(process)
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0
+    assert scalar(conn, "SELECT calls FROM pg_stat_user_functions WHERE funcname = 'dequeue'") < 60
