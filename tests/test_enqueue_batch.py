@@ -103,3 +103,11 @@ def test_a_batch_wakes_waiting_consumers_once_at_commit_and_a_scheduled_one_not_
 def test_the_application_role_may_call_it(conn, orders):
     conn.execute("SET ROLE courier_application")
     assert len(enqueue_batch(conn, payloads=[Jsonb({"n": 1})])) == 1
+
+
+def test_the_python_api_enqueues_a_batch(conn, orders):
+    from sqlkit import pull
+    ids = pull.enqueue_batch(conn, "orders", [{"n": 1}, [2], "three"], metadata=[None, {"m": 2}, None],
+                             max_retries=[None, None, 4])
+    assert [(m.id, m.payload, m.metadata, m.max_retries) for m in pull.dequeue(conn, "orders", 10)] == [
+        (ids[0], {"n": 1}, {}, 10), (ids[1], [2], {"m": 2}, 10), (ids[2], "three", {}, 4)]  # 10: the default
