@@ -675,6 +675,12 @@ SELECT courier.send_with_options(%(endpoint)s, %(payload)s, %(priority)s, %(sche
                                  %(max_retries)s, %(unique_by_payload)s, %(unique_period_seconds)s)
 WHERE %(topics)s::text[] IS NULL OR %(endpoint)s = ANY (%(topics)s::text[]) OR courier.topic_id(%(endpoint)s) IS NULL;
 
+-- name: send_batch_to_endpoint
+-- Plain sends that arrived together at `courier serve` (console/serve/sends.py), in the same
+-- scope as send_to_endpoint: NULL when the endpoint is a pull topic outside it.
+SELECT courier.send_batch(%(endpoint)s, %(payloads)s::jsonb[])
+WHERE %(topics)s::text[] IS NULL OR %(endpoint)s = ANY (%(topics)s::text[]) OR courier.topic_id(%(endpoint)s) IS NULL;
+
 -- name: publish_event
 SELECT courier.publish(%(event_type)s, %(payload)s, %(idempotency_key)s, %(correlation_id)s);
 

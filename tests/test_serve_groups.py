@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import psycopg
 
+from sqlkit import tokens
 from tests.helpers import scalar
 from tests.test_serve import server, start_server, stop_server, token  # noqa: F401 - the server fixture
 
@@ -209,3 +210,28 @@ def test_concurrent_dequeues_share_one_dequeue_and_each_gets_its_own_messages(ds
         assert "Traceback" not in stop_server(process)
     assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0
     assert scalar(conn, "SELECT calls FROM pg_stat_user_functions WHERE funcname = 'dequeue'") < 60
+
+
+def test_concurrent_plain_sends_to_a_push_endpoint_go_together_in_the_token_s_scope(dsn, conn):
+    conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")
+    conn.execute("SELECT courier.create_endpoint('payroll', 'pull', '{}')")
+    conn.execute("ALTER DATABASE " + scalar(conn, "SELECT quote_ident(current_database())")
+                 + " SET track_functions = 'all'")
+    sender = tokens.create_token(conn, "sender", topics=["orders"], endpoints=["*"], actions=["enqueue"])
+    process, base = start_server(dsn)
+    try:
+        answers = settle_all(base, sender, [("/api/endpoints/hook/messages", {"payload": {"n": n}})
+                                            for n in range(100)]
+                             + [("/api/endpoints/hook/messages", {"payload": {"n": 100}, "priority": 5})])
+        refused = settle_all(base, sender, [("/api/endpoints/payroll/messages", {"payload": {"n": n}})
+                                            for n in range(20)])
+    finally:
+        assert "Traceback" not in stop_server(process)
+    assert all(status == 201 for status, _ in answers)
+    stored = dict(conn.execute("SELECT id::text, payload FROM courier.queue").fetchall())
+    assert [stored[answer["id"]] for _, answer in answers] == [{"n": n} for n in range(101)]
+    assert {status for status, _ in refused} == {403}  # payroll is a topic outside the token's scope
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 101
+    calls = dict(conn.execute("SELECT funcname, calls FROM pg_stat_user_functions "
+                              "WHERE funcname IN ('send_batch', 'send_with_options')").fetchall())
+    assert calls["send_batch"] < 100 and calls["send_with_options"] == 1

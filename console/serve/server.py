@@ -31,6 +31,7 @@ from .auth import Authenticator
 from .dequeues import DequeueGroups
 from .enqueues import EnqueueGroups
 from .problems import ApiError
+from .sends import SendGroups
 from .settles import SettleGroups
 from .wakeups import TopicWakeups
 
@@ -87,11 +88,14 @@ class Server:
     """Single acks, nacks, snoozes and extends, written together when they arrive together."""
     dequeues: DequeueGroups = field(init=False)
     """Dequeues of a topic, written together when they arrive together."""
+    sends: SendGroups = field(init=False)
+    """Plain sends to a push endpoint, written together when they arrive together."""
 
     def __post_init__(self) -> None:
         self.enqueues = EnqueueGroups(lambda: self.session("application"))
         self.settles = SettleGroups(lambda: self.session("application"))
         self.dequeues = DequeueGroups(lambda: self.session("application"))
+        self.sends = SendGroups(lambda: self.session("application"))
 
     KEY = web.AppKey("courier", object)
 
