@@ -19,17 +19,32 @@ from tests.test_serve import server, start_server, stop_server, token  # noqa: F
 CONCURRENT = 200
 
 
-def enqueue_all(base: str, secret: str, bodies: list[dict[str, Any]]) -> list[tuple[int, Any]]:
-    """POST every body at once, over up to 50 connections; (status, answer) in the bodies' order."""
+def post_all(base: str, secret: str, requests: list[tuple[str, dict[str, Any]]]) -> list[tuple[int, Any]]:
+    """POST every (path, body) at once, over up to 50 connections; (status, answer) in order."""
     async def go() -> list[tuple[int, Any]]:
-        connector = aiohttp.TCPConnector(limit=50)
-        async with aiohttp.ClientSession(connector=connector,
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=50),
                                          headers={"Authorization": f"Bearer {secret}"}) as session:
-            async def one(body: dict[str, Any]) -> tuple[int, Any]:
-                async with session.post(base + "/api/messages", json=body) as response:
+            async def one(path: str, sent: dict[str, Any]) -> tuple[int, Any]:
+                async with session.post(base + path, json=sent) as response:
                     return response.status, json.loads(await response.text())
-            return list(await asyncio.gather(*(one(body) for body in bodies)))
+            return list(await asyncio.gather(*(one(path, sent) for path, sent in requests)))
     return asyncio.run(go())
+
+
+def enqueue_all(base: str, secret: str, bodies: list[dict[str, Any]]) -> list[tuple[int, Any]]:
+    return post_all(base, secret, [("/api/messages", sent) for sent in bodies])
+
+
+def count_function_calls(conn: psycopg.Connection) -> None:
+    """pg_stat_user_functions counts the calls of the server's sessions in this database."""
+    conn.execute("ALTER DATABASE " + scalar(conn, "SELECT quote_ident(current_database())")
+                 + " SET track_functions = 'all'")
+
+
+def filled_topic(conn: psycopg.Connection, messages: int, config: str = "{}") -> None:
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', %s)", (config,))
+    conn.execute("SELECT courier.enqueue_batch('orders', array_agg(jsonb_build_object('n', g))) "
+                 "FROM generate_series(1, %s) g", (messages,))
 
 
 def body(n: int, topic: str = "orders", **extra: Any) -> dict[str, Any]:
@@ -38,8 +53,7 @@ def body(n: int, topic: str = "orders", **extra: Any) -> dict[str, Any]:
 
 def test_concurrent_enqueues_each_get_their_own_message_in_fewer_statements(dsn, conn):
     conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
-    conn.execute("ALTER DATABASE " + scalar(conn, "SELECT quote_ident(current_database())")
-                 + " SET track_functions = 'all'")
+    count_function_calls(conn)
     secret = token(conn, "app", ["enqueue"])
     process, base = start_server(dsn)
     try:
@@ -117,11 +131,7 @@ def test_a_batch_request_writes_each_run_of_one_topic_in_one_statement_all_or_no
     secret = token(conn, "app", ["enqueue"])
 
     def post(items: list[dict[str, Any]]) -> tuple[int, Any]:
-        async def go() -> tuple[int, Any]:
-            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {secret}"}) as session, \
-                    session.post(server + "/api/messages/batch", json={"messages": items}) as response:
-                return response.status, json.loads(await response.text())
-        return asyncio.run(go())
+        return post_all(server, secret, [("/api/messages/batch", {"messages": items})])[0]
 
     items = [body(0), body(1, ttl_seconds=60), body(2, topic="audit"), body(3, key="k"), body(4), body(5)]
     status, answer = post(items)
@@ -141,37 +151,22 @@ def test_a_batch_request_writes_each_run_of_one_topic_in_one_statement_all_or_no
     assert conn.execute("SELECT count(*) FROM courier.queue").fetchone()[0] == 6
 
 
-def settle_all(base: str, secret: str, requests: list[tuple[str, dict[str, Any]]]) -> list[tuple[int, Any]]:
-    """POST every (path, body) at once, over up to 50 connections; (status, answer) in order."""
-    async def go() -> list[tuple[int, Any]]:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=50),
-                                         headers={"Authorization": f"Bearer {secret}"}) as session:
-            async def one(path: str, sent: dict[str, Any]) -> tuple[int, Any]:
-                async with session.post(base + path, json=sent) as response:
-                    return response.status, json.loads(await response.text())
-            return list(await asyncio.gather(*(one(path, sent) for path, sent in requests)))
-    return asyncio.run(go())
-
-
 def test_concurrent_single_settles_each_get_their_own_message_s_result(dsn, conn):
     """100 acks and 20 nacks, each of its own message but two acks of one, sent at once: every
     request is answered for its own message (a nack's error is its own), in fewer calls."""
-    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{\"max_retries\": 5}')")
-    conn.execute("SELECT courier.enqueue_batch('orders', array_agg(jsonb_build_object('n', g))) "
-                 "FROM generate_series(1, 120) g")
-    conn.execute("ALTER DATABASE " + scalar(conn, "SELECT quote_ident(current_database())")
-                 + " SET track_functions = 'all'")
+    filled_topic(conn, 120, '{"max_retries": 5}')
+    count_function_calls(conn)
     secret = token(conn, "app", ["consume"])
     process, base = start_server(dsn)
     try:
-        ((status, leased),) = settle_all(base, secret, [("/api/messages/dequeue", {"topic": "orders", "count": 120})])
+        ((status, leased),) = post_all(base, secret, [("/api/messages/dequeue", {"topic": "orders", "count": 120})])
         messages = leased["messages"]
         assert status == 200 and len(messages) == 120
         acks = [(f"/api/messages/{m['id']}/ack", {"receipt": m["receipt"]}) for m in messages[:100]]
         acks.append(acks[0])  # the same message twice: one ack settles it, the other finds it gone
         nacks = [(f"/api/messages/{m['id']}/nack", {"receipt": m["receipt"], "error": f"failed {m['id']}"})
                  for m in messages[100:]]
-        answers = settle_all(base, secret, acks + nacks)
+        answers = post_all(base, secret, acks + nacks)
     finally:
         assert "Traceback" not in stop_server(process)
     first, again = answers[0], answers[100]
@@ -188,22 +183,19 @@ def test_concurrent_single_settles_each_get_their_own_message_s_result(dsn, conn
 def test_concurrent_dequeues_share_one_dequeue_and_each_gets_its_own_messages(dsn, conn):
     """60 requests for 1-3 messages each against 100 messages: each gets at most its count, no
     message twice, every one leased is handed to someone, and each receipt acks its message."""
-    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
-    conn.execute("SELECT courier.enqueue_batch('orders', array_agg(jsonb_build_object('n', g))) "
-                 "FROM generate_series(1, 100) g")
-    conn.execute("ALTER DATABASE " + scalar(conn, "SELECT quote_ident(current_database())")
-                 + " SET track_functions = 'all'")
+    filled_topic(conn, 100)
+    count_function_calls(conn)
     secret = token(conn, "app", ["consume"])
     counts = [1 + n % 3 for n in range(60)]  # 120 asked for, 100 there
     process, base = start_server(dsn)
     try:
-        answers = settle_all(base, secret, [("/api/messages/dequeue", {"topic": "orders", "count": count})
+        answers = post_all(base, secret, [("/api/messages/dequeue", {"topic": "orders", "count": count})
                                             for count in counts])
         assert all(status == 200 for status, _ in answers)
         handed = [m for _, answer in answers for m in answer["messages"]]
         assert all(len(answer["messages"]) <= count for (_, answer), count in zip(answers, counts, strict=True))
         assert len(handed) == len({m["id"] for m in handed}) == 100
-        acks = settle_all(base, secret, [("/api/messages/ack", {"messages": [
+        acks = post_all(base, secret, [("/api/messages/ack", {"messages": [
             {"id": m["id"], "receipt": m["receipt"]} for m in handed]})])
         assert {r["result"] for r in acks[0][1]["results"]} == {"acked"}
     finally:
@@ -215,15 +207,14 @@ def test_concurrent_dequeues_share_one_dequeue_and_each_gets_its_own_messages(ds
 def test_concurrent_plain_sends_to_a_push_endpoint_go_together_in_the_token_s_scope(dsn, conn):
     conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")
     conn.execute("SELECT courier.create_endpoint('payroll', 'pull', '{}')")
-    conn.execute("ALTER DATABASE " + scalar(conn, "SELECT quote_ident(current_database())")
-                 + " SET track_functions = 'all'")
+    count_function_calls(conn)
     sender = tokens.create_token(conn, "sender", topics=["orders"], endpoints=["*"], actions=["enqueue"])
     process, base = start_server(dsn)
     try:
-        answers = settle_all(base, sender, [("/api/endpoints/hook/messages", {"payload": {"n": n}})
+        answers = post_all(base, sender, [("/api/endpoints/hook/messages", {"payload": {"n": n}})
                                             for n in range(100)]
                              + [("/api/endpoints/hook/messages", {"payload": {"n": 100}, "priority": 5})])
-        refused = settle_all(base, sender, [("/api/endpoints/payroll/messages", {"payload": {"n": n}})
+        refused = post_all(base, sender, [("/api/endpoints/payroll/messages", {"payload": {"n": n}})
                                             for n in range(20)])
     finally:
         assert "Traceback" not in stop_server(process)

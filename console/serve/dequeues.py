@@ -7,16 +7,12 @@ authorised for the topic before it joined the line, so requests of different tok
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlkit import queries
 
-from .groups import Groups
-
-Session = Callable[[], Any]
-"""An async context manager lending a connection in autocommit (Server.session("application"))."""
+from .groups import Groups, Session
 
 DequeueKind = tuple[str, int | None]
 """What a group shares: the topic and the visibility timeout (None: the topic's)."""

@@ -7,7 +7,6 @@ on its own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,10 +14,7 @@ import psycopg
 
 from sqlkit import queries
 
-from .groups import Groups
-
-Session = Callable[[], Any]
-"""An async context manager lending a connection in autocommit (Server.session("application"))."""
+from .groups import Groups, Session
 
 
 @dataclass

@@ -17,13 +17,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlkit.errors import DatabaseUnavailable
 
 Key = TypeVar("Key", bound=Hashable)
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+
+Session = Callable[[], Any]
+"""An async context manager lending a connection in autocommit (Server.session("application"))."""
 
 MAX_GROUP = 500
 """The most requests one write takes; the rest wait for the next."""

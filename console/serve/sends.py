@@ -6,18 +6,13 @@ every batch, a group wakes the endpoint's workers once at commit, `notify_on_sen
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from sqlkit import queries
 
-from .groups import Groups
-
-Session = Callable[[], Any]
-"""An async context manager lending a connection in autocommit (Server.session("application"))."""
+from .groups import Groups, Session
 
 SendKind = tuple[str, tuple[str, ...] | None]
 """What a group shares: the endpoint, and the topics the token may enqueue to (None: all)."""

@@ -7,16 +7,12 @@ answer; two settles of the same message in one group are written one after the o
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlkit import queries
 
-from .groups import Groups
-
-Session = Callable[[], Any]
-"""An async context manager lending a connection in autocommit (Server.session("application"))."""
+from .groups import Groups, Session
 
 SettleKind = tuple[str, tuple[str, ...] | None, str | None, int | None, int]
 """What a group shares: the verb, the topics the token may consume (None: all), the nack's
