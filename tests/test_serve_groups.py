@@ -226,3 +226,19 @@ def test_concurrent_plain_sends_to_a_push_endpoint_go_together_in_the_token_s_sc
     calls = dict(conn.execute("SELECT funcname, calls FROM pg_stat_user_functions "
                               "WHERE funcname IN ('send_batch', 'send_with_options')").fetchall())
     assert calls["send_batch"] < 100 and calls["send_with_options"] == 1
+
+
+def test_dequeues_asking_for_more_than_one_dequeue_takes_are_cut_into_several(dsn, conn):
+    filled_topic(conn, 15_000)
+    secret = token(conn, "app", ["consume"])
+    process, base = start_server(dsn)
+    try:
+        answers = post_all(base, secret, [("/api/messages/dequeue", {"topic": "orders", "count": 1000})] * 16)
+    finally:
+        assert "Traceback" not in stop_server(process)
+    assert all(status == 200 for status, _ in answers)
+    handed = [m["id"] for _, answer in answers for m in answer["messages"]]
+    assert len(handed) == len(set(handed)) == 15_000
+    from console.serve.dequeues import _chunks
+    assert _chunks([1000] * 16) == [[1000] * 10, [1000] * 6]  # no dequeue asks for more than 10,000
+    assert _chunks([3, 9_999, 1]) == [[3], [9_999, 1]]

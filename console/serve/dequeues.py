@@ -14,6 +14,9 @@ from sqlkit import queries
 
 from .groups import Groups, Session
 
+MAX_DEQUEUE = 10_000
+"""The most messages one courier.dequeue takes (its p_count)."""
+
 DequeueKind = tuple[str, int | None]
 """What a group shares: the topic and the visibility timeout (None: the topic's)."""
 
@@ -37,9 +40,21 @@ class DequeueGroups:
                 "topic": topic, "count": count, "visibility_timeout": visibility_timeout})
 
     async def _many(self, kind: DequeueKind, counts: list[int]) -> list[list[dict[str, Any]]]:
-        rows = await self._one(kind, sum(counts))
-        shares, start = [], 0
-        for count in counts:
-            shares.append(rows[start:start + count])
-            start += count
+        shares: list[list[dict[str, Any]]] = []
+        for chunk in _chunks(counts):
+            rows = await self._one(kind, sum(chunk))
+            start = 0
+            for count in chunk:
+                shares.append(rows[start:start + count])
+                start += count
         return shares
+
+
+def _chunks(counts: list[int]) -> list[list[int]]:
+    """The counts in order, cut where a dequeue would ask for more than it takes at once."""
+    chunks: list[list[int]] = [[]]
+    for count in counts:
+        if chunks[-1] and sum(chunks[-1]) + count > MAX_DEQUEUE:
+            chunks.append([])
+        chunks[-1].append(count)
+    return chunks
