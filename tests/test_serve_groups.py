@@ -225,7 +225,7 @@ def test_concurrent_plain_sends_to_a_push_endpoint_go_together_in_the_token_s_sc
     assert scalar(conn, "SELECT count(*) FROM courier.queue") == 101
     calls = dict(conn.execute("SELECT funcname, calls FROM pg_stat_user_functions "
                               "WHERE funcname IN ('send_batch', 'send_with_options')").fetchall())
-    assert calls["send_batch"] < 100 and calls["send_with_options"] == 1
+    assert calls["send_batch"] > 0 and calls["send_batch"] + calls["send_with_options"] < 101
 
 
 def test_dequeues_asking_for_more_than_one_dequeue_takes_are_cut_into_several(dsn, conn):

@@ -1,8 +1,9 @@
 """Plain sends to a push endpoint that arrive together are written together (groups.py): those
 for one endpoint, by tokens of the same scope, with a payload and no option, that arrive while
 such a write is in the database go next as one `courier.send_batch`, each answered with its own
-id. A send with any option (priority, keys, schedule, headers, ...) is written on its own. Like
-every batch, a group wakes the endpoint's workers once at commit, `notify_on_send` or not."""
+id. A send with any option (priority, keys, schedule, headers, ...) is written on its own, and a
+lone plain send as a single send. Like every batch, a group of several wakes the endpoint's
+workers once at commit, `notify_on_send` or not."""
 
 from __future__ import annotations
 
@@ -31,7 +32,14 @@ class SendGroups:
         return await self._groups.submit(kind, payload)
 
     async def _one(self, kind: SendKind, payload: Jsonb) -> int | None:
-        return (await self._many(kind, [payload]))[0]
+        """Alone, a send is a single send (so `notify_on_send` holds for it)."""
+        endpoint, topics = kind
+        async with self.session() as conn:
+            return await queries.fetch_value_async(conn, "send_to_endpoint", {
+                "endpoint": endpoint, "payload": payload, "priority": 0, "scheduled_at": None,
+                "idempotency_key": None, "correlation_id": None, "expires_at": None, "ordering_key": None,
+                "headers": None, "metadata": None, "max_retries": None, "unique_by_payload": False,
+                "unique_period_seconds": None, "topics": list(topics) if topics is not None else None})
 
     async def _many(self, kind: SendKind, payloads: list[Jsonb]) -> list[int | None]:
         endpoint, topics = kind
