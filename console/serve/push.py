@@ -53,21 +53,15 @@ async def send(request: web.Request, token: Token, body: dict[str, Any]) -> web.
     server = Server.of(request)
     endpoint = request.match_info["name"]
     require(token, "enqueue", endpoint=endpoint)
-    topics = token.topics_for("enqueue")
-    if all(body[name] is None for name in SEND if name != "payload"):  # a plain send: written with others
-        new_id = await server.sends.send((endpoint, tuple(topics) if topics is not None else None),
-                                         exact_json.jsonb(body["payload"]))
-        return _sent(token, endpoint, new_id)
     params = {**body, "endpoint": endpoint, "payload": exact_json.jsonb(body["payload"]),
               "priority": body["priority"] or 0, "headers": _jsonb(body["headers"]),
-              "metadata": _jsonb(body["metadata"]), "topics": topics,
+              "metadata": _jsonb(body["metadata"]), "topics": token.topics_for("enqueue"),
               "unique_by_payload": bool(body["unique_by_payload"])}
-    async with server.session("application") as conn:
-        new_id = await queries.fetch_value_async(conn, "send_to_endpoint", params)
-    return _sent(token, endpoint, new_id)
-
-
-def _sent(token: Token, endpoint: str, new_id: int | None) -> web.Response:
+    if all(body[name] is None for name in SEND if name != "payload"):  # a plain send: written with others
+        new_id = await server.sends.send(params)
+    else:
+        async with server.session("application") as conn:
+            new_id = await queries.fetch_value_async(conn, "send_to_endpoint", params)
     if new_id is None:  # a pull topic (it takes sends, for priorities and ordering keys) outside the token's topics
         raise ApiError(403, "forbidden", f"token {token.name!r} may not enqueue on topic {endpoint!r}")
     return web.json_response({"id": str(new_id)}, status=201)

@@ -8,8 +8,7 @@ workers once at commit, `notify_on_send` or not."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from psycopg.types.json import Jsonb
+from typing import Any
 
 from sqlkit import queries
 
@@ -22,28 +21,24 @@ SendKind = tuple[str, tuple[str, ...] | None]
 @dataclass
 class SendGroups:
     session: Session
-    _groups: Groups[SendKind, Jsonb, int | None] = field(init=False)
+    _groups: Groups[SendKind, dict[str, Any], int | None] = field(init=False)
 
     def __post_init__(self) -> None:
         self._groups = Groups(self._many, self._one)
 
-    async def send(self, kind: SendKind, payload: Jsonb) -> int | None:
-        """The new message's id; None when the endpoint is a pull topic outside the scope."""
-        return await self._groups.submit(kind, payload)
+    async def send(self, params: dict[str, Any]) -> int | None:
+        """The id of the plain send `params` (send_to_endpoint's parameters) describes; None when
+        the endpoint is a pull topic outside the token's topics."""
+        topics = params["topics"]
+        return await self._groups.submit((params["endpoint"], tuple(topics) if topics is not None else None), params)
 
-    async def _one(self, kind: SendKind, payload: Jsonb) -> int | None:
+    async def _one(self, kind: SendKind, params: dict[str, Any]) -> int | None:
         """Alone, a send is a single send (so `notify_on_send` holds for it)."""
-        endpoint, topics = kind
         async with self.session() as conn:
-            return await queries.fetch_value_async(conn, "send_to_endpoint", {
-                "endpoint": endpoint, "payload": payload, "priority": 0, "scheduled_at": None,
-                "idempotency_key": None, "correlation_id": None, "expires_at": None, "ordering_key": None,
-                "headers": None, "metadata": None, "max_retries": None, "unique_by_payload": False,
-                "unique_period_seconds": None, "topics": list(topics) if topics is not None else None})
+            return await queries.fetch_value_async(conn, "send_to_endpoint", params)
 
-    async def _many(self, kind: SendKind, payloads: list[Jsonb]) -> list[int | None]:
-        endpoint, topics = kind
+    async def _many(self, kind: SendKind, group: list[dict[str, Any]]) -> list[int | None]:
         async with self.session() as conn:
             ids = await queries.fetch_value_async(conn, "send_batch_to_endpoint", {
-                "endpoint": endpoint, "payloads": payloads, "topics": list(topics) if topics is not None else None})
-        return list(ids) if ids is not None else [None] * len(payloads)
+                **group[0], "payloads": [params["payload"] for params in group]})
+        return list(ids) if ids is not None else [None] * len(group)
