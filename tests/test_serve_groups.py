@@ -242,3 +242,45 @@ def test_dequeues_asking_for_more_than_one_dequeue_takes_are_cut_into_several(ds
     from console.serve.dequeues import _chunks
     assert _chunks([1000] * 16) == [[1000] * 10, [1000] * 6]  # no dequeue asks for more than 10,000
     assert _chunks([3, 9_999, 1]) == [[3], [9_999, 1]]
+
+
+def test_hostile_text_goes_through_every_group_literally_and_secrets_stay_out_of_the_log(dsn, conn):
+    """The hostile-text corpus as the metadata of grouped enqueues, the payloads of grouped push
+    sends and the errors of grouped nacks: stored and answered byte for byte, and a token's secret
+    in a refused message's text reaches neither the answer nor the server's log."""
+    from tests.test_hostile_text import CORPUS, MEGABYTE
+    values = [*CORPUS.values(), MEGABYTE[:9_000]]  # a huge line, within the 10,000 a nack error may hold
+    filled_topic(conn, len(values))
+    conn.execute("SELECT courier.create_endpoint('hook', 'noop', '{}')")
+    secret = tokens.create_token(conn, "app", topics=["*"], endpoints=["*"], actions=["enqueue", "consume"])
+    process, base = start_server(dsn)
+    try:
+        enqueued = post_all(base, secret, [("/api/messages", {"topic": "orders", "payload": b64(value),
+                                                              "metadata": {"v": value}}) for value in values])
+        sent = post_all(base, secret, [("/api/endpoints/hook/messages", {"payload": {"v": value}})
+                                       for value in values])
+        leased = post_all(base, secret, [("/api/messages/dequeue", {"topic": "orders", "count": 1})] * len(values))
+        nacked = post_all(base, secret, [(f"/api/messages/{answer['messages'][0]['id']}/nack",
+                                          {"receipt": answer["messages"][0]["receipt"], "error": value})
+                                         for (_, answer), value in zip(leased, values, strict=True)])
+        # Over max_payload_size among others: refused in the group, then alone.
+        oversized = {"topic": "orders", "payload": b64("x" * 1_100_000 + secret)}
+        leaked = enqueue_all(base, secret, [oversized] + [body(n) for n in range(10)])
+    finally:
+        log = stop_server(process)
+    assert "Traceback" not in log and secret not in log
+    assert leaked[0][0] == 413 and {status for status, _ in leaked[1:]} == {201}
+    assert secret not in json.dumps(leaked)
+    assert all(status == 201 for status, _ in enqueued + sent) and all(s == 200 for s, _ in nacked)
+    stored = dict(conn.execute("SELECT id::text, metadata ->> 'v' FROM courier.queue "
+                               "WHERE endpoint_id = (SELECT id FROM courier.endpoints WHERE name = 'orders') "
+                               "AND metadata ? 'v'").fetchall())
+    assert [stored[answer["id"]] for _, answer in enqueued] == values
+    payloads = dict(conn.execute("SELECT id::text, payload ->> 'v' FROM courier.queue WHERE payload ? 'v'").fetchall())
+    assert [payloads[answer["id"]] for _, answer in sent] == values
+    errors = [row[0] for row in conn.execute("SELECT last_error FROM courier.queue WHERE last_error IS NOT NULL")]
+    assert sorted(errors) == sorted(values)
+
+
+def b64(value: str) -> str:
+    return base64.b64encode(value.encode()).decode()
