@@ -18,6 +18,9 @@ of server), and stopped with SIGTERM at the end, or on any failure.
   request timed from the moment it was due to its answer, so a stall shows in every request
   it delays; the same through SQL is measured beside it for reference.
 
+With `--processes N`, enqueue (batch 1) and its latency are also measured through `courier
+serve --processes N`, under at least SCALING_CLIENTS clients each way.
+
 Throughput figures are messages per second; each HTTP figure's ceiling is the SQL path's with
 the same number of clients, measured in the same run (BENCHMARKS.md: >= 0.5 of it; enqueue
 p99 <= 10 ms at 1,000/s). Both kinds of client run in this process, on one asyncio loop.
@@ -55,6 +58,10 @@ BATCH = 100
 VISIBILITY_SECONDS = 60
 LATENCY_RATE = 1_000.0
 LATENCY_TARGET_MS = 10.0
+SCALING_CLIENTS = 16
+"""The fewest clients `--processes N` is measured with. Serving at scale is many clients: with
+four in a closed loop each waits for the HTTP hop in series with its own commit, so the figure is
+the hop's latency (the first row shows it), and no number of server processes moves it."""
 WARM_UP_SECONDS = 1.0
 """Paced load offered before each latency run and left out of its figures."""
 LATENCY_CONNECTIONS = 32
@@ -561,7 +568,8 @@ def http(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int =
 def _http_processes(dsn: str, secret: str, processes: int, *, clients: int, seconds: float, rounds: int,
                     rate: float) -> list[ScenarioResult]:
     """Enqueue (batch 1) and its paced latency through `courier serve --processes N`, against
-    the SQL path with the same clients; no process pinned."""
+    the SQL path with the same clients (at least SCALING_CLIENTS); no process pinned."""
+    clients = max(clients, SCALING_CLIENTS)
     paced: list[Paced] = []
     with serve_process(dsn, processes) as server:
         def enqueue(path: str) -> Callable[[], Measurement]:
@@ -587,7 +595,9 @@ def _http_processes(dsn: str, secret: str, processes: int, *, clients: int, seco
         ScenarioResult(
             scenario="http", variant=f"enqueue, batch 1, {clients} clients, {processes} processes", unit="msg/s",
             courier=m["http"], ceiling=m["sql"], target_ratio=0.8,
-            notes=f"POST /api/messages per message vs SELECT courier.enqueue per transaction; {where}"),
+            notes=f"POST /api/messages per message vs SELECT courier.enqueue per transaction, {clients} clients "
+                  f"each way (at least {SCALING_CLIENTS}: a load that keeps a server process busy; the first row's "
+                  f"few clients measure the hop's latency instead); {where}"),
         ScenarioResult(
             scenario="http", variant=f"enqueue p99 {found.p99_ms:,.1f} ms at {rate:,.0f}/s offered, "
                                     f"{processes} processes",
