@@ -31,6 +31,27 @@ def test_bench_cost_counts_each_operation_beside_pgmq(dsn):
     assert not any(variant.endswith("instructions/msg") for variant in results)
 
 
+def test_bench_cost_puts_pgq_beside_them_where_the_server_has_it(dsn):
+    from console.bench import pgq
+    from sqlkit.connection import connect
+
+    with connect(dsn) as conn:
+        if not pgq.available(conn):
+            pytest.skip("this PostgreSQL has no PgQ extension (Debian: postgresql-NN-pgq3)")
+    results = {r.variant: r for r in cost(dsn, instructions=False)}
+
+    def pgq_figure(variant: str) -> float:
+        note = results[variant].notes
+        assert "PgQ (" in note
+        return float(note.rsplit(": ", 1)[1].replace(",", ""))
+
+    # An event is one row and no index entry of its own: two WAL records, as in Skype's design.
+    assert pgq_figure("send: WAL records/msg") == pytest.approx(2.0, abs=0.1)
+    # A consumer that takes a tick's batch of 100 writes almost nothing per event.
+    assert pgq_figure("receive(100): WAL bytes/msg") < 20
+    assert pgq_figure("dequeue(100) + ack: WAL bytes/msg") < 20
+
+
 @pytest.mark.skipif(instructions.unavailable() is not None, reason=str(instructions.unavailable()))
 def test_bench_cost_counts_instructions_per_message_the_same_twice(dsn, monkeypatch):
     """Under valgrind, about a minute: the instruction rows stand beside the others, for Courier

@@ -1,5 +1,6 @@
 """cost: what each queue operation costs the database per message, in units no noisy machine can
-blur, for Courier and pgmq (the peer) side by side in one database.
+blur, for Courier and pgmq (the peer) side by side in one database, and PgQ beside them where the
+server has its extension (console/bench/pgq.py; in each row's notes, for context).
 
 Per message, for every operation:
 - WAL bytes: pg_current_wal_insert_lsn() before and after the operation's transactions, commit
@@ -40,7 +41,7 @@ from sqlkit.connection import connect
 from sqlkit.errors import CourierError
 
 from . import instructions as callgrind
-from . import pgmq
+from . import pgmq, pgq
 from .result import Measurement, ScenarioResult
 from .scratch import backpressure_out_of_reach, leader_estimates
 
@@ -125,8 +126,26 @@ class Operation:
     units: int                          # measured units
     courier: Unit
     pgmq: Unit
+    pgq: Unit                           # PgQ's nearest operation, where the server has it
     preload: int = 0                    # messages each side holds before it starts
     counted: int = 300                  # measured units for the instructions count, under callgrind
+
+    def unit(self, side: str) -> Unit:
+        return {"courier": self.courier, "pgmq": self.pgmq, "pgq": self.pgq}[side]
+
+
+def _pgq_insert_event(m: Runner) -> None:
+    m.run("SELECT pgq.insert_event(%s, 'bench', %s)", (pgq.QUEUE, PAYLOAD))
+
+
+def _pgq_insert_events(size: int) -> Unit:
+    return lambda m: m.run("SELECT pgq.insert_event(%s, 'bench', p) FROM unnest(%s::text[]) p",
+                           (pgq.QUEUE, _batch(size)))
+
+
+def _pgq_take_batch(m: Runner) -> None:
+    """One tick's batch, whose size the fill made the operation's (pgq.fill)."""
+    m.run("SELECT public.bench_pgq_take(%s, %s)", (pgq.QUEUE, pgq.CONSUMER))
 
 
 def _courier_send(endpoint: str) -> Unit:
@@ -183,16 +202,20 @@ def _pgmq_pop(size: int) -> Unit:
 
 
 OPERATIONS = (
-    Operation("send", 1, 500, _courier_send(ENDPOINT), _pgmq_send),
-    Operation("send to a pull topic", 1, 500, _courier_send(TOPIC), _pgmq_send),
-    Operation("enqueue (pull topic)", 1, 500, _courier_enqueue, _pgmq_send),
-    Operation("send_batch of 100", 100, 20, _courier_send_batch(100), _pgmq_send_batch(100), counted=10),
-    Operation("enqueue_batch of 100", 100, 20, _courier_enqueue_batch(100), _pgmq_send_batch(100), counted=10),
-    Operation("dequeue(10) + ack", 10, 50, _courier_dequeue_ack(10), _pgmq_read_delete(10), preload=1, counted=30),
-    Operation("dequeue(100) + ack", 100, 20, _courier_dequeue_ack(100), _pgmq_read_delete(100), preload=1,
+    Operation("send", 1, 500, _courier_send(ENDPOINT), _pgmq_send, _pgq_insert_event),
+    Operation("send to a pull topic", 1, 500, _courier_send(TOPIC), _pgmq_send, _pgq_insert_event),
+    Operation("enqueue (pull topic)", 1, 500, _courier_enqueue, _pgmq_send, _pgq_insert_event),
+    Operation("send_batch of 100", 100, 20, _courier_send_batch(100), _pgmq_send_batch(100), _pgq_insert_events(100),
               counted=10),
-    Operation("receive(1)", 1, 500, _courier_receive(1), _pgmq_pop(1), preload=1),
-    Operation("receive(100)", 100, 20, _courier_receive(100), _pgmq_pop(100), preload=1, counted=10),
+    Operation("enqueue_batch of 100", 100, 20, _courier_enqueue_batch(100), _pgmq_send_batch(100),
+              _pgq_insert_events(100), counted=10),
+    Operation("dequeue(10) + ack", 10, 50, _courier_dequeue_ack(10), _pgmq_read_delete(10), _pgq_take_batch,
+              preload=1, counted=30),
+    Operation("dequeue(100) + ack", 100, 20, _courier_dequeue_ack(100), _pgmq_read_delete(100), _pgq_take_batch,
+              preload=1, counted=10),
+    Operation("receive(1)", 1, 500, _courier_receive(1), _pgmq_pop(1), _pgq_take_batch, preload=1),
+    Operation("receive(100)", 100, 20, _courier_receive(100), _pgmq_pop(100), _pgq_take_batch, preload=1,
+              counted=10),
 )
 
 METRICS = (
@@ -239,8 +262,12 @@ def _statement_calls(conn: psycopg.Connection) -> int:
     return int(calls)
 
 
-def _fill(conn: psycopg.Connection, side: str, messages: int) -> None:
-    """Each side's queue holds exactly `messages` messages, due now, made as its send makes them."""
+def _fill(conn: psycopg.Connection, side: str, messages: int, per_unit: int = 1) -> None:
+    """Each side's queue holds exactly `messages` messages, due now, made as its send makes them
+    (PgQ's in batches of `per_unit`, one tick each: pgq.fill)."""
+    if side == "pgq":
+        pgq.fill(conn, messages // per_unit, per_unit)
+        return
     conn.execute("TRUNCATE courier.queue")
     conn.execute(f"TRUNCATE pgmq.q_{pgmq.QUEUE}")
     if side == "courier" and messages:
@@ -265,12 +292,12 @@ def _needed(operation: Operation, units: int) -> int:
 
 
 def measure(dsn: str, operation: Operation, side: str) -> Counts:
-    unit = operation.courier if side == "courier" else operation.pgmq
+    unit = operation.unit(side)
     needed = _needed(operation, operation.units)
     with connect(dsn, autocommit=True) as admin:
         # Before the fill: pages made after a checkpoint are written without full-page images.
         _checkpoint(admin)
-        _fill(admin, side, needed)
+        _fill(admin, side, needed, operation.messages)
     with connect(dsn) as conn, leader_estimates(dsn):
         meter = Meter(conn)
         for _ in range(WARMUP_UNITS):
@@ -318,7 +345,7 @@ def instructions_per_message(counting: Counter, operation: Operation, side: str,
     """Instructions per message of `operation` on one side: those of a backend that runs the
     warm-up and `units` units (default: operation.counted), less those of one that runs only the
     warm-up, each after the same fill of the queue."""
-    unit = operation.courier if side == "courier" else operation.pgmq
+    unit = operation.unit(side)
     units = operation.counted if units is None else units
 
     def backend(count: int) -> int:
@@ -368,8 +395,10 @@ def cost(dsn: str, *, clients: int = 1, seconds: float = 0, rounds: int = 1,
     if instructions and (reason := callgrind.unavailable()):
         raise CourierError(reason)
     _prepare(dsn)
+    with_pgq = pgq.install(dsn)
     counts = {operation.name: (measure(dsn, operation, "courier"), measure(dsn, operation, "pgmq"))
               for operation in OPERATIONS}
+    theirs_pgq = {operation.name: measure(dsn, operation, "pgq") for operation in OPERATIONS} if with_pgq else {}
     counted = (count_instructions(OPERATIONS, required=bool(instructions)) if instructions is not False
                else Instructions({}))
     results = []
@@ -379,6 +408,8 @@ def cost(dsn: str, *, clients: int = 1, seconds: float = 0, rounds: int = 1,
             if name == "statements" and not mine.statements:
                 continue
             notes = _note(operation, name, mine, theirs)
+            if operation.name in theirs_pgq:
+                notes = "; ".join(filter(None, (notes, _pgq_note(operation, name, theirs_pgq[operation.name]))))
             if name == "wal_bytes" and counted.missing and operation is OPERATIONS[0]:
                 notes += f"; {counted.missing}"
             results.append(ScenarioResult(
@@ -394,6 +425,18 @@ def cost(dsn: str, *, clients: int = 1, seconds: float = 0, rounds: int = 1,
                        f"{operation.messages} message(s) less the warm-up; all operations counted in "
                        f"{counted.seconds:.0f} s")))
     return results
+
+
+PGQ_OPERATIONS = {"insert": "pgq.insert_event", "batch": "pgq.insert_event x 100 in one statement",
+                  "take": "one tick's batch: next_batch, get_batch_events, finish_batch; the fill's ticks "
+                          "not counted"}
+
+
+def _pgq_note(operation: Operation, metric: str, counts: Counts) -> str:
+    """PgQ's figure for the row, with what stood for the operation (PgQ has no leases: its
+    consumer takes and finishes a whole batch, so the consuming rows compare with that)."""
+    kind = "take" if operation.preload else ("batch" if operation.messages > 1 else "insert")
+    return f"PgQ ({PGQ_OPERATIONS[kind]}): {counts.per_message(metric):,.1f}"
 
 
 def _note(operation: Operation, metric: str, mine: Counts, theirs: Counts) -> str:
