@@ -321,6 +321,7 @@ def _prepare_private(dsn: str) -> None:
     """The private cluster's database, made as the scratch database is."""
     migrate.migrate(dsn)
     _prepare(dsn)
+    pgq.install(dsn)
 
 
 @dataclass
@@ -350,7 +351,7 @@ def instructions_per_message(counting: Counter, operation: Operation, side: str,
 
     def backend(count: int) -> int:
         _checkpoint(counting.admin)
-        _fill(counting.admin, side, _needed(operation, units))
+        _fill(counting.admin, side, _needed(operation, units), operation.messages)
         # Fresh for the first send, whenever the leader's thread next gets to it.
         counting.admin.execute("/* bench harness */ SELECT courier.estimate_active_messages()")
         runner = lambda conn: Plain(conn, counting.harness)  # noqa: E731
@@ -362,12 +363,14 @@ def instructions_per_message(counting: Counter, operation: Operation, side: str,
 
 @dataclass(frozen=True)
 class Instructions:
-    """Instructions per message by operation name, (courier, pgmq), or why there are none."""
+    """Instructions per message by operation name, (courier, pgmq), and PgQ's where the private
+    cluster has it; or why there are none."""
 
     per_message: dict[str, tuple[float, float]]
     seconds: float = 0.0
     version: str = ""
     missing: str = ""
+    pgq: dict[str, float] = field(default_factory=dict)
 
 
 def count_instructions(operations: tuple[Operation, ...], *, required: bool = False) -> Instructions:
@@ -381,7 +384,9 @@ def count_instructions(operations: tuple[Operation, ...], *, required: bool = Fa
         with counter() as counting:
             found = {op.name: (instructions_per_message(counting, op, "courier"),
                                instructions_per_message(counting, op, "pgmq")) for op in operations}
-            return Instructions(found, time.monotonic() - started, counting.cluster.version)
+            theirs_pgq = ({op.name: instructions_per_message(counting, op, "pgq") for op in operations}
+                          if pgq.version(counting.admin) else {})
+            return Instructions(found, time.monotonic() - started, counting.cluster.version, pgq=theirs_pgq)
     except (OSError, RuntimeError, TimeoutError, psycopg.Error) as error:
         if required:
             raise CourierError(f"instructions not measured: {error}") from error
@@ -421,9 +426,12 @@ def cost(dsn: str, *, clients: int = 1, seconds: float = 0, rounds: int = 1,
             results.append(ScenarioResult(
                 scenario="cost", variant=f"{operation.name}: {INSTRUCTIONS}", unit=INSTRUCTIONS,
                 courier=Measurement(courier), ceiling=Measurement(peer), target_ratio=1.0, lower_is_better=True,
-                notes=(f"callgrind, a private PostgreSQL {counted.version} cluster, {operation.counted} x "
-                       f"{operation.messages} message(s) less the warm-up; all operations counted in "
-                       f"{counted.seconds:.0f} s")))
+                notes="; ".join(filter(None, (
+                    f"callgrind, a private PostgreSQL {counted.version} cluster, {operation.counted} x "
+                    f"{operation.messages} message(s) less the warm-up; all operations counted in "
+                    f"{counted.seconds:.0f} s",
+                    _pgq_note(operation, "", counted.pgq[operation.name]) if operation.name in counted.pgq
+                    else "")))))
     return results
 
 
@@ -432,11 +440,13 @@ PGQ_OPERATIONS = {"insert": "pgq.insert_event", "batch": "pgq.insert_event x 100
                           "not counted"}
 
 
-def _pgq_note(operation: Operation, metric: str, counts: Counts) -> str:
-    """PgQ's figure for the row, with what stood for the operation (PgQ has no leases: its
-    consumer takes and finishes a whole batch, so the consuming rows compare with that)."""
+def _pgq_note(operation: Operation, metric: str, counts: Counts | float) -> str:
+    """PgQ's figure for the row (a metric of its counts, or instructions), with what stood for the
+    operation (PgQ has no leases: its consumer takes and finishes a whole batch, so the consuming
+    rows compare with that)."""
     kind = "take" if operation.preload else ("batch" if operation.messages > 1 else "insert")
-    return f"PgQ ({PGQ_OPERATIONS[kind]}): {counts.per_message(metric):,.1f}"
+    figure = counts if isinstance(counts, float) else counts.per_message(metric)
+    return f"PgQ ({PGQ_OPERATIONS[kind]}): {figure:,.1f}"
 
 
 def _note(operation: Operation, metric: str, mine: Counts, theirs: Counts) -> str:
