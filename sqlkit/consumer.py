@@ -564,9 +564,18 @@ class ReceiveLoop:
         """courier.peek, or DatabaseUnavailable after call_timeout (the loop peeks again later)."""
         self.peeks += 1
 
-        async def peek() -> int:
+        async def ask() -> int:
             async with self._db.connection() as conn:
                 return int(await queries.fetch_value_async(conn, "consumer_peek", {"topic": self.topic}) or 0)
+
+        async def peek() -> int:
+            try:
+                return await ask()
+            except DatabaseUnavailable:
+                # A connection killed after the pool checked it (a restart, pg_terminate_backend
+                # between the check and the query) fails its first use. A peek changes nothing,
+                # so it asks once more, on a connection the pool lends anew.
+                return await ask()
 
         return await answer_within(self.call_timeout, peek(), f"{self.topic}: peek")
 
