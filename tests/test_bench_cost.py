@@ -45,7 +45,7 @@ def test_bench_cost_puts_pgq_beside_them_where_the_server_has_it(dsn):
         assert "PgQ (" in note
         return float(note.rsplit(": ", 1)[1].replace(",", ""))
 
-    # An event is one row and no index entry of its own: two WAL records, as in Skype's design.
+    # An event is its row and one index entry (the transaction id): two WAL records, against three.
     assert pgq_figure("send: WAL records/msg") == pytest.approx(2.0, abs=0.1)
     # A consumer that takes a tick's batch of 100 writes almost nothing per event.
     assert pgq_figure("receive(100): WAL bytes/msg") < 20
