@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 
 from console.bench import cost as cost_scenario
-from console.bench import instructions
+from console.bench import instructions, pgq
 from console.bench.cost import cost
 from console.bench.horizon import horizon
+from sqlkit.connection import connect
 
 
 def test_bench_cost_counts_each_operation_beside_pgmq(dsn):
@@ -32,9 +33,6 @@ def test_bench_cost_counts_each_operation_beside_pgmq(dsn):
 
 
 def test_bench_cost_puts_pgq_beside_them_where_the_server_has_it(dsn):
-    from console.bench import pgq
-    from sqlkit.connection import connect
-
     with connect(dsn) as conn:
         if not pgq.available(conn):
             pytest.skip("this PostgreSQL has no PgQ extension (Debian: postgresql-NN-pgq3)")

@@ -49,8 +49,9 @@ def version(conn: psycopg.Connection) -> str:
 
 
 def install(dsn: str) -> bool:
-    """PgQ in the database, its queue and consumer, and the consuming helper; False (nothing
-    done) where the server has no PgQ or the role may not create the extension."""
+    """PgQ in the database, its queue and the consuming helper (the consumer is registered by
+    each fill); False (nothing done) where the server has no PgQ or the role may not create the
+    extension."""
     with connect(dsn) as conn:
         if not available(conn):
             return False
@@ -63,7 +64,6 @@ def install(dsn: str) -> bool:
         if not conn.execute("SELECT EXISTS (SELECT FROM pgq.queue WHERE queue_name = %s)", (QUEUE,)).fetchone()[0]:
             conn.execute("SELECT pgq.create_queue(%s)", (QUEUE,))
         conn.execute("SELECT pgq.set_queue_config(%s, 'ticker_max_count', '1')", (QUEUE,))
-        conn.execute("SELECT pgq.register_consumer(%s, %s)", (QUEUE, CONSUMER))
         conn.execute(TAKE_BATCH)
         conn.commit()
     return True
