@@ -255,9 +255,39 @@ DECLARE
     v_ttl numeric;
     v_held boolean;
     v_wake text;
+    v_topic_id integer;
 BEGIN
     -- As a send does: a drop of the topic waits for this enqueue (read the topic after it).
     v_held := courier._hold_endpoint_for_send(p_topic);
+    IF p_key IS NULL AND p_metadata IS NULL AND p_payload_binary IS NULL AND p_body IS NULL
+       AND p_scheduled_at IS NULL AND p_ttl_seconds IS NULL AND p_max_retries IS NULL AND p_payload IS NOT NULL THEN
+        -- A plain enqueue, as send() is a plain send: one statement reads the topic, its delay
+        -- and TTL and the limits, asks for the wake-up and inserts (the topic read on its own
+        -- first, as the general path below does, was 4% of an enqueue). Nothing inserted: the
+        -- name is not a pull topic (_pull_topic raises), or a limit stands in the way
+        -- (_send_refusal raises), or neither any more, and it goes round again.
+        v_size := octet_length(p_payload::text);
+        LOOP
+            INSERT INTO courier.queue (endpoint_id, payload, scheduled_at, visible_at, expires_at)
+            SELECT e.id, p_payload, d.scheduled_at, coalesce(d.scheduled_at, now()),
+                   coalesce(d.scheduled_at, now()) + make_interval(secs => nullif(
+                       coalesce((e.config ->> 'message_ttl_seconds')::numeric, l.default_message_ttl), 0))
+            FROM courier.endpoints e, courier.send_limits l,
+                 LATERAL (SELECT now() + make_interval(secs => nullif((e.config ->> 'delay_seconds')::integer, 0))
+                                     AS scheduled_at,
+                                 coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) AS max_depth
+                          OFFSET 0) d
+            WHERE e.name = p_topic AND e.protocol = 'pull' AND e.enabled
+              AND courier._admit_one(l, e.id, v_size, d.max_depth, d.scheduled_at IS NULL OR d.scheduled_at <= now())
+            RETURNING id, endpoint_id INTO v_id, v_topic_id;
+            v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
+            EXIT WHEN v_id IS NOT NULL;
+            v_topic := courier._pull_topic(p_topic);
+            PERFORM courier._send_refusal(p_topic, 1, v_size);
+        END LOOP;
+        v_held := courier._count_sent(v_topic_id, 0);
+        RETURN v_id;
+    END IF;
     -- _pull_topic's lookup, here: its call cost every enqueue a plpgsql function's entry and
     -- exit. Any other name is looked at by it, for its error.
     SELECT * INTO v_topic FROM courier.endpoints e WHERE e.name = p_topic AND e.protocol = 'pull';
