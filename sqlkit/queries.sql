@@ -241,7 +241,7 @@ LIMIT %(limit)s;
 
 -- name: search_messages_by_ordering_key
 -- One ordering key's active messages in delivery order: the one in flight, then the pending
--- ones FIFO (queue_ordering_pending_idx), then finished rows not archived yet, newest first.
+-- ones FIFO (queue_ordering_idx), then finished rows not archived yet, newest first.
 SELECT id, endpoint_name, status, priority, retry_count, ordering_key, correlation_id, created_at,
        scheduled_at, next_retry_at, courier._redact_text(last_error) AS last_error
 FROM (
@@ -259,7 +259,7 @@ FROM (
      FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
      -- The key's equality is written as a range on purpose: given `=`, the planner drops the
      -- constant key from the sort order and may walk the primary key in id order instead,
-     -- filtering (445 ms for a key holding 300k of 2M rows); only queue_ordering_pending_idx
+     -- filtering (445 ms for a key holding 300k of 2M rows); only queue_ordering_idx
      -- yields (ordering_key, id) order.
      WHERE q.ordering_key >= %(ordering_key)s::text AND q.ordering_key <= %(ordering_key)s::text
        AND q.status = 'pending'

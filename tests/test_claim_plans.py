@@ -74,7 +74,7 @@ def test_ordering_key_checks_use_indexes(busy_queue):
     nodes = explain(busy_queue, claim_body(busy_queue, "w", 100, "1"))
     on_queue = [n for n in nodes if n.get("Relation Name") == "queue" and "Scan" in n["Node Type"]]
     assert on_queue and all(n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Heap Scan") for n in on_queue)
-    assert "queue_ordering_pending_idx" in {n.get("Index Name") for n in nodes}
+    assert "queue_ordering_idx" in {n.get("Index Name") for n in nodes}
 
 
 def test_claim_cost_stays_flat_after_many_finished_rows(busy_queue):

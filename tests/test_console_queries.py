@@ -403,7 +403,7 @@ def test_every_search_filter_combination_is_served_by_indexes(deep_queue, monkey
             on_queue = [n for n in nodes if n.get("Relation Name") == "queue"]
             if not on_queue or any(n["Node Type"] == "Seq Scan" for n in on_queue):
                 problems.append((kind, filters, [(n["Node Type"], n.get("Index Name")) for n in on_queue]))
-            # A key's FIFO comes from queue_ordering_pending_idx, never from walking the primary key.
+            # A key's FIFO comes from queue_ordering_idx, never from walking the primary key.
             if key and not corr and any(n.get("Index Name") == "queue_pkey" for n in on_queue):
                 problems.append((kind, filters, "walks queue_pkey"))
     assert problems == []
