@@ -1377,6 +1377,7 @@ DECLARE
     v_keyed tid[];
     v_got integer;
     v_rounds integer := 0;
+    v_ordered boolean;
 BEGIN
     -- The topic and default_throughput_limit in one statement: the setting read on its own was
     -- 4% of a receive(1) (32,000 instructions; this way, 20,000 less than before).
@@ -1401,27 +1402,57 @@ BEGIN
     v_left := v_limit;
     WHILE v_left > 0 AND v_rounds < 10 LOOP
         v_rounds := v_rounds + 1;
-        SELECT array_agg(c.ctid), array_agg(c.ctid) FILTER (WHERE c.keyed) INTO v_tids, v_keyed FROM (
-            SELECT d.* FROM generate_series(10, 0, -1) AS p(priority)  -- highest first, as in dequeue
-            CROSS JOIN LATERAL (
-                SELECT q.ctid, q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed
-                FROM courier.queue q
-                WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
-                  AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-                  AND q.status IN ('pending', 'processing')
-                  AND (q.ordering_key IS NULL OR (  -- ordering keys: as in dequeue
-                        NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                    WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
-                                      AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
-                                      AND (q2.visible_at > now() OR q2.id < q.id))
-                    AND NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                    WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
-                                      AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
-                ORDER BY q.visible_at, q.id
-                LIMIT v_left
-                FOR UPDATE SKIP LOCKED) d
-            WHERE v_topic.priorities & (1 << p.priority) <> 0  -- the levels it has used (migration 0039)
-            LIMIT v_left) c;
+        -- A topic whose messages have never carried an ordering key takes its candidates
+        -- without the checks (migration 0048); one that finds a key among them marks the topic
+        -- and takes them again, checked. The rows the first look locked stay locked until this
+        -- transaction ends, once per topic. The mark never waits: a receive that finds the
+        -- topic's row locked (another receive marking it) goes on checked without marking.
+        IF NOT v_topic.ordering_keys THEN
+            SELECT array_agg(c.ctid), array_agg(c.ctid) FILTER (WHERE c.keyed), bool_or(c.ordered)
+            INTO v_tids, v_keyed, v_ordered FROM (
+                SELECT d.* FROM generate_series(10, 0, -1) AS p(priority)  -- highest first, as in dequeue
+                CROSS JOIN LATERAL (
+                    SELECT q.ctid, q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed,
+                           q.ordering_key IS NOT NULL AS ordered
+                    FROM courier.queue q
+                    WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                      AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+                      AND q.status IN ('pending', 'processing')
+                    ORDER BY q.visible_at, q.id
+                    LIMIT v_left
+                    FOR UPDATE SKIP LOCKED) d
+                WHERE v_topic.priorities & (1 << p.priority) <> 0  -- the levels it has used (migration 0039)
+                LIMIT v_left) c;
+            IF v_ordered THEN
+                UPDATE courier.endpoints SET ordering_keys = true
+                WHERE id = (SELECT e.id FROM courier.endpoints e WHERE e.id = v_topic.id AND NOT e.ordering_keys
+                            FOR UPDATE SKIP LOCKED);
+                v_topic.ordering_keys := true;
+            END IF;
+        END IF;
+        IF v_topic.ordering_keys THEN
+            SELECT array_agg(c.ctid), array_agg(c.ctid) FILTER (WHERE c.keyed) INTO v_tids, v_keyed FROM (
+                SELECT d.* FROM generate_series(10, 0, -1) AS p(priority)  -- highest first, as in dequeue
+                CROSS JOIN LATERAL (
+                    SELECT q.ctid, q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed
+                    FROM courier.queue q
+                    WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                      AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+                      AND q.status IN ('pending', 'processing')
+                      AND (q.ordering_key IS NULL OR (  -- ordering keys: as in dequeue
+                            NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                        WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                          AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
+                                          AND (q2.visible_at > now() OR q2.id < q.id))
+                        AND NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                        WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
+                                          AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
+                    ORDER BY q.visible_at, q.id
+                    LIMIT v_left
+                    FOR UPDATE SKIP LOCKED) d
+                WHERE v_topic.priorities & (1 << p.priority) <> 0  -- the levels it has used (migration 0039)
+                LIMIT v_left) c;
+        END IF;
         EXIT WHEN v_tids IS NULL;
         IF v_keyed IS NOT NULL THEN  -- delivered keys keep turning duplicates away, as ack's do
             PERFORM courier._keep_delivered_keys(v_keyed);
