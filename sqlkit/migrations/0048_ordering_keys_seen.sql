@@ -5,5 +5,8 @@
 -- transaction) and the candidates are taken again with the checks, so no message of a key is
 -- ever received out of turn, and the next receives check from the start. It is never cleared.
 ALTER TABLE courier.endpoints ADD COLUMN ordering_keys boolean NOT NULL DEFAULT false;
-UPDATE courier.endpoints e SET ordering_keys = true
-WHERE EXISTS (SELECT FROM courier.queue q WHERE q.endpoint_id = e.id AND q.ordering_key IS NOT NULL);
+-- Marked here for the topics holding keyed messages that can still be taken: one pass over
+-- queue_ordering_idx, which holds exactly those (a topic missed would only look twice, once).
+UPDATE courier.endpoints SET ordering_keys = true
+WHERE id IN (SELECT q.endpoint_id FROM courier.queue q
+             WHERE q.ordering_key IS NOT NULL AND q.status IN ('pending', 'processing'));
