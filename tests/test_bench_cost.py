@@ -16,7 +16,8 @@ from sqlkit.connection import connect
 def test_bench_cost_counts_each_operation_beside_pgmq(dsn):
     results = {r.variant: r for r in cost(dsn, instructions=False)}  # counted below, in a test of their own
     for operation in ("send", "send to a pull topic", "enqueue (pull topic)", "send_batch of 100",
-                      "enqueue_batch of 100", "dequeue(10) + ack", "dequeue(100) + ack", "receive(1)", "receive(100)"):
+                      "enqueue_batch of 100", "dequeue(1) + ack", "dequeue(10) + ack", "dequeue(100) + ack",
+                      "receive(1)", "receive(100)"):
         wal = results[f"{operation}: WAL bytes/msg"]
         assert wal.lower_is_better and wal.target_ratio == 1.0
         assert wal.courier.rate > 0 and wal.ceiling.rate > 0

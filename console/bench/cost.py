@@ -209,6 +209,8 @@ OPERATIONS = (
               counted=10),
     Operation("enqueue_batch of 100", 100, 20, _courier_enqueue_batch(100), _pgmq_send_batch(100),
               _pgq_insert_events(100), counted=10),
+    Operation("dequeue(1) + ack", 1, 300, _courier_dequeue_ack(1), _pgmq_read_delete(1), _pgq_take_batch,
+              preload=1, counted=150),
     Operation("dequeue(10) + ack", 10, 50, _courier_dequeue_ack(10), _pgmq_read_delete(10), _pgq_take_batch,
               preload=1, counted=30),
     Operation("dequeue(100) + ack", 100, 20, _courier_dequeue_ack(100), _pgmq_read_delete(100), _pgq_take_batch,

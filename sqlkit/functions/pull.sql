@@ -662,6 +662,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_topic courier.endpoints;
+    v_found record;
     v_timeout integer;
     v_max_retries integer;
     v_dlq_cap integer;
@@ -675,27 +676,33 @@ BEGIN
     IF p_count IS NULL OR p_count NOT BETWEEN 1 AND 10000 THEN  -- a plain expression: no statement per call
         PERFORM courier._require_count('count', p_count, 10000);
     END IF;
-    -- _dequeue_topic's lookup, here, as receive's: its call was 1.5% of a dequeue(10) + ack.
-    SELECT * INTO v_topic FROM courier.endpoints e WHERE e.name = p_topic AND e.protocol = 'pull';
+    -- The topic and its values (else the settings, as courier.send_limits holds them: migration
+    -- 0049) in one statement; _dequeue_topic only when that finds nothing, for <topic>.dlq and
+    -- the errors.
+    SELECT e AS topic,
+           coalesce(p_visibility_timeout_seconds, (e.config ->> 'visibility_timeout')::integer,
+                    l.visibility_timeout) AS timeout,
+           coalesce((e.config ->> 'max_retries')::integer, (e.retry_policy ->> 'max_retries')::integer,
+                    l.default_max_retries) AS max_retries,
+           coalesce((e.config ->> 'throughput_limit')::numeric, l.default_throughput_limit) AS rate,
+           nullif(coalesce((e.config ->> 'dlq_threshold')::integer, l.default_dlq_threshold), 0) - 1 AS dlq_cap
+    INTO v_found
+    FROM courier.endpoints e, courier.send_limits l
+    WHERE e.name = p_topic AND e.protocol = 'pull';
     IF NOT FOUND THEN
-        v_topic := courier._dequeue_topic(p_topic);
+        IF courier._dequeue_topic(p_topic) IS NULL THEN  -- <topic>.dlq; a wrong name raises
+            RETURN QUERY SELECT * FROM courier._dequeue_dead_letters(p_topic, p_count, p_visibility_timeout_seconds);
+        ELSIF NOT EXISTS (SELECT FROM courier.send_limits) THEN
+            RAISE EXCEPTION '[courier] the row of courier.send_limits is missing' USING ERRCODE = '55000',
+                HINT = 'Change any setting (courier.set_setting) to write it again';
+        END IF;
+        RETURN;  -- else a topic made between the two looks: nothing in it to dequeue yet
     END IF;
-    IF v_topic.id IS NULL THEN  -- <topic>.dlq (_dequeue_topic)
-        RETURN QUERY SELECT * FROM courier._dequeue_dead_letters(p_topic, p_count, p_visibility_timeout_seconds);
-        RETURN;
-    END IF;
-    -- The topic's own values, else the settings, read in one statement.
-    SELECT coalesce(p_visibility_timeout_seconds, (v_topic.config ->> 'visibility_timeout')::integer,
-                    max(value::integer) FILTER (WHERE name = 'visibility_timeout')),
-           coalesce((v_topic.config ->> 'max_retries')::integer, (v_topic.retry_policy ->> 'max_retries')::integer,
-                    max(value::integer) FILTER (WHERE name = 'default_max_retries')),
-           coalesce((v_topic.config ->> 'throughput_limit')::numeric,
-                    max(value::numeric) FILTER (WHERE name = 'default_throughput_limit')),
-           nullif(coalesce((v_topic.config ->> 'dlq_threshold')::integer,
-                           max(value::integer) FILTER (WHERE name = 'default_dlq_threshold')), 0) - 1
-    INTO v_timeout, v_max_retries, v_rate, v_dlq_cap
-    FROM courier.settings
-    WHERE name IN ('visibility_timeout', 'default_max_retries', 'default_throughput_limit', 'default_dlq_threshold');
+    v_topic := v_found.topic;
+    v_timeout := v_found.timeout;
+    v_max_retries := v_found.max_retries;
+    v_rate := v_found.rate;
+    v_dlq_cap := v_found.dlq_cap;
     IF v_timeout NOT BETWEEN 1 AND 43200 THEN
         RAISE EXCEPTION '[courier] visibility_timeout_seconds must be between 1 and 43200, got %', v_timeout
             USING ERRCODE = '22023';

@@ -94,7 +94,7 @@ AS $$
                      WHERE e.name = p_topic AND e.protocol = 'pull'), false)
 $$;
 
--- Rewrites courier.send_limits, the settings a send reads as one row, after
+-- Rewrites courier.send_limits, the settings a send (and a dequeue) reads as one row, after
 -- any change to courier.settings. Changes are taken one at a time, each reading the settings
 -- after the previous one committed: two transactions that change different settings at once
 -- must not each write back the other's old value. An upsert, so that a lost row comes back.
@@ -105,18 +105,26 @@ AS $$
 BEGIN
     LOCK TABLE courier.send_limits IN SHARE ROW EXCLUSIVE MODE;
     INSERT INTO courier.send_limits AS l (singleton, max_payload_size, max_queue_size, default_message_ttl,
-                                          default_max_depth, notify_on_send)
+                                          default_max_depth, notify_on_send, visibility_timeout,
+                                          default_max_retries, default_throughput_limit, default_dlq_threshold)
     SELECT true,
            max(value::bigint) FILTER (WHERE name = 'max_payload_size'),
            max(value::bigint) FILTER (WHERE name = 'max_queue_size'),
            max(value::bigint) FILTER (WHERE name = 'default_message_ttl'),
            max(value::bigint) FILTER (WHERE name = 'default_max_depth'),
-           bool_or(value::boolean) FILTER (WHERE name = 'notify_on_send')
+           bool_or(value::boolean) FILTER (WHERE name = 'notify_on_send'),
+           max(value::integer) FILTER (WHERE name = 'visibility_timeout'),
+           max(value::integer) FILTER (WHERE name = 'default_max_retries'),
+           max(value::numeric) FILTER (WHERE name = 'default_throughput_limit'),
+           max(value::integer) FILTER (WHERE name = 'default_dlq_threshold')
     FROM courier.settings
     ON CONFLICT (singleton) DO UPDATE
         SET max_payload_size = excluded.max_payload_size, max_queue_size = excluded.max_queue_size,
             default_message_ttl = excluded.default_message_ttl, default_max_depth = excluded.default_max_depth,
-            notify_on_send = excluded.notify_on_send;
+            notify_on_send = excluded.notify_on_send, visibility_timeout = excluded.visibility_timeout,
+            default_max_retries = excluded.default_max_retries,
+            default_throughput_limit = excluded.default_throughput_limit,
+            default_dlq_threshold = excluded.default_dlq_threshold;
     RETURN NULL;
 END
 $$;
