@@ -633,8 +633,7 @@ SET jit = off
 AS $$
 DECLARE
     v_report record;
-    v_slots integer;
-    v_busy boolean := false;
+    v_busy boolean;
 BEGIN
     IF coalesce(cardinality(p_ids), 0) > 0 THEN
         SELECT * INTO v_report
@@ -642,14 +641,16 @@ BEGIN
     ELSE
         SELECT 0 AS delivered, 0 AS retried, 0 AS dead_lettered, 0 AS stale INTO v_report;
     END IF;
-    v_slots := courier._setting_int('claim_slots');
-    IF v_slots > 0 THEN
-        PERFORM 1 FROM courier.claim_slots s WHERE s.endpoint_id = p_endpoint_id AND s.slot < v_slots
-        LIMIT 1 FOR UPDATE SKIP LOCKED;
-        v_busy := NOT FOUND;
-        IF v_busy THEN  -- for claims_busy_total: an endpoint often busy may want more slots
-            PERFORM courier._add_delivery_totals(p_endpoint_id, 'claim_busy', 1);
-        END IF;
+    -- claim_slots as courier.send_limits holds it (migration 0049) and a free slot, in one
+    -- statement; 0 slots: no limit, and no slot is taken.
+    SELECT l.claim_slots > 0 AND s.slot IS NULL INTO v_busy
+    FROM courier.send_limits l
+    LEFT JOIN LATERAL (SELECT s.slot FROM courier.claim_slots s
+                       WHERE s.endpoint_id = p_endpoint_id AND s.slot < l.claim_slots
+                       LIMIT 1 FOR UPDATE SKIP LOCKED) s ON true;
+    v_busy := coalesce(v_busy, false);  -- no row in courier.send_limits: sends say so; claims go on
+    IF v_busy THEN  -- for claims_busy_total: an endpoint often busy may want more slots
+        PERFORM courier._add_delivery_totals(p_endpoint_id, 'claim_busy', 1);
     END IF;
     IF NOT v_busy THEN
         RETURN QUERY
