@@ -424,6 +424,53 @@ def test_receive_checks_ordering_keys_from_the_first_keyed_message_a_topic_gets(
         assert conn.execute("SELECT id FROM courier.receive('orders', 10)").fetchall() == []  # no wait, still checked
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE id = %s", (after,)) == 1
 
+KEYED_WRITES = {
+    "send_with_options": "SELECT courier.send_with_options(%s, '{}', p_ordering_key => 'cust-a')",
+    "send_batch_with_options": "SELECT courier.send_batch_with_options(%s, ARRAY['{}', '{}']::jsonb[], "
+                               "p_ordering_keys => ARRAY[NULL, 'cust-a'])",
+}
+
+
+@pytest.mark.parametrize("protocol", ["pull", "noop"])
+@pytest.mark.parametrize("write", sorted(KEYED_WRITES))
+def test_every_write_of_a_keyed_message_marks_its_endpoint(conn, protocol, write):
+    """dequeue takes keyed messages only on a marked topic (migration 0050), so the write that
+    brings the first one marks it in its own transaction: the counted single send, the batch the
+    insert trigger counts, a push endpoint as a topic. A message without a key marks nothing."""
+    conn.execute("SELECT courier.create_endpoint('sink', %s, '{}')", (protocol,))
+    marked = "SELECT ordering_keys FROM courier.endpoints WHERE name = 'sink'"
+    conn.execute("SELECT courier.send_with_options('sink', '{}', p_priority => 3)")
+    conn.execute("SELECT courier.send_batch('sink', ARRAY['{}']::jsonb[])")
+    assert scalar(conn, marked) is False
+    with conn.transaction():
+        conn.execute(KEYED_WRITES[write], ("sink",))
+        assert scalar(conn, marked) is True
+
+
+def test_a_replayed_keyed_message_marks_its_endpoint_again(conn):
+    hook = scalar(conn, "SELECT courier.create_endpoint('hook', 'noop', '{}')")
+    first = scalar(conn, "SELECT courier.send_with_options('hook', '{}', p_ordering_key => 'cust-a')")
+    [(taken, lease)] = conn.execute("SELECT id, lease FROM courier.claim_batch('w', 10, %s)", (hook,)).fetchall()
+    conn.execute("SELECT * FROM courier.report_outcomes(%s, %s, ARRAY['success'], ARRAY[NULL])", ([taken], [lease]))
+    conn.execute("UPDATE courier.endpoints SET ordering_keys = false WHERE name = 'hook'")
+    copy = scalar(conn, "SELECT courier.replay_message(%s)", (first,))
+    assert scalar(conn, "SELECT ordering_key FROM courier.queue WHERE id = %s", (copy,)) == "cust-a"
+    assert scalar(conn, "SELECT ordering_keys FROM courier.endpoints WHERE name = 'hook'") is True
+
+
+def test_dequeue_on_an_unmarked_topic_hands_out_no_keyed_message(conn, orders):
+    """The mark decides only whether dequeue checks keys, never whether a key is honoured: on a
+    topic not marked (as one read just before its first keyed message committed) dequeue takes
+    only messages without a key, and the next dequeue, reading the mark, takes the key's head."""
+    a1, a2, plain = send_ordered(conn, 1, "cust-a"), send_ordered(conn, 2, "cust-a"), send_ordered(conn, 3, None)
+    conn.execute("UPDATE courier.endpoints SET ordering_keys = false WHERE name = 'orders'")
+    assert [m for m, _ in dequeue(conn, 10)] == [plain]
+    assert dequeue(conn, 10) == []
+    conn.execute("UPDATE courier.endpoints SET ordering_keys = true WHERE name = 'orders'")
+    assert [m for m, _ in dequeue(conn, 10)] == [a1]
+    assert status(conn, a2) == "pending"
+
+
 # Item 14, second half: priority on pull topics ------------------------------------------------
 
 

@@ -181,6 +181,18 @@ BEGIN
 END
 $$;
 
+-- Marks the endpoint as one whose messages have carried an ordering key (migrations 0048 and
+-- 0050): dequeue takes keyed messages only on an endpoint so marked, so every write that brings
+-- a keyed message marks it in its own transaction, before the message can be seen. Only the
+-- first writes; the mark is never cleared.
+CREATE OR REPLACE FUNCTION courier._note_ordering_keys(p_endpoint_id integer) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE courier.endpoints SET ordering_keys = true WHERE id = p_endpoint_id AND NOT ordering_keys;
+END
+$$;
+
 -- The counting triggers. Almost every write moves messages of one endpoint from one status (or
 -- none) to one other: a send inserts pending messages, a claim or dequeue moves pending ones to
 -- processing, an ack deletes processing ones. For those the trigger reads its transition tables
@@ -206,6 +218,7 @@ DECLARE
     v_levels integer;
     v_status text;
     v_statuses integer;
+    v_keyed boolean;
 BEGIN
     IF current_setting('courier.insert_counted', true) = 'on' THEN
         RETURN NULL;
@@ -213,12 +226,16 @@ BEGIN
     v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
     v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true);
     SELECT min(endpoint_id), max(endpoint_id), count(*), bit_or(1 << priority), min(status),
-           count(DISTINCT status)
-    INTO v_first, v_last, v_count, v_levels, v_status, v_statuses
+           count(DISTINCT status), bool_or(ordering_key IS NOT NULL)
+    INTO v_first, v_last, v_count, v_levels, v_status, v_statuses, v_keyed
     FROM inserted_rows;
     IF v_count = 0 THEN
         RETURN NULL;
-    ELSIF v_first <> v_last OR v_statuses <> 1 THEN
+    ELSIF v_keyed THEN  -- before the message can be seen (_note_ordering_keys)
+        PERFORM courier._note_ordering_keys(endpoint_id)
+        FROM inserted_rows WHERE ordering_key IS NOT NULL GROUP BY endpoint_id;
+    END IF;
+    IF v_first <> v_last OR v_statuses <> 1 THEN
         PERFORM courier._add_depth(endpoint_id, status, count(*), v_writes >> 6, bit_or(1 << priority))
         FROM inserted_rows GROUP BY endpoint_id, status;
         RETURN NULL;

@@ -730,77 +730,143 @@ BEGIN
     v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
     v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
              || set_config('courier.update_counted', 'on', true);
-    RETURN QUERY
-    WITH candidates AS (
-        -- Each priority level the topic has used (migration 0039), highest first.
-        SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
-        CROSS JOIN LATERAL (
-            SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due, q.status = 'pending' AS was_pending,
-                   q.status = 'processing' AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap) AS exhausted
-            FROM courier.queue q
-            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
-              AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-              AND q.status IN ('pending', 'processing')
-              AND (q.expires_at IS NULL OR q.expires_at > now())
-              -- Ordering keys, as the push claim's rule: one message of a key at a time, in id order.
-              -- No other message of the key in processing under a running lease, and none before it
-              -- (a smaller id) waiting: pending, scheduled, held back, or in processing under a
-              -- lapsed lease, which is taken again first. A batch never holds two of a key: the
-              -- second sees the first pending in the statement's snapshot, as a concurrent consumer
-              -- does until the first one's lease commits. Inline subplans on the ordering indexes
-              -- on ordering_key, run only for rows with a key (a plpgsql function per row was 4x
-              -- dearer: a dequeue past 19,000 messages of busy keys took 125 ms instead of 32 ms).
-              AND (q.ordering_key IS NULL OR (
-                    NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
-                                  AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
-                                  AND (q2.visible_at > now() OR q2.id < q.id))
-                AND NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
-                                  AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
-            ORDER BY q.visible_at, q.id
+    -- A topic whose messages have never carried an ordering key (endpoints.ordering_keys, which
+    -- every write of a keyed message sets in its own transaction: _note_ordering_keys) is
+    -- dequeued without the ordering-key checks, whose subplans PostgreSQL readies in every
+    -- execution whether or not a row has a key: 52,000 instructions of a dequeue(1) + ack (3.5%).
+    -- It takes only messages without a key, so a keyed message committed after the topic was
+    -- read above waits for the next dequeue, which reads the mark; none is ever handed out
+    -- unchecked, and the order of a key does not depend on the mark.
+    IF v_topic.ordering_keys THEN
+        RETURN QUERY
+        WITH candidates AS (
+            -- Each priority level the topic has used (migration 0039), highest first.
+            SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
+            CROSS JOIN LATERAL (
+                SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due, q.status = 'pending' AS was_pending,
+                       q.status = 'processing' AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap) AS exhausted
+                FROM courier.queue q
+                WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                  AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+                  AND q.status IN ('pending', 'processing')
+                  AND (q.expires_at IS NULL OR q.expires_at > now())
+                  -- Ordering keys, as the push claim's rule: one message of a key at a time, in id order.
+                  -- No other message of the key in processing under a running lease, and none before it
+                  -- (a smaller id) waiting: pending, scheduled, held back, or in processing under a
+                  -- lapsed lease, which is taken again first. A batch never holds two of a key: the
+                  -- second sees the first pending in the statement's snapshot, as a concurrent consumer
+                  -- does until the first one's lease commits. Inline subplans on the ordering indexes
+                  -- on ordering_key, run only for rows with a key (a plpgsql function per row was 4x
+                  -- dearer: a dequeue past 19,000 messages of busy keys took 125 ms instead of 32 ms).
+                  AND (q.ordering_key IS NULL OR (
+                        NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                    WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                      AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
+                                      AND (q2.visible_at > now() OR q2.id < q.id))
+                    AND NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                    WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
+                                      AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
+                ORDER BY q.visible_at, q.id
+                LIMIT v_limit
+                FOR UPDATE SKIP LOCKED) c
+            WHERE v_topic.priorities & (1 << p.priority) <> 0
             LIMIT v_limit
-            FOR UPDATE SKIP LOCKED) c
-        WHERE v_topic.priorities & (1 << p.priority) <> 0
-        LIMIT v_limit
-    ),
-    leased AS (
-        UPDATE courier.queue q
-        SET status = 'processing', lease = courier._next_lease(q.lease),
-            visible_at = CASE WHEN q.status = 'processing'
-                                   AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap)
-                              THEN '-infinity' ELSE now() + make_interval(secs => v_timeout) END,
-            retry_count = q.retry_count + (q.status = 'processing')::integer,
-            last_error = CASE WHEN q.status <> 'processing' THEN q.last_error
-                              WHEN q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap)
-                              THEN format('[PERMANENT] visibility timeout passed without an ack %s times; '
-                                          'max_retries (%s) exceeded',
-                                          q.retry_count + 1, least(coalesce(q.max_retries, v_max_retries), v_dlq_cap))
-                              ELSE 'Visibility timeout passed without an ack' END,
-            error_history = CASE WHEN q.status = 'processing'
-                                 THEN q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
-                                                                            'outcome', 'lease_expired', 'lease', q.lease)
-                                 ELSE q.error_history END,
-            updated_at = now()
-        WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
-        RETURNING q.id, q.lease, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.retry_count,
-                  q.max_retries, q.created_at, q.visible_at
-    ),
-    -- Every candidate is leased (each is locked), so the candidates say what moved: the pending
-    -- ones. A lapsed lease taken again stays in processing.
-    counted AS (
-        INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
-        SELECT v_topic.id, s.status, pg_backend_pid(), v_writes >> 6, s.delta
-        FROM (SELECT count(*) AS moved FROM candidates c WHERE c.was_pending) m
-        CROSS JOIN LATERAL (VALUES ('pending', -m.moved), ('processing', m.moved)) AS s(status, delta)
-        WHERE m.moved > 0
-        ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
-    )
-    SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
-           coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
-    FROM leased t JOIN candidates c ON c.id = t.id
-    WHERE NOT c.exhausted
-    ORDER BY c.priority DESC, c.due, c.id;
+        ),
+        leased AS (
+            UPDATE courier.queue q
+            SET status = 'processing', lease = courier._next_lease(q.lease),
+                visible_at = CASE WHEN q.status = 'processing'
+                                       AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap)
+                                  THEN '-infinity' ELSE now() + make_interval(secs => v_timeout) END,
+                retry_count = q.retry_count + (q.status = 'processing')::integer,
+                last_error = CASE WHEN q.status <> 'processing' THEN q.last_error
+                                  WHEN q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap)
+                                  THEN format('[PERMANENT] visibility timeout passed without an ack %s times; '
+                                              'max_retries (%s) exceeded',
+                                              q.retry_count + 1, least(coalesce(q.max_retries, v_max_retries), v_dlq_cap))
+                                  ELSE 'Visibility timeout passed without an ack' END,
+                error_history = CASE WHEN q.status = 'processing'
+                                     THEN q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
+                                                                                'outcome', 'lease_expired', 'lease', q.lease)
+                                     ELSE q.error_history END,
+                updated_at = now()
+            WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
+            RETURNING q.id, q.lease, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.retry_count,
+                      q.max_retries, q.created_at, q.visible_at
+        ),
+        -- Every candidate is leased (each is locked), so the candidates say what moved: the pending
+        -- ones. A lapsed lease taken again stays in processing.
+        counted AS (
+            INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
+            SELECT v_topic.id, s.status, pg_backend_pid(), v_writes >> 6, s.delta
+            FROM (SELECT count(*) AS moved FROM candidates c WHERE c.was_pending) m
+            CROSS JOIN LATERAL (VALUES ('pending', -m.moved), ('processing', m.moved)) AS s(status, delta)
+            WHERE m.moved > 0
+            ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
+        )
+        SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
+               coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
+        FROM leased t JOIN candidates c ON c.id = t.id
+        WHERE NOT c.exhausted
+        ORDER BY c.priority DESC, c.due, c.id;
+    ELSE
+        RETURN QUERY
+        WITH candidates AS (
+            -- Each priority level the topic has used (migration 0039), highest first.
+            SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
+            CROSS JOIN LATERAL (
+                SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due, q.status = 'pending' AS was_pending,
+                       q.status = 'processing' AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap) AS exhausted
+                FROM courier.queue q
+                WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                  AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+                  AND q.status IN ('pending', 'processing')
+                  AND (q.expires_at IS NULL OR q.expires_at > now())
+                  AND q.ordering_key IS NULL  -- the topic has never had one (see above)
+                ORDER BY q.visible_at, q.id
+                LIMIT v_limit
+                FOR UPDATE SKIP LOCKED) c
+            WHERE v_topic.priorities & (1 << p.priority) <> 0
+            LIMIT v_limit
+        ),
+        leased AS (
+            UPDATE courier.queue q
+            SET status = 'processing', lease = courier._next_lease(q.lease),
+                visible_at = CASE WHEN q.status = 'processing'
+                                       AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap)
+                                  THEN '-infinity' ELSE now() + make_interval(secs => v_timeout) END,
+                retry_count = q.retry_count + (q.status = 'processing')::integer,
+                last_error = CASE WHEN q.status <> 'processing' THEN q.last_error
+                                  WHEN q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap)
+                                  THEN format('[PERMANENT] visibility timeout passed without an ack %s times; '
+                                              'max_retries (%s) exceeded',
+                                              q.retry_count + 1, least(coalesce(q.max_retries, v_max_retries), v_dlq_cap))
+                                  ELSE 'Visibility timeout passed without an ack' END,
+                error_history = CASE WHEN q.status = 'processing'
+                                     THEN q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
+                                                                                'outcome', 'lease_expired', 'lease', q.lease)
+                                     ELSE q.error_history END,
+                updated_at = now()
+            WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
+            RETURNING q.id, q.lease, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.retry_count,
+                      q.max_retries, q.created_at, q.visible_at
+        ),
+        -- Every candidate is leased (each is locked), so the candidates say what moved: the pending
+        -- ones. A lapsed lease taken again stays in processing.
+        counted AS (
+            INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
+            SELECT v_topic.id, s.status, pg_backend_pid(), v_writes >> 6, s.delta
+            FROM (SELECT count(*) AS moved FROM candidates c WHERE c.was_pending) m
+            CROSS JOIN LATERAL (VALUES ('pending', -m.moved), ('processing', m.moved)) AS s(status, delta)
+            WHERE m.moved > 0
+            ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
+        )
+        SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
+               coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
+        FROM leased t JOIN candidates c ON c.id = t.id
+        WHERE NOT c.exhausted
+        ORDER BY c.priority DESC, c.due, c.id;
+    END IF;
     GET DIAGNOSTICS v_taken = ROW_COUNT;
     v_set := set_config('courier.update_counted', 'off', true);
     IF v_rate > 0 THEN

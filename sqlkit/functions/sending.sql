@@ -497,6 +497,9 @@ BEGIN
     END LOOP;
     -- Counted here: the insert trigger skips a statement flagged courier.insert_counted.
     v_held := courier._count_sent(v_endpoint_id, p_priority);
+    IF p_ordering_key IS NOT NULL THEN  -- what the trigger would mark (_note_ordering_keys)
+        PERFORM courier._note_ordering_keys(v_endpoint_id);
+    END IF;
     IF p_idempotency_key IS NOT NULL THEN
         -- Checked after the insert, in a new snapshot, so that a holder delivered and archived
         -- while this insert waited on it is seen too.
