@@ -406,18 +406,21 @@ def test_receive_takes_one_message_of_an_ordering_key_at_a_time(dsn, conn, order
 
 
 def test_receive_checks_ordering_keys_from_the_first_keyed_message_a_topic_gets(dsn, conn, orders):
-    """Until a topic's messages carry an ordering key, receive skips the checks (migration 0048):
-    the first keyed message it meets turns them on before anything is taken, so a key whose
-    message is leased is still held back, and the topic stays checked."""
+    """Until a topic's messages carry an ordering key, receive skips the checks (migration 0048).
+    The write of the first keyed message marks the topic (migration 0050); a keyed message that
+    receive meets on a topic not marked turns the checks on before anything is taken, so a key
+    whose message is leased is still held back, and the topic stays checked."""
     ordering_keys = "SELECT ordering_keys FROM courier.endpoints WHERE name = 'orders'"
     send_ordered(conn, 1, None)
     assert [r[0] for r in conn.execute("SELECT payload FROM courier.receive('orders', 10)")] == [{"n": 1}]
     assert scalar(conn, ordering_keys) is False
     held = send_ordered(conn, 2, "cust-a")
-    assert scalar(conn, "SELECT id FROM courier.dequeue('orders', 1)") == held  # dequeue always checks
+    assert scalar(conn, ordering_keys) is True  # marked by the send
+    assert scalar(conn, "SELECT id FROM courier.dequeue('orders', 1)") == held
     after, free = send_ordered(conn, 3, "cust-a"), send_ordered(conn, 4, None)
+    conn.execute("UPDATE courier.endpoints SET ordering_keys = false WHERE name = 'orders'")
     assert [r[0] for r in conn.execute("SELECT id FROM courier.receive('orders', 10)")] == [free]
-    assert scalar(conn, ordering_keys) is True
+    assert scalar(conn, ordering_keys) is True  # and again by receive, which met a key
     conn.execute("UPDATE courier.endpoints SET ordering_keys = false WHERE name = 'orders'")
     with psycopg.connect(dsn) as marking:  # another receive marking the topic holds its row
         marking.execute("SELECT id FROM courier.endpoints WHERE name = 'orders' FOR UPDATE")
