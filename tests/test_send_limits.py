@@ -76,6 +76,8 @@ def test_notify_on_send_is_read_from_the_row(conn):
     "UPDATE courier.send_limits SET max_queue_size = 0",
     "DELETE FROM courier.send_limits",
     "INSERT INTO courier.send_limits (singleton) VALUES (false)",
+    "UPDATE courier.consume_limits SET claim_slots = 0",
+    "DELETE FROM courier.consume_limits",
 ])
 def test_no_role_writes_the_copy_directly(conn, login_as, statement):
     admin = login_as("courier_admin")
@@ -97,21 +99,21 @@ def test_the_pull_settings_a_dequeue_reads_follow_every_change(conn):
     conn.execute("SELECT courier.create_endpoint('jobs', 'pull', '{}')")
     conn.execute("SELECT courier.enqueue_batch('jobs', array_fill('{}'::jsonb, ARRAY[3]))")
     conn.execute("SELECT courier.set_setting('visibility_timeout', '120')")
-    assert scalar(conn, "SELECT visibility_timeout FROM courier.send_limits") == 120
+    assert scalar(conn, "SELECT visibility_timeout FROM courier.consume_limits") == 120
     lease = "SELECT round(extract(epoch FROM visible_until - now())) FROM courier.dequeue('jobs')"
     assert conn.execute(lease).fetchone() == (120,)
     conn.execute("UPDATE courier.settings SET value = '1' WHERE name = 'default_throughput_limit'")
     assert conn.execute("SELECT count(*) FROM courier.dequeue('jobs', 2)").fetchone() == (1,)  # one token in the bucket
     conn.execute("SELECT courier.set_setting('default_max_retries', '3')")
     conn.execute("SELECT courier.set_setting('default_dlq_threshold', '7')")
-    row = "SELECT default_max_retries, default_dlq_threshold FROM courier.send_limits"
+    row = "SELECT default_max_retries, default_dlq_threshold FROM courier.consume_limits"
     assert conn.execute(row).fetchone() == (3, 7)
 
 
 def test_a_lost_row_gives_a_dequeue_the_same_clear_error(conn):
     conn.execute("SELECT courier.create_endpoint('jobs', 'pull', '{}')")
-    conn.execute("DELETE FROM courier.send_limits")
-    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="send_limits"):
+    conn.execute("DELETE FROM courier.consume_limits")
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="consume_limits"):
         conn.execute("SELECT * FROM courier.dequeue('jobs')")
     conn.execute("SELECT courier.set_setting('visibility_timeout', '30')")
     assert conn.execute("SELECT * FROM courier.dequeue('jobs')").fetchall() == []

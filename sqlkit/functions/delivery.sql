@@ -641,14 +641,14 @@ BEGIN
     ELSE
         SELECT 0 AS delivered, 0 AS retried, 0 AS dead_lettered, 0 AS stale INTO v_report;
     END IF;
-    -- claim_slots as courier.send_limits holds it (migration 0049) and a free slot, in one
+    -- claim_slots as courier.consume_limits holds it (migration 0049) and a free slot, in one
     -- statement; 0 slots: no limit, and no slot is taken.
     SELECT l.claim_slots > 0 AND s.slot IS NULL INTO v_busy
-    FROM courier.send_limits l
+    FROM courier.consume_limits l
     LEFT JOIN LATERAL (SELECT s.slot FROM courier.claim_slots s
                        WHERE s.endpoint_id = p_endpoint_id AND s.slot < l.claim_slots
                        LIMIT 1 FOR UPDATE SKIP LOCKED) s ON true;
-    v_busy := coalesce(v_busy, false);  -- no row in courier.send_limits: sends say so; claims go on
+    v_busy := coalesce(v_busy, false);  -- no row in courier.consume_limits: dequeue says so; claims go on
     IF v_busy THEN  -- for claims_busy_total: an endpoint often busy may want more slots
         PERFORM courier._add_delivery_totals(p_endpoint_id, 'claim_busy', 1);
     END IF;

@@ -682,8 +682,8 @@ BEGIN
     IF p_count IS NULL OR p_count NOT BETWEEN 1 AND 10000 THEN  -- a plain expression: no statement per call
         PERFORM courier._require_count('count', p_count, 10000);
     END IF;
-    -- The topic and its values (else the settings, as courier.send_limits holds them: migration
-    -- 0049) in one statement; _dequeue_topic only when that finds nothing, for <topic>.dlq and
+    -- The topic and its values (else the settings, as courier.consume_limits holds them:
+    -- migration 0049) in one statement; _dequeue_topic only when that finds nothing, for <topic>.dlq and
     -- the errors.
     SELECT e AS topic,
            coalesce(p_visibility_timeout_seconds, (e.config ->> 'visibility_timeout')::integer,
@@ -693,13 +693,13 @@ BEGIN
            coalesce((e.config ->> 'throughput_limit')::numeric, l.default_throughput_limit) AS rate,
            nullif(coalesce((e.config ->> 'dlq_threshold')::integer, l.default_dlq_threshold), 0) - 1 AS dlq_cap
     INTO v_found
-    FROM courier.endpoints e, courier.send_limits l
+    FROM courier.endpoints e, courier.consume_limits l
     WHERE e.name = p_topic AND e.protocol = 'pull';
     IF NOT FOUND THEN
         IF courier._dequeue_topic(p_topic) IS NULL THEN  -- <topic>.dlq; a wrong name raises
             RETURN QUERY SELECT * FROM courier._dequeue_dead_letters(p_topic, p_count, p_visibility_timeout_seconds);
-        ELSIF NOT EXISTS (SELECT FROM courier.send_limits) THEN
-            RAISE EXCEPTION '[courier] the row of courier.send_limits is missing' USING ERRCODE = '55000',
+        ELSIF NOT EXISTS (SELECT FROM courier.consume_limits) THEN
+            RAISE EXCEPTION '[courier] the row of courier.consume_limits is missing' USING ERRCODE = '55000',
                 HINT = 'Change any setting (courier.set_setting) to write it again';
         END IF;
         RETURN;  -- else a topic made between the two looks: nothing in it to dequeue yet

@@ -113,7 +113,7 @@ TO courier_application;
 
 -- Monitors see counts, states and health: the counter tables whole, and of the tables that
 -- hold messages, endpoints and events only the columns that say where things stand.
-GRANT SELECT ON courier.settings, courier.send_limits, courier.queue_depth, courier.delivery_totals, courier.dlq_depth,
+GRANT SELECT ON courier.settings, courier.send_limits, courier.consume_limits, courier.queue_depth, courier.delivery_totals, courier.dlq_depth,
                 courier.workers, courier.replays, courier.schema_migrations, courier.schema_functions,
                 courier.reaper_runs
     TO courier_monitor;
@@ -173,9 +173,10 @@ GRANT EXECUTE ON FUNCTION courier.metric_history(timestamptz, timestamptz, boole
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA courier TO courier_admin;
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA courier TO courier_admin;
 GRANT EXECUTE ON ALL ROUTINES IN SCHEMA courier TO courier_admin;  -- functions and procedures
--- courier.send_limits is courier.settings as the sends read it, written only by its trigger:
+-- courier.send_limits and consume_limits are courier.settings as the sends and the consumers
+-- read it, written only by its trigger:
 -- an admin changes settings, never that copy of them.
-REVOKE INSERT, UPDATE, DELETE ON courier.send_limits FROM courier_admin;
+REVOKE INSERT, UPDATE, DELETE ON courier.send_limits, courier.consume_limits FROM courier_admin;
 -- The database's identity is read by workers (every broker and webhook dedup id carries it)
 -- and never changed: a changed identity would let a redelivery through as a new message.
 REVOKE INSERT, UPDATE, DELETE ON courier.database_identity FROM courier_admin;

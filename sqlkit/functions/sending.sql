@@ -94,10 +94,11 @@ AS $$
                      WHERE e.name = p_topic AND e.protocol = 'pull'), false)
 $$;
 
--- Rewrites courier.send_limits, the settings a send (and a dequeue, and a claim) reads as one row, after
+-- Rewrites courier.send_limits, the settings a send reads as one row, and
+-- courier.consume_limits, those a dequeue and a push claim read (migration 0049), after
 -- any change to courier.settings. Changes are taken one at a time, each reading the settings
 -- after the previous one committed: two transactions that change different settings at once
--- must not each write back the other's old value. An upsert, so that a lost row comes back.
+-- must not each write back the other's old value. Upserts, so that a lost row comes back.
 CREATE OR REPLACE FUNCTION courier._refresh_send_limits() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
@@ -105,15 +106,21 @@ AS $$
 BEGIN
     LOCK TABLE courier.send_limits IN SHARE ROW EXCLUSIVE MODE;
     INSERT INTO courier.send_limits AS l (singleton, max_payload_size, max_queue_size, default_message_ttl,
-                                          default_max_depth, notify_on_send, visibility_timeout,
-                                          default_max_retries, default_throughput_limit, default_dlq_threshold,
-                                          claim_slots)
+                                          default_max_depth, notify_on_send)
     SELECT true,
            max(value::bigint) FILTER (WHERE name = 'max_payload_size'),
            max(value::bigint) FILTER (WHERE name = 'max_queue_size'),
            max(value::bigint) FILTER (WHERE name = 'default_message_ttl'),
            max(value::bigint) FILTER (WHERE name = 'default_max_depth'),
-           bool_or(value::boolean) FILTER (WHERE name = 'notify_on_send'),
+           bool_or(value::boolean) FILTER (WHERE name = 'notify_on_send')
+    FROM courier.settings
+    ON CONFLICT (singleton) DO UPDATE
+        SET max_payload_size = excluded.max_payload_size, max_queue_size = excluded.max_queue_size,
+            default_message_ttl = excluded.default_message_ttl, default_max_depth = excluded.default_max_depth,
+            notify_on_send = excluded.notify_on_send;
+    INSERT INTO courier.consume_limits AS l (singleton, visibility_timeout, default_max_retries,
+                                             default_throughput_limit, default_dlq_threshold, claim_slots)
+    SELECT true,
            max(value::integer) FILTER (WHERE name = 'visibility_timeout'),
            max(value::integer) FILTER (WHERE name = 'default_max_retries'),
            max(value::numeric) FILTER (WHERE name = 'default_throughput_limit'),
@@ -121,10 +128,7 @@ BEGIN
            max(value::integer) FILTER (WHERE name = 'claim_slots')
     FROM courier.settings
     ON CONFLICT (singleton) DO UPDATE
-        SET max_payload_size = excluded.max_payload_size, max_queue_size = excluded.max_queue_size,
-            default_message_ttl = excluded.default_message_ttl, default_max_depth = excluded.default_max_depth,
-            notify_on_send = excluded.notify_on_send, visibility_timeout = excluded.visibility_timeout,
-            default_max_retries = excluded.default_max_retries,
+        SET visibility_timeout = excluded.visibility_timeout, default_max_retries = excluded.default_max_retries,
             default_throughput_limit = excluded.default_throughput_limit,
             default_dlq_threshold = excluded.default_dlq_threshold, claim_slots = excluded.claim_slots;
     RETURN NULL;
