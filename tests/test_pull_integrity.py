@@ -6,7 +6,9 @@ received, a redriven dead letter comes back as a requeued one, and the hints tel
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -472,6 +474,21 @@ def test_dequeue_on_an_unmarked_topic_hands_out_no_keyed_message(conn, orders):
     conn.execute("UPDATE courier.endpoints SET ordering_keys = true WHERE name = 'orders'")
     assert [m for m, _ in dequeue(conn, 10)] == [a1]
     assert status(conn, a2) == "pending"
+
+
+def test_dequeues_two_statements_differ_only_in_the_ordering_key_test():
+    """dequeue has one statement for marked topics and one for the rest (migration 0050); a
+    change to one that misses the other would make the two kinds of topic behave apart."""
+    source = (Path(__file__).parents[1] / "sqlkit" / "functions" / "pull.sql").read_text()
+    body = source[source.index("CREATE OR REPLACE FUNCTION courier.dequeue(p_topic text"):]
+    split = body.index("\n    ELSE  -- the same statement")
+    checked = body[body.index("    IF v_topic.ordering_keys THEN\n"):split]
+    plain = body[split:body.index("\n    END IF;\n", split)]
+    rule = re.compile(r"\n *-- Ordering keys, as the push claim's rule.*?q2\.id < q\.id\)\)\)", re.S)
+    assert len(rule.findall(checked)) == 1
+    statement = lambda text: text[text.index("RETURN QUERY"):]  # noqa: E731
+    assert statement(rule.sub("", checked)) == statement(plain).replace(
+        "\n                  AND q.ordering_key IS NULL  -- the topic has never had one (see above)", "")
 
 
 # Item 14, second half: priority on pull topics ------------------------------------------------

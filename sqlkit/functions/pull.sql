@@ -809,7 +809,7 @@ BEGIN
         FROM leased t JOIN candidates c ON c.id = t.id
         WHERE NOT c.exhausted
         ORDER BY c.priority DESC, c.due, c.id;
-    ELSE
+    ELSE  -- the same statement but for the ordering-key test (tests/test_pull_integrity.py holds them so)
         RETURN QUERY
         WITH candidates AS (
             -- Each priority level the topic has used (migration 0039), highest first.
