@@ -68,6 +68,10 @@ def test_cancel_and_purge_race_claims_and_every_message_ends_once(dsn, conn):
 
     workers = [start_worker_process(dsn, "--worker-id", name) for name in ("w1", "w2")]
     try:
+        # Claims must be running before the first message: otherwise the purge, every 50 ms,
+        # can take all of them while the workers are still starting, and nothing races a claim.
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM courier.workers WHERE worker_id IN ('w1', 'w2') "
+                                      "AND state = 'running'") == 2, timeout=60)
         threads = [threading.Thread(target=guarded(work)) for work in (produce, cancel, purge)]
         for thread in threads:
             thread.start()
