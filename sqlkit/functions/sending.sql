@@ -501,7 +501,11 @@ BEGIN
     END LOOP;
     -- Counted here: the insert trigger skips a statement flagged courier.insert_counted.
     v_held := courier._count_sent(v_endpoint_id, p_priority);
-    IF p_ordering_key IS NOT NULL THEN  -- what the trigger would mark (_note_ordering_keys)
+    -- What the trigger would mark (_note_ordering_keys), called only while the endpoint is not
+    -- marked: the call and its UPDATE on every keyed send cost it 48,000 instructions (698,110 ->
+    -- 745,985); this look, 30,000.
+    IF p_ordering_key IS NOT NULL
+       AND NOT EXISTS (SELECT FROM courier.endpoints WHERE id = v_endpoint_id AND ordering_keys) THEN
         PERFORM courier._note_ordering_keys(v_endpoint_id);
     END IF;
     IF p_idempotency_key IS NOT NULL THEN
