@@ -117,3 +117,70 @@ def test_a_lost_row_gives_a_dequeue_the_same_clear_error(conn):
         conn.execute("SELECT * FROM courier.dequeue('jobs')")
     conn.execute("SELECT courier.set_setting('visibility_timeout', '30')")
     assert conn.execute("SELECT * FROM courier.dequeue('jobs')").fetchall() == []
+
+
+def room_until(conn: psycopg.Connection):
+    return scalar(conn, "SELECT room_until FROM courier.send_limits")
+
+
+def test_room_until_follows_the_limit_and_the_leaders_estimate(conn, noop):
+    """A single send takes its fast answer from send_limits.room_until (migration 0051): it must
+    say 'no limit' only with none set, and 'room' only while the estimate is fresh and leaves the
+    queue at most half full, as _room_for trusts it."""
+    conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+    assert scalar(conn, "SELECT room_until = 'infinity' FROM courier.send_limits")
+    conn.execute("SELECT courier.set_setting('max_queue_size', '6')")
+    assert room_until(conn) is None  # no estimate yet: every send counts exactly
+    conn.execute("SELECT courier.estimate_active_messages()")
+    assert scalar(conn, "SELECT room_until BETWEEN estimated_at + interval '2 seconds' - interval '1 ms'"
+                        " AND estimated_at + interval '2 seconds' FROM courier.send_limits")
+    for _ in range(3):
+        conn.execute("SELECT courier.send('sink', '{}')")
+    conn.execute("SELECT courier.estimate_active_messages()")
+    assert room_until(conn) is None  # 3 + 1 is past half of 6
+    conn.execute("SELECT courier.set_setting('max_queue_size', '8')")  # 3 + 1 is half of 8 now
+    assert scalar(conn, "SELECT room_until = estimated_at + interval '2 seconds' FROM courier.send_limits")
+
+
+@pytest.mark.parametrize("protocol, send", [
+    ("noop", "SELECT courier.send('ep', '{}')"),
+    ("pull", "SELECT courier.enqueue('ep', '{}')"),
+])
+def test_a_near_full_estimate_leaves_the_limit_exact(conn, protocol, send):
+    """Past half the limit the sends count the queue, so the limit holds to the message."""
+    conn.execute("SELECT courier.create_endpoint('ep', %s, '{}')", (protocol,))
+    conn.execute("SELECT courier.set_setting('max_queue_size', '4')")
+    conn.execute("SELECT courier.estimate_active_messages()")  # empty: room for two seconds
+    for _ in range(3):
+        conn.execute(send)
+    conn.execute("SELECT courier.estimate_active_messages()")  # 3 of 4: no fast answer
+    conn.execute(send)
+    with pytest.raises(psycopg.errors.ConfigurationLimitExceeded, match="backpressure"):
+        conn.execute(send)
+
+
+@pytest.mark.parametrize("protocol, send", [
+    ("noop", "SELECT courier.send('ep', '{}')"),
+    ("pull", "SELECT courier.enqueue('ep', '{}')"),
+    ("noop", "SELECT courier.send_with_options('ep', '{}', p_priority => 3)"),
+])
+def test_an_endpoints_delay_ttl_and_max_depth_bind_the_next_send_after_a_change(conn, protocol, send):
+    """The sends read config's typed columns (migration 0051), which follow every config change."""
+    conn.execute("SELECT courier.create_endpoint('ep', %s, '{}')", (protocol,))
+    first = scalar(conn, send)
+    assert conn.execute("SELECT scheduled_at, expires_at FROM courier.queue WHERE id = %s", (first,)).fetchone() == (
+        None, None)
+    conn.execute("""SELECT courier.alter_endpoint('ep', '{"delay_seconds": 30, "message_ttl_seconds": 600,
+                                                        "max_depth": 2}')""")
+    second = scalar(conn, send)
+    delay, ttl = conn.execute(
+        "SELECT extract(epoch FROM scheduled_at - created_at), extract(epoch FROM expires_at - scheduled_at)"
+        " FROM courier.queue WHERE id = %s", (second,)).fetchone()
+    assert (delay, ttl) == (30, 600)
+    with pytest.raises(psycopg.Error, match="exceed its max_depth 2"):
+        conn.execute(send)
+    conn.execute("SELECT courier.alter_endpoint('ep', '{}')")
+    assert conn.execute("SELECT config_delay, config_ttl_seconds, config_max_depth FROM courier.endpoints"
+                        " WHERE name = 'ep'").fetchone() == (None, None, None)
+    third = scalar(conn, send)
+    assert conn.execute("SELECT scheduled_at FROM courier.queue WHERE id = %s", (third,)).fetchone() == (None,)

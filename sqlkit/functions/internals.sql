@@ -630,8 +630,11 @@ SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
     v_active bigint := courier._active_messages(NULL);
+    v_now timestamptz := clock_timestamp();
 BEGIN
-    UPDATE courier.send_limits SET active_estimate = v_active, estimated_at = clock_timestamp();
+    UPDATE courier.send_limits
+    SET active_estimate = v_active, estimated_at = v_now,
+        room_until = courier._room_until(max_queue_size, v_active, v_now);
     RETURN 0;  -- a maintenance job's count of work done: this is never more to do
 END
 $$;

@@ -280,16 +280,13 @@ BEGIN
         v_size := octet_length(p_payload::text);
         LOOP
             INSERT INTO courier.queue (endpoint_id, payload, scheduled_at, visible_at, expires_at)
-            SELECT e.id, p_payload, d.scheduled_at, coalesce(d.scheduled_at, now()),
-                   coalesce(d.scheduled_at, now()) + make_interval(secs => nullif(
-                       coalesce((e.config ->> 'message_ttl_seconds')::numeric, l.default_message_ttl), 0))
-            FROM courier.endpoints e, courier.send_limits l,
-                 LATERAL (SELECT now() + make_interval(secs => nullif((e.config ->> 'delay_seconds')::integer, 0))
-                                     AS scheduled_at,
-                                 coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) AS max_depth
-                          OFFSET 0) d
+            SELECT e.id, p_payload, now() + e.config_delay, coalesce(now() + e.config_delay, now()),
+                   coalesce(now() + e.config_delay, now()) + make_interval(secs => nullif(
+                       coalesce(e.config_ttl_seconds, l.default_message_ttl), 0))
+            FROM courier.endpoints e, courier.send_limits l
             WHERE e.name = p_topic AND e.protocol = 'pull' AND e.enabled
-              AND courier._admit_one(l, e.id, v_size, d.max_depth, d.scheduled_at IS NULL OR d.scheduled_at <= now())
+              AND courier._admit_one(l, e.id, v_size, coalesce(e.config_max_depth, l.default_max_depth),
+                                     e.config_delay IS NULL)
             RETURNING id, endpoint_id INTO v_id, v_topic_id;
             v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
             EXIT WHEN v_id IS NOT NULL;

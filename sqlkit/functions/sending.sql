@@ -94,6 +94,17 @@ AS $$
                      WHERE e.name = p_topic AND e.protocol = 'pull'), false)
 $$;
 
+-- send_limits.room_until for a limit and an estimate (migration 0051): 'infinity' with no
+-- limit; two seconds past the estimate while one more message leaves the queue at most half
+-- full, as _room_for trusts it; else NULL, and each send asks _admit_slow.
+CREATE OR REPLACE FUNCTION courier._room_until(p_max_queue_size bigint, p_active_estimate bigint, p_estimated_at timestamptz)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN p_max_queue_size = 0 THEN 'infinity'::timestamptz
+                WHEN p_active_estimate + 1 <= p_max_queue_size / 2 THEN p_estimated_at + interval '2 seconds' END
+$$;
+
 -- Rewrites courier.send_limits, the settings a send reads as one row, and
 -- courier.consume_limits, those a dequeue and a push claim read (migration 0049), after
 -- any change to courier.settings. Changes are taken one at a time, each reading the settings
@@ -106,18 +117,21 @@ AS $$
 BEGIN
     LOCK TABLE courier.send_limits IN SHARE ROW EXCLUSIVE MODE;
     INSERT INTO courier.send_limits AS l (singleton, max_payload_size, max_queue_size, default_message_ttl,
-                                          default_max_depth, notify_on_send)
+                                          default_max_depth, notify_on_send, room_until)
     SELECT true,
            max(value::bigint) FILTER (WHERE name = 'max_payload_size'),
            max(value::bigint) FILTER (WHERE name = 'max_queue_size'),
            max(value::bigint) FILTER (WHERE name = 'default_message_ttl'),
            max(value::bigint) FILTER (WHERE name = 'default_max_depth'),
-           bool_or(value::boolean) FILTER (WHERE name = 'notify_on_send')
+           bool_or(value::boolean) FILTER (WHERE name = 'notify_on_send'),
+           -- A row made here (it was missing) has no estimate yet.
+           courier._room_until(max(value::bigint) FILTER (WHERE name = 'max_queue_size'), NULL, NULL)
     FROM courier.settings
     ON CONFLICT (singleton) DO UPDATE
         SET max_payload_size = excluded.max_payload_size, max_queue_size = excluded.max_queue_size,
             default_message_ttl = excluded.default_message_ttl, default_max_depth = excluded.default_max_depth,
-            notify_on_send = excluded.notify_on_send;
+            notify_on_send = excluded.notify_on_send,
+            room_until = courier._room_until(excluded.max_queue_size, l.active_estimate, l.estimated_at);
     INSERT INTO courier.consume_limits AS l (singleton, visibility_timeout, default_max_retries,
                                              default_throughput_limit, default_dlq_threshold, claim_slots)
     SELECT true,
@@ -173,18 +187,35 @@ AS $$
         OR p_limits.max_queue_size >= p_incoming + courier._active_messages(NULL)
 $$;
 
+-- _admit_one's limits when send_limits.room_until does not decide: max_queue_size exactly (or by
+-- an estimate under 2 s old) and the endpoint's max_depth. plpgsql, so that it is not inlined.
+CREATE OR REPLACE FUNCTION courier._admit_slow(p_limits courier.send_limits, p_endpoint_id integer, p_max_depth bigint)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN courier._room_for(p_limits, 1)
+       AND (p_max_depth = 0 OR p_max_depth >= 1 + courier._active_messages(p_endpoint_id));
+END
+$$;
+
 -- Whether a single send (_send_one, enqueue) may insert its message, decided in its INSERT's
 -- WHERE: the payload's size, max_queue_size and the endpoint's max_depth (p_max_depth, 0 for
 -- none) allow it. When they do it also asks for the commit-time wake-up (p_due: the message is
 -- due now) and flags the insert as counted by the caller (_count_sent), both set as the row is
 -- made. False inserts nothing, and the caller asks _send_refusal why. SQL, so that it is
--- inlined into the INSERT: no call of its own.
+-- inlined into the INSERT: no call of its own. The usual case (a fresh estimate far from
+-- max_queue_size, or none set, and no max_depth) is decided by send_limits.room_until alone;
+-- the rest by _admit_slow, a function so that the statement carries one reference to it rather
+-- than _room_for's operators and two to _active_messages, which PostgreSQL readies in every
+-- send whether or not they run (12,000 instructions of a send).
 CREATE OR REPLACE FUNCTION courier._admit_one(p_limits courier.send_limits, p_endpoint_id integer, p_size bigint,
                                               p_max_depth bigint, p_due boolean) RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT p_size <= p_limits.max_payload_size AND courier._room_for(p_limits, 1)
-       AND (p_max_depth = 0 OR p_max_depth >= 1 + courier._active_messages(p_endpoint_id))
+    SELECT p_size <= p_limits.max_payload_size
+       AND (p_limits.room_until > statement_timestamp() AND p_max_depth = 0
+            OR courier._admit_slow(p_limits, p_endpoint_id, p_max_depth))
        AND set_config('courier.wake_at_commit',
                       CASE WHEN p_due AND p_limits.notify_on_send THEN 'on' ELSE 'off' END, true) IS NOT NULL
        AND set_config('courier.insert_counted', 'on', true) IS NOT NULL
@@ -442,12 +473,11 @@ BEGIN
             SELECT e.id, p_payload, coalesce(p_headers, '{}'), coalesce(p_metadata, '{}'), p_priority,
                    d.due, p_correlation_id,
                    coalesce(p_expires_at, coalesce(d.due, now()) + make_interval(secs => nullif(
-                       coalesce((e.config ->> 'message_ttl_seconds')::numeric, l.default_message_ttl), 0))),
+                       coalesce(e.config_ttl_seconds, l.default_message_ttl), 0))),
                    p_ordering_key, courier._pull_visible_at(e.protocol, d.due), p_max_retries
             FROM courier.endpoints e, courier.send_limits l,
-                 LATERAL (SELECT coalesce(p_scheduled_at, now() + make_interval(
-                                     secs => nullif((e.config ->> 'delay_seconds')::integer, 0))) AS due,
-                                 coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) AS max_depth
+                 LATERAL (SELECT coalesce(p_scheduled_at, now() + e.config_delay) AS due,
+                                 coalesce(e.config_max_depth, l.default_max_depth) AS max_depth
                           OFFSET 0) d
             -- The wake-up request is set as the row is made, before its depth counter write
             -- reads it (see the top of this file); here rather than in a statement of its own.
@@ -462,12 +492,11 @@ BEGIN
             SELECT e.id, p_payload, coalesce(p_headers, '{}'), coalesce(p_metadata, '{}'), p_priority,
                    d.due, p_idempotency_key, v_hash, p_correlation_id,
                    coalesce(p_expires_at, coalesce(d.due, now()) + make_interval(secs => nullif(
-                       coalesce((e.config ->> 'message_ttl_seconds')::numeric, l.default_message_ttl), 0))),
+                       coalesce(e.config_ttl_seconds, l.default_message_ttl), 0))),
                    p_ordering_key, courier._pull_visible_at(e.protocol, d.due), p_max_retries
             FROM courier.endpoints e, courier.send_limits l,
-                 LATERAL (SELECT coalesce(p_scheduled_at, now() + make_interval(
-                                     secs => nullif((e.config ->> 'delay_seconds')::integer, 0))) AS due,
-                                 coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) AS max_depth
+                 LATERAL (SELECT coalesce(p_scheduled_at, now() + e.config_delay) AS due,
+                                 coalesce(e.config_max_depth, l.default_max_depth) AS max_depth
                           OFFSET 0) d
             WHERE e.name = p_endpoint_name AND e.enabled
               AND courier._admit_one(l, e.id, v_size, d.max_depth, d.due IS NULL OR d.due <= now())
@@ -607,17 +636,16 @@ BEGIN
     END IF;
     v_held := courier._hold_endpoint_for_send(p_endpoint_name);
     LOOP
+        -- The endpoint's delay, TTL and max_depth as config's typed columns (migration 0051).
         INSERT INTO courier.queue (endpoint_id, payload, scheduled_at, expires_at, visible_at)
-        SELECT e.id, p_payload, d.due,
-               coalesce(d.due, now()) + make_interval(secs => nullif(
-                   coalesce((e.config ->> 'message_ttl_seconds')::numeric, l.default_message_ttl), 0)),
-               courier._pull_visible_at(e.protocol, d.due)
-        FROM courier.endpoints e, courier.send_limits l,
-             LATERAL (SELECT now() + make_interval(secs => nullif((e.config ->> 'delay_seconds')::integer, 0)) AS due,
-                             coalesce((e.config ->> 'max_depth')::bigint, l.default_max_depth) AS max_depth
-                      OFFSET 0) d
+        SELECT e.id, p_payload, now() + e.config_delay,
+               coalesce(now() + e.config_delay, now()) + make_interval(secs => nullif(
+                   coalesce(e.config_ttl_seconds, l.default_message_ttl), 0)),
+               courier._pull_visible_at(e.protocol, now() + e.config_delay)
+        FROM courier.endpoints e, courier.send_limits l
         WHERE e.name = p_endpoint_name AND e.enabled
-          AND courier._admit_one(l, e.id, v_size, d.max_depth, d.due IS NULL OR d.due <= now())
+          AND courier._admit_one(l, e.id, v_size, coalesce(e.config_max_depth, l.default_max_depth),
+                                 e.config_delay IS NULL)
         RETURNING id, endpoint_id INTO v_id, v_endpoint_id;
         v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
         EXIT WHEN v_id IS NOT NULL;
