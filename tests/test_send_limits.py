@@ -140,6 +140,9 @@ def test_room_until_follows_the_limit_and_the_leaders_estimate(conn, noop):
     assert room_until(conn) is None  # 3 + 1 is past half of 6
     conn.execute("SELECT courier.set_setting('max_queue_size', '8')")  # 3 + 1 is half of 8 now
     assert scalar(conn, "SELECT room_until = estimated_at + interval '2 seconds' FROM courier.send_limits")
+    # Any write of the estimate keeps it (a trigger on the row), not only the leader's.
+    conn.execute("UPDATE courier.send_limits SET active_estimate = 7")
+    assert room_until(conn) is None
 
 
 @pytest.mark.parametrize("protocol, send", [

@@ -134,12 +134,44 @@ BEGIN
 END
 $$;
 
--- Counts p_messages messages a send has just inserted, pending at p_priority, for one endpoint:
--- the counting trigger's work for that statement, which the send flagged with
--- courier.insert_counted so that the trigger returns at once. The single sends (_send_one,
--- enqueue) and send_batch call it. The trigger's call, its transition table, its aggregate and
--- its UPDATE cost a single send about 196,000 instructions; this call and its UPDATE, about
--- 90,000 (callgrind, PostgreSQL 15). For a batch of 100, 3,500 instructions a message.
+-- Counts p_messages messages a send has just inserted, pending at p_priority, for one endpoint,
+-- into this backend's counter row in p_slot: the counting trigger's work for that statement,
+-- which the send flagged with courier.insert_counted so that the trigger returns at once. The
+-- trigger's call, its transition table, its aggregate and its UPDATE cost a single send about
+-- 196,000 instructions; this call and its UPDATE, about 90,000 (callgrind, PostgreSQL 15).
+--
+-- The slot bounds the versions of one counter row a long transaction leaves (every update of
+-- it adds one that no one can prune until the transaction ends, and the next update walks
+-- them). A single send (send, _send_one, enqueue) passes its INSERT's command id shifted by 7
+-- (`cmin::text::bigint >> 7` in its RETURNING): each send takes at least two command ids (its
+-- INSERT and this UPDATE), so a transaction moves to a new row after 64 sends at most, as the
+-- triggers' slots do from courier.depth_writes, without a setting read and written in every
+-- send (19,000 instructions of 571,000). compact_queue_depth() folds the extra slots back.
+CREATE OR REPLACE FUNCTION courier._count_sent_in_slot(p_endpoint_id integer, p_priority integer, p_messages bigint,
+                                                       p_slot integer) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    -- _add_depth's UPDATEs, inline for the found row: a call to it cost a send 8,000 instructions.
+    IF courier._wake_requested('pending', p_messages) THEN  -- naming slot queues the wake-up (_wake_requested)
+        UPDATE courier.queue_depth d SET messages = d.messages + p_messages, slot = d.slot
+        WHERE d.endpoint_id = p_endpoint_id AND d.status = 'pending' AND d.backend_pid = pg_backend_pid()
+          AND d.slot = p_slot;
+    ELSE
+        UPDATE courier.queue_depth d SET messages = d.messages + p_messages
+        WHERE d.endpoint_id = p_endpoint_id AND d.status = 'pending' AND d.backend_pid = pg_backend_pid()
+          AND d.slot = p_slot;
+    END IF;
+    IF NOT FOUND THEN
+        PERFORM courier._add_depth(p_endpoint_id, 'pending', p_messages, p_slot, 1 << p_priority);
+    ELSIF p_priority <> 0 THEN
+        PERFORM courier._note_priorities(p_endpoint_id, 1 << p_priority);
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- _count_sent_in_slot for a batch (send_batch, enqueue_batch), in the slot the triggers use.
 DROP FUNCTION IF EXISTS courier._count_sent(integer, integer);
 CREATE OR REPLACE FUNCTION courier._count_sent(p_endpoint_id integer, p_priority integer, p_messages bigint DEFAULT 1) RETURNS boolean
 LANGUAGE plpgsql
@@ -148,22 +180,7 @@ DECLARE
     v_writes integer := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
     v_set text := set_config('courier.depth_writes', (v_writes + 1)::text, true);
 BEGIN
-    -- _add_depth's UPDATEs, inline for the found row: a call to it cost a send 8,000 instructions.
-    IF courier._wake_requested('pending', p_messages) THEN  -- naming slot queues the wake-up (_wake_requested)
-        UPDATE courier.queue_depth d SET messages = d.messages + p_messages, slot = d.slot
-        WHERE d.endpoint_id = p_endpoint_id AND d.status = 'pending' AND d.backend_pid = pg_backend_pid()
-          AND d.slot = v_writes >> 6;
-    ELSE
-        UPDATE courier.queue_depth d SET messages = d.messages + p_messages
-        WHERE d.endpoint_id = p_endpoint_id AND d.status = 'pending' AND d.backend_pid = pg_backend_pid()
-          AND d.slot = v_writes >> 6;
-    END IF;
-    IF NOT FOUND THEN
-        PERFORM courier._add_depth(p_endpoint_id, 'pending', p_messages, v_writes >> 6, 1 << p_priority);
-    ELSIF p_priority <> 0 THEN
-        PERFORM courier._note_priorities(p_endpoint_id, 1 << p_priority);
-    END IF;
-    RETURN true;
+    RETURN courier._count_sent_in_slot(p_endpoint_id, p_priority, p_messages, v_writes >> 6);
 END
 $$;
 
@@ -630,11 +647,8 @@ SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
     v_active bigint := courier._active_messages(NULL);
-    v_now timestamptz := clock_timestamp();
 BEGIN
-    UPDATE courier.send_limits
-    SET active_estimate = v_active, estimated_at = v_now,
-        room_until = courier._room_until(max_queue_size, v_active, v_now);
+    UPDATE courier.send_limits SET active_estimate = v_active, estimated_at = clock_timestamp();
     RETURN 0;  -- a maintenance job's count of work done: this is never more to do
 END
 $$;

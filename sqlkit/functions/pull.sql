@@ -267,6 +267,7 @@ DECLARE
     v_held boolean;
     v_wake text;
     v_topic_id integer;
+    v_slot integer;  -- its counter row (_count_sent_in_slot)
 BEGIN
     -- As a send does: a drop of the topic waits for this enqueue (read the topic after it).
     v_held := courier._hold_endpoint_for_send(p_topic);
@@ -287,13 +288,13 @@ BEGIN
             WHERE e.name = p_topic AND e.protocol = 'pull' AND e.enabled
               AND courier._admit_one(l, e.id, v_size, coalesce(e.config_max_depth, l.default_max_depth),
                                      e.config_delay IS NULL)
-            RETURNING id, endpoint_id INTO v_id, v_topic_id;
+            RETURNING id, endpoint_id, cmin::text::bigint >> 7 INTO v_id, v_topic_id, v_slot;
             v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
             EXIT WHEN v_id IS NOT NULL;
             v_topic := courier._pull_topic(p_topic);
             PERFORM courier._send_refusal(p_topic, 1, v_size);
         END LOOP;
-        v_held := courier._count_sent(v_topic_id, 0);
+        v_held := courier._count_sent_in_slot(v_topic_id, 0, 1, v_slot);
         RETURN v_id;
     END IF;
     -- The general path's variables are set here, not in DECLARE, where every enqueue, a plain
@@ -358,13 +359,13 @@ BEGIN
                  LATERAL (SELECT coalesce((v_topic.config ->> 'max_depth')::bigint, l.default_max_depth) AS max_depth
                           OFFSET 0) d
             WHERE v_topic.enabled AND courier._admit_one(l, v_topic.id, v_size, d.max_depth, v_due <= now())
-            RETURNING id INTO v_id;
+            RETURNING id, cmin::text::bigint >> 7 INTO v_id, v_slot;
             v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
             EXIT WHEN v_id IS NOT NULL;
             PERFORM courier._send_refusal(p_topic, 1, v_size);
             v_topic := courier._pull_topic(p_topic);
         END LOOP;
-        v_held := courier._count_sent(v_topic.id, 0);
+        v_held := courier._count_sent_in_slot(v_topic.id, 0, 1, v_slot);
         RETURN v_id;
     END IF;
     -- With a key: every limit a send reads, in one row read once.

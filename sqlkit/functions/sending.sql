@@ -96,7 +96,8 @@ $$;
 
 -- send_limits.room_until for a limit and an estimate (migration 0051): 'infinity' with no
 -- limit; two seconds past the estimate while one more message leaves the queue at most half
--- full, as _room_for trusts it; else NULL, and each send asks _admit_slow.
+-- full, as _room_for trusts it; else NULL, and each send asks _admit_slow. Kept by a trigger on
+-- the row, so that no write of the limits or of the estimate can leave it behind them.
 CREATE OR REPLACE FUNCTION courier._room_until(p_max_queue_size bigint, p_active_estimate bigint, p_estimated_at timestamptz)
 RETURNS timestamptz
 LANGUAGE sql STABLE
@@ -104,6 +105,18 @@ AS $$
     SELECT CASE WHEN p_max_queue_size = 0 THEN 'infinity'::timestamptz
                 WHEN p_active_estimate + 1 <= p_max_queue_size / 2 THEN p_estimated_at + interval '2 seconds' END
 $$;
+
+CREATE OR REPLACE FUNCTION courier._send_limits_room() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    NEW.room_until := courier._room_until(NEW.max_queue_size, NEW.active_estimate, NEW.estimated_at);
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER send_limits_room BEFORE INSERT OR UPDATE ON courier.send_limits
+    FOR EACH ROW EXECUTE FUNCTION courier._send_limits_room();
 
 -- Rewrites courier.send_limits, the settings a send reads as one row, and
 -- courier.consume_limits, those a dequeue and a push claim read (migration 0049), after
@@ -117,21 +130,18 @@ AS $$
 BEGIN
     LOCK TABLE courier.send_limits IN SHARE ROW EXCLUSIVE MODE;
     INSERT INTO courier.send_limits AS l (singleton, max_payload_size, max_queue_size, default_message_ttl,
-                                          default_max_depth, notify_on_send, room_until)
+                                          default_max_depth, notify_on_send)
     SELECT true,
            max(value::bigint) FILTER (WHERE name = 'max_payload_size'),
            max(value::bigint) FILTER (WHERE name = 'max_queue_size'),
            max(value::bigint) FILTER (WHERE name = 'default_message_ttl'),
            max(value::bigint) FILTER (WHERE name = 'default_max_depth'),
-           bool_or(value::boolean) FILTER (WHERE name = 'notify_on_send'),
-           -- A row made here (it was missing) has no estimate yet.
-           courier._room_until(max(value::bigint) FILTER (WHERE name = 'max_queue_size'), NULL, NULL)
+           bool_or(value::boolean) FILTER (WHERE name = 'notify_on_send')
     FROM courier.settings
     ON CONFLICT (singleton) DO UPDATE
         SET max_payload_size = excluded.max_payload_size, max_queue_size = excluded.max_queue_size,
             default_message_ttl = excluded.default_message_ttl, default_max_depth = excluded.default_max_depth,
-            notify_on_send = excluded.notify_on_send,
-            room_until = courier._room_until(excluded.max_queue_size, l.active_estimate, l.estimated_at);
+            notify_on_send = excluded.notify_on_send;
     INSERT INTO courier.consume_limits AS l (singleton, visibility_timeout, default_max_retries,
                                              default_throughput_limit, default_dlq_threshold, claim_slots)
     SELECT true,
@@ -410,6 +420,7 @@ CREATE OR REPLACE FUNCTION courier._send_one(
 LANGUAGE plpgsql
 AS $$
 DECLARE
+    v_slot integer;  -- its counter row (_count_sent_in_slot)
     -- The size as delivered (JSON text), not as stored: jsonb may be compressed many times over.
     v_size bigint := octet_length(p_payload::text);
     v_hash text;
@@ -483,7 +494,7 @@ BEGIN
             -- reads it (see the top of this file); here rather than in a statement of its own.
             WHERE e.name = p_endpoint_name AND e.enabled
               AND courier._admit_one(l, e.id, v_size, d.max_depth, d.due IS NULL OR d.due <= now())
-            RETURNING id, endpoint_id INTO v_id, v_endpoint_id;
+            RETURNING id, endpoint_id, cmin::text::bigint >> 7 INTO v_id, v_endpoint_id, v_slot;
             v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
         ELSE
             INSERT INTO courier.queue (endpoint_id, payload, headers, metadata, priority, scheduled_at,
@@ -503,7 +514,7 @@ BEGIN
             ON CONFLICT (endpoint_id, idempotency_key)
                 WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'processing')
             DO NOTHING
-            RETURNING id, endpoint_id INTO v_id, v_endpoint_id;
+            RETURNING id, endpoint_id, cmin::text::bigint >> 7 INTO v_id, v_endpoint_id, v_slot;
             v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
 
             IF v_id IS NULL THEN
@@ -529,7 +540,7 @@ BEGIN
         PERFORM courier._send_refusal(p_endpoint_name, 1, v_size);
     END LOOP;
     -- Counted here: the insert trigger skips a statement flagged courier.insert_counted.
-    v_held := courier._count_sent(v_endpoint_id, p_priority);
+    v_held := courier._count_sent_in_slot(v_endpoint_id, p_priority, 1, v_slot);
     -- What the trigger would mark (_note_ordering_keys), called only while the endpoint is not
     -- marked: the call and its UPDATE on every keyed send cost it 48,000 instructions (698,110 ->
     -- 745,985); this look, 30,000.
@@ -630,6 +641,7 @@ DECLARE
     v_id bigint;
     v_endpoint_id integer;
     v_held boolean;
+    v_slot integer;  -- its counter row (_count_sent_in_slot)
 BEGIN
     IF p_payload IS NULL THEN
         RAISE EXCEPTION '[courier] payload must not be NULL' USING ERRCODE = '22004';
@@ -646,12 +658,12 @@ BEGIN
         WHERE e.name = p_endpoint_name AND e.enabled
           AND courier._admit_one(l, e.id, v_size, coalesce(e.config_max_depth, l.default_max_depth),
                                  e.config_delay IS NULL)
-        RETURNING id, endpoint_id INTO v_id, v_endpoint_id;
+        RETURNING id, endpoint_id, cmin::text::bigint >> 7 INTO v_id, v_endpoint_id, v_slot;
         v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
         EXIT WHEN v_id IS NOT NULL;
         PERFORM courier._send_refusal(p_endpoint_name, 1, v_size);
     END LOOP;
-    v_held := courier._count_sent(v_endpoint_id, 0);
+    v_held := courier._count_sent_in_slot(v_endpoint_id, 0, 1, v_slot);
     RETURN v_id;
 END
 $$;

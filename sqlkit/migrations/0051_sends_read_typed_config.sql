@@ -15,10 +15,10 @@ ALTER TABLE courier.endpoints
 
 -- Until when one more message certainly fits under max_queue_size: 'infinity' with no limit,
 -- else two seconds past the maintenance leader's estimate while that leaves the queue at most
--- half full, else NULL. It is _room_for's fast answer for one message, precomputed where the
--- estimate and the limit are written (estimate_active_messages, _refresh_send_limits), so that a
--- single send tests one column against the clock instead of five operators, and references the
--- exact count (a function) only on its slow path (_admit_slow).
+-- half full, else NULL. It is _room_for's fast answer for one message, precomputed by a trigger
+-- on the row whenever the limit or the estimate is written (_send_limits_room), so that a single
+-- send tests one column against the clock instead of five operators, and references the exact
+-- count (a function) only on its slow path (_admit_slow).
 ALTER TABLE courier.send_limits ADD COLUMN room_until timestamptz;
 UPDATE courier.send_limits
 SET room_until = CASE WHEN max_queue_size = 0 THEN 'infinity'
