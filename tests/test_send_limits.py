@@ -187,3 +187,24 @@ def test_an_endpoints_delay_ttl_and_max_depth_bind_the_next_send_after_a_change(
                         " WHERE name = 'ep'").fetchone() == (None, None, None)
     third = scalar(conn, send)
     assert conn.execute("SELECT scheduled_at FROM courier.queue WHERE id = %s", (third,)).fetchone() == (None,)
+
+
+def test_a_topics_own_consumer_limits_bind_the_next_dequeue_after_a_change(conn):
+    """dequeue reads the topic's visibility_timeout, max_retries, throughput_limit and
+    dlq_threshold from config's typed columns (migration 0051), which follow every change; a
+    limit cleared back to null falls to the setting again."""
+    conn.execute("SELECT courier.create_endpoint('jobs', 'pull', '{}')")
+    conn.execute("SELECT courier.enqueue_batch('jobs', array_fill('{}'::jsonb, ARRAY[6]))")
+    lease = "SELECT round(extract(epoch FROM visible_until - now())) FROM courier.dequeue('jobs')"
+    conn.execute("""SELECT courier.alter_topic('jobs', '{"visibility_timeout": 45, "max_retries": 2,
+                                                         "dlq_threshold": 9, "throughput_limit": 1}')""")
+    assert conn.execute(lease).fetchone() == (45,)
+    typed = conn.execute("SELECT config_visibility_timeout, config_max_retries, config_dlq_threshold, "
+                         "config_throughput_limit FROM courier.endpoints WHERE name = 'jobs'").fetchone()
+    assert typed == (45, 2, 9, 1)
+    conn.execute("""SELECT courier.alter_topic('jobs', '{"visibility_timeout": null, "throughput_limit": null}')""")
+    default = scalar(conn, "SELECT visibility_timeout FROM courier.consume_limits")
+    assert conn.execute(lease).fetchone() == (default,)
+    conn.execute("SELECT courier.alter_endpoint('jobs', p_retry_policy => '{\"max_retries\": 4}')")
+    conn.execute("""SELECT courier.alter_topic('jobs', '{"max_retries": null}')""")
+    assert scalar(conn, "SELECT config_max_retries FROM courier.endpoints WHERE name = 'jobs'") == 4  # the policy's

@@ -624,6 +624,43 @@ BEGIN
 END
 $$;
 
+-- What a lease that lapsed does to its message when dequeue takes it again: whether that was
+-- its last attempt (then it is parked for the DLQ), its last_error, and its error_history entry.
+-- Functions, not expressions in dequeue's UPDATE: PostgreSQL readies every function and operator
+-- a statement names in every execution, and these run only for a lapsed lease (20,000
+-- instructions of a dequeue(1) + ack as expressions). plpgsql, so that they are not inlined.
+CREATE OR REPLACE FUNCTION courier._lease_exhausted(p_retry_count integer, p_max_retries integer, p_default integer,
+                                                    p_cap integer) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    RETURN p_retry_count + 1 > least(coalesce(p_max_retries, p_default), p_cap);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._lease_lapsed_error(p_retry_count integer, p_max_retries integer, p_default integer,
+                                                       p_cap integer) RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF courier._lease_exhausted(p_retry_count, p_max_retries, p_default, p_cap) THEN
+        RETURN format('[PERMANENT] visibility timeout passed without an ack %s times; max_retries (%s) exceeded',
+                      p_retry_count + 1, least(coalesce(p_max_retries, p_default), p_cap));
+    END IF;
+    RETURN 'Visibility timeout passed without an ack';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION courier._lease_lapsed_history(p_history jsonb, p_retry_count integer, p_lease integer)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN p_history || jsonb_build_object('attempt', p_retry_count + 1, 'at', now(), 'outcome', 'lease_expired',
+                                           'lease', p_lease);
+END
+$$;
+
 -- Takes up to p_count due messages of the topic (never more), highest priority first and in
 -- due-time-then-id order within a priority, each with a new lease, invisible to other
 -- consumers for the visibility timeout (p_visibility_timeout_seconds, else the topic's
@@ -680,16 +717,14 @@ BEGIN
     IF p_count IS NULL OR p_count NOT BETWEEN 1 AND 10000 THEN  -- a plain expression: no statement per call
         PERFORM courier._require_count('count', p_count, 10000);
     END IF;
-    -- The topic and its values (else the settings, as courier.consume_limits holds them:
-    -- migration 0049) in one statement; _dequeue_topic only when that finds nothing, for <topic>.dlq and
+    -- The topic and its values (config's typed columns, migration 0051; else the settings, as
+    -- courier.consume_limits holds them: migration 0049) in one statement; _dequeue_topic only when that finds nothing, for <topic>.dlq and
     -- the errors.
     SELECT e AS topic,
-           coalesce(p_visibility_timeout_seconds, (e.config ->> 'visibility_timeout')::integer,
-                    l.visibility_timeout) AS timeout,
-           coalesce((e.config ->> 'max_retries')::integer, (e.retry_policy ->> 'max_retries')::integer,
-                    l.default_max_retries) AS max_retries,
-           coalesce((e.config ->> 'throughput_limit')::numeric, l.default_throughput_limit) AS rate,
-           nullif(coalesce((e.config ->> 'dlq_threshold')::integer, l.default_dlq_threshold), 0) - 1 AS dlq_cap
+           coalesce(p_visibility_timeout_seconds, e.config_visibility_timeout, l.visibility_timeout) AS timeout,
+           coalesce(e.config_max_retries, l.default_max_retries) AS max_retries,
+           coalesce(e.config_throughput_limit, l.default_throughput_limit) AS rate,
+           nullif(coalesce(e.config_dlq_threshold, l.default_dlq_threshold), 0) - 1 AS dlq_cap
     INTO v_found
     FROM courier.endpoints e, courier.consume_limits l
     WHERE e.name = p_topic AND e.protocol = 'pull';
@@ -742,7 +777,7 @@ BEGIN
             SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
             CROSS JOIN LATERAL (
                 SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due, q.status = 'pending' AS was_pending,
-                       q.status = 'processing' AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap) AS exhausted
+                       q.status = 'processing' AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
                 FROM courier.queue q
                 WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
                   AND q.visible_at <= now() AND q.visible_at IS NOT NULL
@@ -774,18 +809,13 @@ BEGIN
             UPDATE courier.queue q
             SET status = 'processing', lease = courier._next_lease(q.lease),
                 visible_at = CASE WHEN q.status = 'processing'
-                                       AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap)
+                                       AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap)
                                   THEN '-infinity' ELSE now() + make_interval(secs => v_timeout) END,
                 retry_count = q.retry_count + (q.status = 'processing')::integer,
                 last_error = CASE WHEN q.status <> 'processing' THEN q.last_error
-                                  WHEN q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap)
-                                  THEN format('[PERMANENT] visibility timeout passed without an ack %s times; '
-                                              'max_retries (%s) exceeded',
-                                              q.retry_count + 1, least(coalesce(q.max_retries, v_max_retries), v_dlq_cap))
-                                  ELSE 'Visibility timeout passed without an ack' END,
+                                  ELSE courier._lease_lapsed_error(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) END,
                 error_history = CASE WHEN q.status = 'processing'
-                                     THEN q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
-                                                                                'outcome', 'lease_expired', 'lease', q.lease)
+                                     THEN courier._lease_lapsed_history(q.error_history, q.retry_count, q.lease)
                                      ELSE q.error_history END,
                 updated_at = now()
             WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
@@ -814,7 +844,7 @@ BEGIN
             SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
             CROSS JOIN LATERAL (
                 SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due, q.status = 'pending' AS was_pending,
-                       q.status = 'processing' AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap) AS exhausted
+                       q.status = 'processing' AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
                 FROM courier.queue q
                 WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
                   AND q.visible_at <= now() AND q.visible_at IS NOT NULL
@@ -831,18 +861,13 @@ BEGIN
             UPDATE courier.queue q
             SET status = 'processing', lease = courier._next_lease(q.lease),
                 visible_at = CASE WHEN q.status = 'processing'
-                                       AND q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap)
+                                       AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap)
                                   THEN '-infinity' ELSE now() + make_interval(secs => v_timeout) END,
                 retry_count = q.retry_count + (q.status = 'processing')::integer,
                 last_error = CASE WHEN q.status <> 'processing' THEN q.last_error
-                                  WHEN q.retry_count + 1 > least(coalesce(q.max_retries, v_max_retries), v_dlq_cap)
-                                  THEN format('[PERMANENT] visibility timeout passed without an ack %s times; '
-                                              'max_retries (%s) exceeded',
-                                              q.retry_count + 1, least(coalesce(q.max_retries, v_max_retries), v_dlq_cap))
-                                  ELSE 'Visibility timeout passed without an ack' END,
+                                  ELSE courier._lease_lapsed_error(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) END,
                 error_history = CASE WHEN q.status = 'processing'
-                                     THEN q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
-                                                                                'outcome', 'lease_expired', 'lease', q.lease)
+                                     THEN courier._lease_lapsed_history(q.error_history, q.retry_count, q.lease)
                                      ELSE q.error_history END,
                 updated_at = now()
             WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
