@@ -94,23 +94,17 @@ AS $$
                      WHERE e.name = p_topic AND e.protocol = 'pull'), false)
 $$;
 
--- send_limits.room_until for a limit and an estimate (migration 0051): 'infinity' with no
--- limit; two seconds past the estimate while one more message leaves the queue at most half
--- full, as _room_for trusts it; else NULL, and each send asks _admit_slow. Kept by a trigger on
--- the row, so that no write of the limits or of the estimate can leave it behind them.
-CREATE OR REPLACE FUNCTION courier._room_until(p_max_queue_size bigint, p_active_estimate bigint, p_estimated_at timestamptz)
-RETURNS timestamptz
-LANGUAGE sql STABLE
-AS $$
-    SELECT CASE WHEN p_max_queue_size = 0 THEN 'infinity'::timestamptz
-                WHEN p_active_estimate + 1 <= p_max_queue_size / 2 THEN p_estimated_at + interval '2 seconds' END
-$$;
-
+-- Keeps send_limits.room_until (migration 0051) in step with every write of the limit or the
+-- estimate: 'infinity' with no limit; two seconds past the estimate while one more message
+-- leaves the queue at most half full, as _room_for trusts it; else NULL, and each send asks
+-- _admit_slow.
 CREATE OR REPLACE FUNCTION courier._send_limits_room() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    NEW.room_until := courier._room_until(NEW.max_queue_size, NEW.active_estimate, NEW.estimated_at);
+    NEW.room_until := CASE WHEN NEW.max_queue_size = 0 THEN 'infinity'::timestamptz
+                           WHEN NEW.active_estimate + 1 <= NEW.max_queue_size / 2
+                               THEN NEW.estimated_at + interval '2 seconds' END;
     RETURN NEW;
 END
 $$;
