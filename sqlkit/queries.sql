@@ -37,9 +37,11 @@ SELECT e.id, e.name, e.protocol, courier._redact(e.config) AS config, e.retry_po
             THEN courier._next_lease_deadline(e.id) END AS next_lease_deadline,
        e.paused_at
 FROM courier.endpoints e
-LEFT JOIN LATERAL (
-    SELECT sum(messages) FILTER (WHERE status = 'pending') AS pending,
-           sum(messages) FILTER (WHERE status = 'processing') AS processing
+LEFT JOIN LATERAL (  -- leased pull messages are counted as pending (courier._counted_status)
+    SELECT sum(messages) FILTER (WHERE status = 'pending')
+             - CASE WHEN e.protocol = 'pull' THEN courier._leased_count(e.id) ELSE 0 END AS pending,
+           sum(messages) FILTER (WHERE status = 'processing')
+             + CASE WHEN e.protocol = 'pull' THEN courier._leased_count(e.id) ELSE 0 END AS processing
     FROM courier.queue_depth WHERE endpoint_id = e.id
 ) d ON true
 WHERE %(name)s::text IS NULL OR e.name = %(name)s::text

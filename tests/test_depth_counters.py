@@ -11,10 +11,11 @@ import pytest
 from sqlkit import migrate
 from tests.test_soak import EmbeddedServer
 
+# The counts as readers see them: the counters hold leased pull messages as pending, and
+# courier._depth_by_endpoint() shows them apart (courier._counted_status).
 COUNTED = """
 SELECT coalesce(jsonb_object_agg(endpoint_id || '/' || status, messages), '{}')
-FROM (SELECT endpoint_id, status, sum(messages) AS messages FROM courier.queue_depth
-      GROUP BY endpoint_id, status HAVING sum(messages) <> 0) d
+FROM courier._depth_by_endpoint() d WHERE messages <> 0
 """
 ACTUAL = """
 SELECT coalesce(jsonb_object_agg(endpoint_id || '/' || status, messages), '{}')

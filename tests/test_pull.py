@@ -343,7 +343,7 @@ def test_a_dead_lettered_lease_in_a_batch_leaves_the_rest_of_the_batch_in_order(
     assert [m["id"] for m in dequeue(conn, 10)] == [first, third]
     assert scalar(conn, "SELECT original_message_id FROM courier.dlq") == spent
     assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE id = %s", (spent,)) == 0
-    depth = dict(conn.execute("SELECT status, sum(messages)::int FROM courier.queue_depth GROUP BY status "
+    depth = dict(conn.execute("SELECT status, sum(messages)::int FROM courier._depth_by_endpoint() GROUP BY status "
                               "HAVING sum(messages) <> 0").fetchall())
     assert depth == {"processing": 2}
 

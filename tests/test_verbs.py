@@ -27,7 +27,7 @@ def depth_is_exact(conn: psycopg.Connection) -> dict[tuple[str, str], int]:
         "SELECT e.name, q.status, count(*) FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id "
         "GROUP BY 1, 2").fetchall())
     kept = dict(((e, s), int(n)) for e, s, n in conn.execute(
-        "SELECT e.name, d.status, sum(d.messages) FROM courier.queue_depth d "
+        "SELECT e.name, d.status, sum(d.messages) FROM courier._depth_by_endpoint() d "
         "JOIN courier.endpoints e ON e.id = d.endpoint_id GROUP BY 1, 2 HAVING sum(d.messages) <> 0").fetchall())
     assert kept == counted
     return counted

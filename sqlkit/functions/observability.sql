@@ -50,8 +50,16 @@ RETURNS TABLE (endpoint_id integer, status text, messages bigint)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
-    SELECT endpoint_id, status, sum(messages)::bigint
-    FROM courier.queue_depth GROUP BY endpoint_id, status
+    -- The counters hold leased pull messages as pending (_counted_status): shown apart here.
+    WITH leased AS (SELECT * FROM courier._leased_by_endpoint()),
+    counted AS (
+        SELECT d.endpoint_id, d.status, sum(d.messages) AS messages FROM courier.queue_depth d
+        GROUP BY d.endpoint_id, d.status
+        UNION ALL
+        SELECT l.endpoint_id, 'pending', -l.leased FROM leased l
+        UNION ALL
+        SELECT l.endpoint_id, 'processing', l.leased FROM leased l)
+    SELECT c.endpoint_id, c.status, sum(c.messages)::bigint FROM counted c GROUP BY c.endpoint_id, c.status
 $$;
 
 CREATE OR REPLACE FUNCTION courier.get_endpoint_health(p_endpoint_name text DEFAULT NULL)
@@ -72,7 +80,8 @@ AS $$
     SELECT e.name, e.protocol, e.enabled, e.circuit_state, e.circuit_failure_count,
            e.last_success_at, e.last_failure_at,
            coalesce((SELECT sum(d.messages) FROM courier.queue_depth d
-                     WHERE d.endpoint_id = e.id AND d.status = 'pending'), 0)::bigint,
+                     WHERE d.endpoint_id = e.id AND d.status = 'pending'), 0)::bigint
+             - CASE WHEN e.protocol = 'pull' THEN courier._leased_count(e.id) ELSE 0 END,  -- _counted_status
            courier._oldest_pending_at(e.id)
     FROM courier.endpoints e
     WHERE p_endpoint_name IS NULL OR e.name = p_endpoint_name
@@ -391,7 +400,7 @@ AS $$
         SELECT d.endpoint_id,
                sum(d.messages) FILTER (WHERE d.status = 'pending') AS pending,
                sum(d.messages) FILTER (WHERE d.status = 'processing') AS processing
-        FROM courier.queue_depth d GROUP BY d.endpoint_id),
+        FROM courier._depth_by_endpoint() d GROUP BY d.endpoint_id),
     dlq AS (
         SELECT d.endpoint_id, sum(d.messages) FILTER (WHERE d.status = 'failed') AS dlq
         FROM courier.dlq_depth d GROUP BY d.endpoint_id),

@@ -711,7 +711,6 @@ DECLARE
     v_limit integer := p_count;
     v_dead bigint[];
     v_taken integer;
-    v_writes integer;
     v_set text;
 BEGIN
     IF p_count IS NULL OR p_count NOT BETWEEN 1 AND 10000 THEN  -- a plain expression: no statement per call
@@ -756,13 +755,10 @@ BEGIN
         END IF;
     END IF;
 
-    -- The lease counts itself (the CTE `counted`: its pending messages move to processing) and
-    -- the update trigger stands aside for this statement: the trigger read both transition
-    -- tables, 15,300 instructions a message of a dequeue(10) + ack (262,536 against 277,798;
-    -- 3,500 at 100). The counter row slot as the triggers choose it (_count_queue_insert).
-    v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
-    v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
-             || set_config('courier.update_counted', 'on', true);
+    -- A lease changes no count: a leased pull message is counted as pending until it is acked
+    -- (_counted_status). The update trigger stands aside for this statement rather than read both
+    -- transition tables to find that out (15,300 instructions a message of a dequeue(10) + ack).
+    v_set := set_config('courier.update_counted', 'on', true);
     -- A topic whose messages have never carried an ordering key (endpoints.ordering_keys, which
     -- every write of a keyed message sets in its own transaction: _note_ordering_keys) is
     -- dequeued without the ordering-key checks, whose subplans PostgreSQL readies in every
@@ -776,7 +772,7 @@ BEGIN
             -- Each priority level the topic has used (migration 0039), highest first.
             SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
             CROSS JOIN LATERAL (
-                SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due, q.status = 'pending' AS was_pending,
+                SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
                        q.status = 'processing' AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
                 FROM courier.queue q
                 WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
@@ -821,16 +817,6 @@ BEGIN
             WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
             RETURNING q.id, q.lease, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.retry_count,
                       q.max_retries, q.created_at, q.visible_at
-        ),
-        -- Every candidate is leased (each is locked), so the candidates say what moved: the pending
-        -- ones. A lapsed lease taken again stays in processing.
-        counted AS (
-            INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
-            SELECT v_topic.id, s.status, pg_backend_pid(), v_writes >> 6, s.delta
-            FROM (SELECT count(*) AS moved FROM candidates c WHERE c.was_pending) m
-            CROSS JOIN LATERAL (VALUES ('pending', -m.moved), ('processing', m.moved)) AS s(status, delta)
-            WHERE m.moved > 0
-            ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
         )
         SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
                coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
@@ -843,7 +829,7 @@ BEGIN
             -- Each priority level the topic has used (migration 0039), highest first.
             SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
             CROSS JOIN LATERAL (
-                SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due, q.status = 'pending' AS was_pending,
+                SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
                        q.status = 'processing' AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
                 FROM courier.queue q
                 WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
@@ -873,16 +859,6 @@ BEGIN
             WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
             RETURNING q.id, q.lease, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.retry_count,
                       q.max_retries, q.created_at, q.visible_at
-        ),
-        -- Every candidate is leased (each is locked), so the candidates say what moved: the pending
-        -- ones. A lapsed lease taken again stays in processing.
-        counted AS (
-            INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
-            SELECT v_topic.id, s.status, pg_backend_pid(), v_writes >> 6, s.delta
-            FROM (SELECT count(*) AS moved FROM candidates c WHERE c.was_pending) m
-            CROSS JOIN LATERAL (VALUES ('pending', -m.moved), ('processing', m.moved)) AS s(status, delta)
-            WHERE m.moved > 0
-            ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
         )
         SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
                coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
@@ -1949,10 +1925,10 @@ LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
     SELECT e.name, e.enabled,
+           -- The counters hold leased messages as pending (_counted_status).
            (SELECT coalesce(sum(d.messages), 0)::bigint FROM courier.queue_depth d
-            WHERE d.endpoint_id = e.id AND d.status = 'pending'),
-           (SELECT coalesce(sum(d.messages), 0)::bigint FROM courier.queue_depth d
-            WHERE d.endpoint_id = e.id AND d.status = 'processing'),
+            WHERE d.endpoint_id = e.id AND d.status = 'pending') - courier._leased_count(e.id),
+           courier._leased_count(e.id),
            (SELECT coalesce(sum(d.messages), 0)::bigint FROM courier.dlq_depth d
             WHERE d.endpoint_id = e.id AND d.status = 'failed'),
            courier._next_lease_deadline(e.id),

@@ -246,7 +246,8 @@ BEGIN
                          WHERE d.endpoint_id = v_endpoint.id AND d.status = 'failed'), 0);
     END IF;
     RETURN coalesce((SELECT sum(d.messages) FROM courier.queue_depth d
-                     WHERE d.endpoint_id = v_endpoint.id AND d.status = 'pending'), 0);
+                     WHERE d.endpoint_id = v_endpoint.id AND d.status = 'pending'), 0)
+           - CASE WHEN v_endpoint.protocol = 'pull' THEN courier._leased_count(v_endpoint.id) ELSE 0 END;  -- _counted_status
 END
 $$;
 
