@@ -231,11 +231,11 @@ def test_single_sends_count_their_own_message_on_every_path(conn: psycopg.Connec
     assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
 
 
-def test_a_dequeue_counts_its_own_leases_and_the_trigger_counts_every_other_update(conn: psycopg.Connection):
-    """dequeue counts the pending messages it leases in its own statement and makes the update
-    trigger stand aside for that statement only: lapsed leases taken again (which stay in
-    processing) beside pending ones, a dequeue many times in one transaction (the counter slots
-    move), and plain updates after it in the same transaction must all count right."""
+def test_a_dequeue_counts_nothing_and_the_trigger_counts_every_other_update(conn: psycopg.Connection):
+    """A lease leaves the counters alone (a leased pull message is counted as pending) and dequeue
+    makes the update trigger stand aside for that statement only: lapsed leases taken again
+    beside pending ones, a dequeue many times in one transaction, and plain updates after it in
+    the same transaction must all read right."""
     _fill(conn)  # 30 jobs, 7 of them leased
     lapse = ("UPDATE courier.queue SET visible_at = now() - interval '1 second' "
              "WHERE status = 'processing' AND visible_at IS NOT NULL")
@@ -266,3 +266,71 @@ def test_a_dequeue_counts_its_own_leases_and_the_trigger_counts_every_other_upda
     with conn.transaction(force_rollback=True):
         conn.execute("SELECT count(*) FROM courier.dequeue('jobs', 20, 60)")
     assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
+
+
+def _counter_rows(conn: psycopg.Connection) -> list[tuple]:
+    return conn.execute("SELECT ctid::text, xmin::text, endpoint_id, status, messages FROM courier.queue_depth "
+                        "ORDER BY 1").fetchall()
+
+
+def test_a_lease_writes_no_counter_and_every_reader_shows_the_leased_apart(conn: psycopg.Connection):
+    """A leased pull message is counted as pending (courier._counted_status), so dequeue, nack and
+    release write no counter row; topics(), the metrics, endpoint health and purge's count show
+    the leased ones apart, as before."""
+    _fill(conn)  # 30 jobs, 7 of them leased; 40 hook messages
+    before = _counter_rows(conn)
+    conn.execute("SELECT count(*) FROM courier.dequeue('jobs', 5, 60)")
+    leased = conn.execute("SELECT id, lease FROM courier.queue WHERE status = 'processing' "
+                          "AND visible_at IS NOT NULL ORDER BY id LIMIT 3").fetchall()
+    conn.execute("SELECT count(*) FROM courier.nack(%s, %s, 'no', 0)",
+                 ([leased[0][0]], [leased[0][1]]))
+    conn.execute("SELECT count(*) FROM courier.release(%s, %s)",
+                 ([r[0] for r in leased[1:]], [r[1] for r in leased[1:]]))
+    assert _counter_rows(conn) == before  # not a row version more
+    # 30 jobs: 7 + 5 leased, 3 of them given back
+    assert conn.execute("SELECT pending, leased FROM courier.topics() WHERE topic = 'jobs'").fetchone() == (21, 9)
+    metrics = dict(conn.execute("SELECT labels->>'status', metric_value::int FROM courier.metrics() "
+                                "WHERE metric_name = 'queue_depth_by_endpoint' AND labels->>'endpoint' = 'jobs' "
+                                "AND labels->>'status' IN ('pending', 'processing')").fetchall())
+    assert metrics == {"pending": 21, "processing": 9}
+    assert conn.execute("SELECT pending_messages FROM courier.get_endpoint_health('jobs')").fetchone()[0] == 21
+    assert conn.execute("SELECT courier.purge_queue_count('jobs')").fetchone()[0] == 21
+    assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
+    conn.execute("SELECT count(*) FROM courier.ack(ARRAY(SELECT id FROM courier.queue WHERE status = 'processing' "
+                 "AND visible_at IS NOT NULL ORDER BY id), ARRAY(SELECT lease FROM courier.queue "
+                 "WHERE status = 'processing' AND visible_at IS NOT NULL ORDER BY id))")
+    assert conn.execute("SELECT pending, leased FROM courier.topics() WHERE topic = 'jobs'").fetchone() == (21, 0)
+    assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
+
+
+def test_the_upgrade_folds_leased_counts_of_messages_in_flight(empty_dsn: str):
+    """Migration 0052 moves what the counters held as processing for pull topics into pending,
+    with messages leased at the time: afterwards every reader reads what is there, and acking
+    them counts right."""
+    migrate.migrate(empty_dsn, target=51)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        # Version 51 has no functions: rows and counters as its triggers would have kept them.
+        conn.execute("INSERT INTO courier.endpoints (name, protocol) VALUES ('jobs', 'pull'), ('hook', 'noop')")
+        conn.execute("INSERT INTO courier.queue (endpoint_id, payload, status, visible_at, lease) "
+                     "SELECT e.id, '{}', s, now() + CASE s WHEN 'processing' THEN interval '1 hour' ELSE '0' END, 1 "
+                     "FROM courier.endpoints e, unnest(ARRAY['pending', 'pending', 'processing', 'processing', "
+                     "'processing']) s WHERE e.name = 'jobs'")
+        conn.execute("INSERT INTO courier.queue (endpoint_id, payload, status) SELECT e.id, '{}', s "
+                     "FROM courier.endpoints e, unnest(ARRAY['pending', 'processing']) s WHERE e.name = 'hook'")
+        conn.execute("INSERT INTO courier.queue_depth (endpoint_id, status, backend_pid, slot, messages) "
+                     "SELECT endpoint_id, status, b, 0, count(*) FROM courier.queue, generate_series(0, 1) b "
+                     "GROUP BY endpoint_id, status, b")  # two backends' rows, each holding the count
+        conn.execute("UPDATE courier.queue_depth SET messages = CASE backend_pid WHEN 0 THEN messages + 1 ELSE -1 END")
+        assert conn.execute("SELECT count(*) FROM courier.queue_depth_built").fetchone()[0] == 1  # no rebuild
+    migrate.migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
+        assert conn.execute("SELECT count(*) FROM courier.queue_depth d JOIN courier.endpoints e "
+                            "ON e.id = d.endpoint_id WHERE e.name = 'jobs' AND d.status = 'processing'"
+                            ).fetchone()[0] == 0
+        assert conn.execute("SELECT pending, leased FROM courier.topics() WHERE topic = 'jobs'").fetchone() == (2, 3)
+        conn.execute("SELECT count(*) FROM courier.ack(ARRAY(SELECT id FROM courier.queue WHERE status = 'processing' "
+                     "AND visible_at IS NOT NULL), ARRAY(SELECT lease FROM courier.queue WHERE status = 'processing' "
+                     "AND visible_at IS NOT NULL))")
+        assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
+        assert conn.execute("SELECT pending, leased FROM courier.topics() WHERE topic = 'jobs'").fetchone() == (2, 0)
