@@ -344,8 +344,10 @@ BEGIN
         RETURN NULL;
     ELSIF v_old.first_status = v_new.first_status THEN
         RETURN NULL;  -- nothing changed endpoint or status
-    ELSIF 'processing' IN (v_old.first_status, v_new.first_status) THEN
-        -- Every row of one endpoint, and an endpoint's messages are all pull or all push.
+    ELSIF 'processing' IN (v_old.first_status, v_new.first_status)
+          AND v_new.first_status NOT IN ('completed', 'failed') THEN  -- a push report never asks
+        -- Every row of one endpoint, and an endpoint's messages are all pull or all push (a pull
+        -- message is never completed or failed in the queue: ack deletes it, a dead letter moves).
         v_pull := (SELECT o.visible_at IS NOT NULL FROM old_rows o LIMIT 1);
         IF v_pull AND v_old.first_status = 'processing' THEN
             v_old.first_status := 'pending';
