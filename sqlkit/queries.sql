@@ -38,9 +38,9 @@ SELECT e.id, e.name, e.protocol, courier._redact(e.config) AS config, e.retry_po
        e.paused_at
 FROM courier.endpoints e
 LEFT JOIN LATERAL (  -- leased pull messages are counted as pending (courier._counted_status)
-    SELECT sum(messages) FILTER (WHERE status = 'pending')
+    SELECT coalesce(sum(messages) FILTER (WHERE status = 'pending'), 0)
              - CASE WHEN e.protocol = 'pull' THEN courier._leased_count(e.id) ELSE 0 END AS pending,
-           sum(messages) FILTER (WHERE status = 'processing')
+           coalesce(sum(messages) FILTER (WHERE status = 'processing'), 0)
              + CASE WHEN e.protocol = 'pull' THEN courier._leased_count(e.id) ELSE 0 END AS processing
     FROM courier.queue_depth WHERE endpoint_id = e.id
 ) d ON true

@@ -8,7 +8,7 @@ import threading
 import psycopg
 import pytest
 
-from sqlkit import migrate
+from sqlkit import migrate, queries
 from tests.test_soak import EmbeddedServer
 
 # The counts as readers see them: the counters hold leased pull messages as pending, and
@@ -295,6 +295,8 @@ def test_a_lease_writes_no_counter_and_every_reader_shows_the_leased_apart(conn:
     assert metrics == {"pending": 21, "processing": 9}
     assert conn.execute("SELECT pending_messages FROM courier.get_endpoint_health('jobs')").fetchone()[0] == 21
     assert conn.execute("SELECT courier.purge_queue_count('jobs')").fetchone()[0] == 21
+    listed = queries.fetch_one(conn, "list_endpoints", {"name": "jobs"})  # `courier endpoint list`
+    assert (listed["pending_messages"], listed["processing_messages"]) == (21, 9)
     assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
     conn.execute("SELECT count(*) FROM courier.ack(ARRAY(SELECT id FROM courier.queue WHERE status = 'processing' "
                  "AND visible_at IS NOT NULL ORDER BY id), ARRAY(SELECT lease FROM courier.queue "
