@@ -1173,7 +1173,6 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
 SET enable_seqscan = off  -- see "A queue is read by its indexes" at the top of this file
-SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1181,6 +1180,8 @@ DECLARE
     v_nacked bigint[];
     v_dead bigint[];
     v_failed bigint[] := '{}';
+    v_leases jsonb;
+    v_set text;
 BEGIN
     IF NOT coalesce(courier._pull_leases_ok(p_ids, p_leases), false) THEN
         PERFORM courier._require_pull_leases(p_ids, p_leases);
@@ -1192,13 +1193,17 @@ BEGIN
         RETURN QUERY SELECT z.id, z.result FROM courier.snooze(p_ids, p_leases, p_delay_seconds) z;
         RETURN;
     END IF;
+    v_leases := jsonb_object(p_ids::text[], p_leases::text[]);  -- as _give_back
+    -- A nack moves no count (_counted_status; one past its retries stays in processing until it
+    -- is dead-lettered, a DELETE): the update trigger stands aside.
+    v_set := set_config('courier.update_counted', 'on', true);
     WITH held AS (
         SELECT q.id, q.retry_count + 1 > least(coalesce(q.max_retries, courier._endpoint_max_retries(e)),
                                             courier._dlq_retry_cap(e)) AS exhausted
         FROM courier.queue q
-        JOIN unnest(p_ids, p_leases) AS u(id, lease) ON u.id = q.id AND u.lease = q.lease
         JOIN courier.endpoints e ON e.id = q.endpoint_id
         WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
+          AND q.lease = (v_leases ->> q.id::text)::integer
         FOR UPDATE OF q
     ),
     nacked AS (
@@ -1214,12 +1219,17 @@ BEGIN
     )
     SELECT array_agg(n.id) FILTER (WHERE NOT n.exhausted), array_agg(n.id) FILTER (WHERE n.exhausted)
     INTO v_nacked, v_dead FROM nacked n;
+    v_set := set_config('courier.update_counted', 'off', true);
     IF 0 > ANY (p_leases) THEN  -- dead letters of <topic>.dlq: back to it, never further
         v_nacked := v_nacked || courier._settle_dead_letters('nack', p_ids, p_leases,
                                                              now() + make_interval(secs => p_delay_seconds), v_error);
     END IF;
     IF v_dead IS NOT NULL THEN
         v_failed := courier._pull_dead_letter(v_dead);
+    END IF;
+    IF v_dead IS NULL AND cardinality(v_nacked) = cardinality(p_ids) THEN  -- the common case: all nacked
+        RETURN QUERY SELECT u.id, 'nacked'::text FROM unnest(p_ids) AS u(id);
+        RETURN;
     END IF;
     RETURN QUERY
     SELECT r.id, CASE WHEN r.id = ANY (v_failed) THEN 'failed'
@@ -1257,11 +1267,12 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
 SET enable_seqscan = off  -- see "A queue is read by its indexes" at the top of this file
-SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
 DECLARE
     v_extended bigint[];
+    v_leases jsonb;
+    v_set text;
     v_until timestamptz := now() + make_interval(secs => p_visibility_timeout_seconds);
 BEGIN
     IF NOT coalesce(courier._pull_leases_ok(p_ids, p_leases), false) THEN
@@ -1272,16 +1283,22 @@ BEGIN
                 coalesce(p_visibility_timeout_seconds::text, 'NULL')
             USING ERRCODE = '22023';
     END IF;
+    v_leases := jsonb_object(p_ids::text[], p_leases::text[]);  -- as _give_back
+    v_set := set_config('courier.update_counted', 'on', true);  -- a longer lease moves no count
     WITH extended AS (
         UPDATE courier.queue q SET visible_at = v_until
-        FROM unnest(p_ids, p_leases) AS u(id, lease)
-        WHERE q.id = ANY (p_ids) AND q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
-          AND q.visible_at IS NOT NULL
+        WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
+          AND q.lease = (v_leases ->> q.id::text)::integer
         RETURNING q.id
     )
     SELECT array_agg(x.id) INTO v_extended FROM extended x;
+    v_set := set_config('courier.update_counted', 'off', true);
     IF 0 > ANY (p_leases) THEN  -- dead letters of <topic>.dlq
         v_extended := v_extended || courier._settle_dead_letters('extend', p_ids, p_leases, v_until);
+    END IF;
+    IF cardinality(v_extended) = cardinality(p_ids) THEN  -- the common case: all extended
+        RETURN QUERY SELECT u.id, 'extended'::text, v_until FROM unnest(p_ids) AS u(id);
+        RETURN;
     END IF;
     RETURN QUERY
     SELECT r.id, r.result, CASE WHEN r.result = 'extended' THEN v_until END
@@ -1360,25 +1377,35 @@ CREATE OR REPLACE FUNCTION courier._give_back(p_ids bigint[], p_leases integer[]
                                               p_result text, p_kind text)
 RETURNS TABLE (id bigint, result text)
 LANGUAGE plpgsql
-SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
 DECLARE
     v_given bigint[];
+    v_leases jsonb;
+    v_set text;
 BEGIN
     IF NOT coalesce(courier._pull_leases_ok(p_ids, p_leases), false) THEN
         PERFORM courier._require_pull_leases(p_ids, p_leases);
     END IF;
+    -- Each row's lease from a jsonb map, as ack finds it, in a plan made once: a join with the
+    -- leases, planned again in every call against a bad generic plan, was most of the call.
+    v_leases := jsonb_object(p_ids::text[], p_leases::text[]);
+    -- A lease given back moves no count (_counted_status): the update trigger stands aside.
+    v_set := set_config('courier.update_counted', 'on', true);
     WITH given AS (
         UPDATE courier.queue q SET status = 'pending', visible_at = p_due, updated_at = now()
-        FROM unnest(p_ids, p_leases) AS u(id, lease)
-        WHERE q.id = ANY (p_ids) AND q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
-          AND q.visible_at IS NOT NULL
+        WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
+          AND q.lease = (v_leases ->> q.id::text)::integer
         RETURNING q.id
     )
     SELECT array_agg(g.id) INTO v_given FROM given g;
+    v_set := set_config('courier.update_counted', 'off', true);
     IF 0 > ANY (p_leases) THEN  -- dead letters of <topic>.dlq
         v_given := v_given || courier._settle_dead_letters(p_kind, p_ids, p_leases, p_due);
+    END IF;
+    IF cardinality(v_given) = cardinality(p_ids) THEN  -- the common case: all given back
+        RETURN QUERY SELECT u.id, p_result FROM unnest(p_ids) AS u(id);
+        RETURN;
     END IF;
     RETURN QUERY SELECT * FROM courier._lease_results(p_ids, p_leases, v_given, p_result, p_kind);
 END
@@ -1389,11 +1416,15 @@ $$;
 -- that prefetched it is shutting down, say). Per id: 'released', 'lease_lost', 'not_found'.
 CREATE OR REPLACE FUNCTION courier.release(p_ids bigint[], p_leases integer[])
 RETURNS TABLE (id bigint, result text)
-LANGUAGE sql SECURITY DEFINER
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
 SET enable_seqscan = off  -- see "A queue is read by its indexes" at the top of this file
-AS $$ SELECT * FROM courier._give_back(p_ids, p_leases, now(), 'released', 'release') $$;
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM courier._give_back(p_ids, p_leases, now(), 'released', 'release');
+END
+$$;
 
 -- Snooze (River's JobSnooze): gives messages held under their leases back to be taken again
 -- after p_delay_seconds, without counting an attempt or recording an error (a job that waits on
