@@ -37,11 +37,10 @@ SELECT e.id, e.name, e.protocol, courier._redact(e.config) AS config, e.retry_po
             THEN courier._next_lease_deadline(e.id) END AS next_lease_deadline,
        e.paused_at
 FROM courier.endpoints e
+LEFT JOIN courier._leased_by_endpoint() l ON l.endpoint_id = e.id  -- one pass for every endpoint
 LEFT JOIN LATERAL (  -- leased pull messages are counted as pending (courier._counted_status)
-    SELECT coalesce(sum(messages) FILTER (WHERE status = 'pending'), 0)
-             - CASE WHEN e.protocol = 'pull' THEN courier._leased_count(e.id) ELSE 0 END AS pending,
-           coalesce(sum(messages) FILTER (WHERE status = 'processing'), 0)
-             + CASE WHEN e.protocol = 'pull' THEN courier._leased_count(e.id) ELSE 0 END AS processing
+    SELECT coalesce(sum(messages) FILTER (WHERE status = 'pending'), 0) - coalesce(l.leased, 0) AS pending,
+           coalesce(sum(messages) FILTER (WHERE status = 'processing'), 0) + coalesce(l.leased, 0) AS processing
     FROM courier.queue_depth WHERE endpoint_id = e.id
 ) d ON true
 WHERE %(name)s::text IS NULL OR e.name = %(name)s::text

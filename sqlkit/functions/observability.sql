@@ -81,9 +81,10 @@ AS $$
            e.last_success_at, e.last_failure_at,
            coalesce((SELECT sum(d.messages) FROM courier.queue_depth d
                      WHERE d.endpoint_id = e.id AND d.status = 'pending'), 0)::bigint
-             - CASE WHEN e.protocol = 'pull' THEN courier._leased_count(e.id) ELSE 0 END,  -- _counted_status
+             - coalesce(l.leased, 0),  -- held as pending by the counters (_counted_status)
            courier._oldest_pending_at(e.id)
     FROM courier.endpoints e
+    LEFT JOIN courier._leased_by_endpoint() l ON l.endpoint_id = e.id
     WHERE p_endpoint_name IS NULL OR e.name = p_endpoint_name
     ORDER BY e.name
 $$;

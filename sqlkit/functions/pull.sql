@@ -1958,8 +1958,8 @@ AS $$
     SELECT e.name, e.enabled,
            -- The counters hold leased messages as pending (_counted_status).
            (SELECT coalesce(sum(d.messages), 0)::bigint FROM courier.queue_depth d
-            WHERE d.endpoint_id = e.id AND d.status = 'pending') - courier._leased_count(e.id),
-           courier._leased_count(e.id),
+            WHERE d.endpoint_id = e.id AND d.status = 'pending') - coalesce(l.leased, 0),
+           coalesce(l.leased, 0),
            (SELECT coalesce(sum(d.messages), 0)::bigint FROM courier.dlq_depth d
             WHERE d.endpoint_id = e.id AND d.status = 'failed'),
            courier._next_lease_deadline(e.id),
@@ -1971,6 +1971,7 @@ AS $$
            courier._endpoint_limit(e.config, 'dlq_threshold', 'default_dlq_threshold'),
            e.paused_at IS NOT NULL
     FROM courier.endpoints e
+    LEFT JOIN courier._leased_by_endpoint() l ON l.endpoint_id = e.id  -- one pass for every topic
     WHERE e.protocol = 'pull'
     ORDER BY e.name
 $$;
