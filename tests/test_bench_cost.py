@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from console.bench import cost as cost_scenario
-from console.bench import instructions, pgq
+from console.bench import instructions, pgmq, pgq
 from console.bench.cost import cost
 from console.bench.horizon import horizon
 from sqlkit.connection import connect
@@ -17,6 +17,7 @@ def test_bench_cost_counts_each_operation_beside_pgmq(dsn):
     results = {r.variant: r for r in cost(dsn, instructions=False)}  # counted below, in a test of their own
     for operation in ("send", "send to a pull topic", "enqueue (pull topic)", "send_batch of 100",
                       "enqueue_batch of 100", "dequeue(1) + ack", "dequeue(10) + ack", "dequeue(100) + ack",
+                      "dequeue(1) + nack", "dequeue(1) + release", "dequeue(1) + extend + ack",
                       "receive(1)", "receive(100)"):
         wal = results[f"{operation}: WAL bytes/msg"]
         assert wal.lower_is_better and wal.target_ratio == 1.0
@@ -31,6 +32,35 @@ def test_bench_cost_counts_each_operation_beside_pgmq(dsn):
     records = results["receive(1): WAL records/msg"]
     assert records.courier.rate <= records.ceiling.rate
     assert not any(variant.endswith("instructions/msg") for variant in results)
+
+
+def test_bench_cost_settles_take_and_settle_one_message_a_unit(dsn):
+    """Every unit of the settle rows leases one message of its own and settles it: a nacked or
+    released message is due again behind the preload, so none is nacked twice (nor dead-lettered),
+    and pgmq's read takes the message set visible again each time."""
+    cost_scenario._prepare(dsn)
+    named = {operation.name: operation for operation in cost_scenario.OPERATIONS}
+    taken = named["dequeue(1) + nack"].units + cost_scenario.WARMUP_UNITS
+
+    def courier_after(name: str) -> list[tuple]:
+        cost_scenario.measure(dsn, named[name], "courier")
+        with connect(dsn) as conn:
+            return conn.execute("SELECT status, retry_count, lease <> 0, count(*) FROM courier.queue "
+                                "GROUP BY 1, 2, 3").fetchall()
+
+    def pgmq_after(name: str) -> list[tuple]:
+        cost_scenario.measure(dsn, named[name], "pgmq")
+        with connect(dsn) as conn:
+            return conn.execute(f"SELECT read_ct, count(*) FROM pgmq.q_{pgmq.QUEUE} GROUP BY 1 ORDER BY 1").fetchall()
+
+    assert courier_after("dequeue(1) + nack") == [("pending", 1, True, taken)]
+    assert courier_after("dequeue(1) + release") == [("pending", 0, True, taken)]
+    assert courier_after("dequeue(1) + extend + ack") == []
+    with connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM courier.dlq").fetchone()[0] == 0
+    assert pgmq_after("dequeue(1) + nack") == [(0, taken - 1), (taken, 1)]
+    assert pgmq_after("dequeue(1) + release") == [(0, taken - 1), (taken, 1)]
+    assert pgmq_after("dequeue(1) + extend + ack") == []
 
 
 def test_bench_cost_puts_pgq_beside_them_where_the_server_has_it(dsn):

@@ -176,21 +176,53 @@ def _pgmq_send_batch(size: int) -> Unit:
     return lambda m: m.run("SELECT pgmq.send_batch(%s, %s::jsonb[])", (pgmq.QUEUE, _batch(size)))
 
 
-def _courier_dequeue_ack(size: int) -> Unit:
+Settle = Callable[[Runner, list[tuple]], None]  # what a unit does with the messages it took
+
+
+def _courier_settle(call: str) -> Settle:
+    """`call`: courier.<function>(ids, leases, ...) with placeholders for the ids and leases."""
+    return lambda m, leased: m.run(f"SELECT * FROM courier.{call}", ([r[0] for r in leased], [r[1] for r in leased]))
+
+
+ACK = _courier_settle("ack(%s::bigint[], %s::integer[])")
+
+
+def _courier_dequeue(size: int, *settles: Settle) -> Unit:
     def unit(m: Runner) -> None:
         m.run("SELECT * FROM courier.dequeue(%s, %s, 60)", (TOPIC, size))
         leased = m.fetch("SELECT id, lease FROM courier.queue WHERE status = 'processing' AND visible_at IS NOT NULL")
-        m.run("SELECT * FROM courier.ack(%s::bigint[], %s::integer[])",
-              ([r[0] for r in leased], [r[1] for r in leased]))
+        for settle in settles:
+            settle(m, leased)
+    return unit
+
+
+def _courier_dequeue_ack(size: int) -> Unit:
+    return _courier_dequeue(size, ACK)
+
+
+def _pgmq_set_vt(seconds: int) -> Settle:
+    def settle(m: Runner, read: list[tuple]) -> None:
+        for (msg_id,) in read:
+            m.run("SELECT * FROM pgmq.set_vt(%s, %s::bigint, %s::integer)", (pgmq.QUEUE, msg_id, seconds))
+    return settle
+
+
+def _pgmq_delete(m: Runner, read: list[tuple]) -> None:
+    m.run("SELECT * FROM pgmq.delete(%s, %s::bigint[])", (pgmq.QUEUE, [r[0] for r in read]))
+
+
+def _pgmq_read(size: int, *settles: Settle) -> Unit:
+    """Held: under the read's visibility timeout (a message set visible again keeps its read_ct)."""
+    def unit(m: Runner) -> None:
+        m.run("SELECT * FROM pgmq.read(%s, 60, %s)", (pgmq.QUEUE, size))
+        read = m.fetch(f"SELECT msg_id FROM pgmq.q_{pgmq.QUEUE} WHERE vt > clock_timestamp()")
+        for settle in settles:
+            settle(m, read)
     return unit
 
 
 def _pgmq_read_delete(size: int) -> Unit:
-    def unit(m: Runner) -> None:
-        m.run("SELECT * FROM pgmq.read(%s, 60, %s)", (pgmq.QUEUE, size))
-        read = m.fetch(f"SELECT msg_id FROM pgmq.q_{pgmq.QUEUE} WHERE read_ct > 0")
-        m.run("SELECT * FROM pgmq.delete(%s, %s::bigint[])", (pgmq.QUEUE, [r[0] for r in read]))
-    return unit
+    return _pgmq_read(size, _pgmq_delete)
 
 
 def _courier_receive(size: int) -> Unit:
@@ -215,6 +247,17 @@ OPERATIONS = (
               preload=1, counted=30),
     Operation("dequeue(100) + ack", 100, 20, _courier_dequeue_ack(100), _pgmq_read_delete(100), _pgq_take_batch,
               preload=1, counted=10),
+    # A message nacked or released is due again at once, behind the preload (due earlier): each
+    # unit takes a message of its own, nacked once, far below max_retries. pgmq's read takes the
+    # lowest id, the same message each time.
+    Operation("dequeue(1) + nack", 1, 300, _courier_dequeue(1, _courier_settle("nack(%s::bigint[], %s::integer[])")),
+              _pgmq_read(1, _pgmq_set_vt(0)), _pgq_take_batch, preload=1, counted=150),
+    Operation("dequeue(1) + release", 1, 300,
+              _courier_dequeue(1, _courier_settle("release(%s::bigint[], %s::integer[])")),
+              _pgmq_read(1, _pgmq_set_vt(0)), _pgq_take_batch, preload=1, counted=150),
+    Operation("dequeue(1) + extend + ack", 1, 300,
+              _courier_dequeue(1, _courier_settle("extend_lease(%s::bigint[], %s::integer[], 60)"), ACK),
+              _pgmq_read(1, _pgmq_set_vt(60), _pgmq_delete), _pgq_take_batch, preload=1, counted=150),
     Operation("receive(1)", 1, 500, _courier_receive(1), _pgmq_pop(1), _pgq_take_batch, preload=1),
     Operation("receive(100)", 100, 20, _courier_receive(100), _pgmq_pop(100), _pgq_take_batch, preload=1,
               counted=10),
