@@ -683,6 +683,28 @@ def test_the_dlq_threshold_moves_a_message_early_and_zero_turns_the_dlq_off(conn
     assert scalar(conn, "SELECT count(*) FROM courier.dlq WHERE original_topic = 'global'") == 1
 
 
+def test_nack_reads_each_limit_where_the_topic_has_it_else_the_settings(conn):
+    """nack's last attempt: the topic's max_retries, else its retry policy's, else
+    default_max_retries; and the topic's dlq_threshold, else default_dlq_threshold. A changed
+    setting binds the next nack."""
+    def attempts_until_it_leaves(topic: str) -> int:
+        enqueue(conn, {"n": 1}, topic=topic)
+        for attempt in range(1, 10):
+            if nack(conn, dequeue(conn, topic=topic)[0]) != "nacked":
+                return attempt
+        raise AssertionError(f"{topic}: still nacked after 9 attempts")
+
+    conn.execute("SELECT courier.create_endpoint('by_policy', 'pull', '{}', p_retry_policy => '{\"max_retries\": 2}')")
+    assert attempts_until_it_leaves("by_policy") == 3
+    conn.execute("SELECT courier.set_setting('default_max_retries', '1')")
+    conn.execute("SELECT courier.create_endpoint('by_setting', 'pull', '{}')")
+    assert attempts_until_it_leaves("by_setting") == 2
+    conn.execute("SELECT courier.set_setting('default_max_retries', '5')")
+    conn.execute("SELECT courier.set_setting('default_dlq_threshold', '3')")
+    assert attempts_until_it_leaves("by_setting") == 3  # the threshold cuts the five retries short
+    assert scalar(conn, "SELECT count(*) FROM courier.dlq WHERE original_topic = 'by_setting'") == 2
+
+
 def test_alter_topic_sets_limits_and_null_reverts_one_to_the_default(conn, orders):
     config = scalar(conn, """SELECT courier.alter_topic('orders', '{"max_depth": 2, "max_retries": 3}')""")
     assert config == {"max_depth": 2, "max_retries": 3}

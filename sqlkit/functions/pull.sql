@@ -92,11 +92,18 @@ BEGIN
 END
 $$;
 
+-- A topic's max_retries: its config's, else its retry policy's (config_max_retries, migration
+-- 0051), else default_max_retries (courier.consume_limits holds the settings in a row, migration
+-- 0049; courier.settings only if that row were missing). plpgsql, for the reason above: as SQL it
+-- read courier.settings in a subquery, so it was never inlined and was planned again in every
+-- statement that called it (200,000 instructions of a dequeue(1) + nack).
 CREATE OR REPLACE FUNCTION courier._endpoint_max_retries(p_endpoint courier.endpoints) RETURNS integer
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT coalesce((p_endpoint.config ->> 'max_retries')::integer, (p_endpoint.retry_policy ->> 'max_retries')::integer,
-                    (SELECT value::integer FROM courier.settings WHERE name = 'default_max_retries'))
+BEGIN
+    RETURN coalesce(p_endpoint.config_max_retries, (SELECT l.default_max_retries FROM courier.consume_limits l),
+                    (SELECT s.value::integer FROM courier.settings s WHERE s.name = 'default_max_retries'));
+END
 $$;
 
 -- The retries a pull message of the topic has before it leaves the queue, cut short by the
@@ -1197,11 +1204,15 @@ BEGIN
     -- A nack moves no count (_counted_status; one past its retries stays in processing until it
     -- is dead-lettered, a DELETE): the update trigger stands aside.
     v_set := set_config('courier.update_counted', 'on', true);
+    -- Past max_retries or the DLQ threshold, as dequeue reads them (config's typed columns, else
+    -- consume_limits) in the statement: no call per message.
     WITH held AS (
-        SELECT q.id, q.retry_count + 1 > least(coalesce(q.max_retries, courier._endpoint_max_retries(e)),
-                                            courier._dlq_retry_cap(e)) AS exhausted
+        SELECT q.id, q.retry_count + 1 > least(coalesce(q.max_retries, e.config_max_retries, l.default_max_retries),
+                                            nullif(coalesce(e.config_dlq_threshold, l.default_dlq_threshold), 0) - 1)
+                     AS exhausted
         FROM courier.queue q
         JOIN courier.endpoints e ON e.id = q.endpoint_id
+        LEFT JOIN courier.consume_limits l ON true  -- never missing (see dequeue); were it, no cap
         WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
           AND q.lease = (v_leases ->> q.id::text)::integer
         FOR UPDATE OF q
