@@ -204,6 +204,29 @@ def test_monitor_sees_counts_states_and_health(conn, billing, login_as):
 CARD = "4111111111111111"
 
 
+def test_an_application_settles_one_message_at_a_time_whatever_its_search_path(conn, login_as):
+    """ack, nack and snooze of one message run as their caller (they pass it to the array forms,
+    which run as the owner): an application with look-alikes first on its search_path still
+    settles through Courier's own functions, and gains no right it did not have."""
+    conn.execute("SELECT courier.create_endpoint('orders', 'pull', '{}')")
+    app = login_as("courier_application")
+    app.execute("SELECT courier.enqueue_batch('orders', array_fill('{}'::jsonb, ARRAY[3]))")
+    app.execute("CREATE TABLE pg_temp.calls (who text)")
+    app.execute("CREATE FUNCTION pg_temp.ack(bigint[], integer[]) RETURNS TABLE (id bigint, result text) "
+                "LANGUAGE sql AS $$ INSERT INTO pg_temp.calls VALUES (current_user) RETURNING 0::bigint, 'forged' $$")
+    app.execute("SET search_path = pg_temp, public")
+    taken = app.execute("SELECT id, lease FROM courier.dequeue('orders', 3) ORDER BY id").fetchall()
+    results = [scalar(app, "SELECT courier.ack(%s::bigint, %s::integer)", taken[0]),
+               scalar(app, "SELECT courier.nack(%s::bigint, %s::integer, 'later')", taken[1]),
+               scalar(app, "SELECT courier.snooze(%s::bigint, %s::integer, 60)", taken[2])]
+    assert results == ["acked", "nacked", "snoozed"]
+    assert scalar(app, "SELECT count(*) FROM pg_temp.calls") == 0
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'pending'") == 2
+    assert scalar(app, "SELECT courier.ack(%s::bigint, %s::integer)", taken[0]) == "not_found"
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        app.execute("DELETE FROM courier.queue")
+
+
 def test_monitor_reads_no_text_an_application_wrote(conn, login_as):
     """Issue 23, item 11: error classes were the first 80 characters of each error, and a pull
     consumer's nack error is the application's own text. Every column and function the

@@ -1158,10 +1158,16 @@ BEGIN
 END
 $$;
 
+-- The one-message forms of ack, nack and snooze pass their message to the array form, which
+-- does and checks everything as its owner. plpgsql, so that the call is planned once: as SQL
+-- with a SET clause it was never inlined and was planned in every call. SECURITY INVOKER with no
+-- search_path of their own, since they name nothing but the array form, schema-qualified, by its
+-- exact argument types: on PostgreSQL 15 leaving a function with a SET clause walks every
+-- setting. Callgrind, a dequeue(1) and a one-message ack: 1,347,589 -> 1,280,114 instructions
+-- (the array form: 1,268,631).
 CREATE OR REPLACE FUNCTION courier.ack(p_id bigint, p_lease integer) RETURNS text
-LANGUAGE sql SECURITY DEFINER
-SET search_path = pg_catalog, courier, pg_temp
-AS $$ SELECT result FROM courier.ack(ARRAY[p_id], ARRAY[p_lease]) $$;
+LANGUAGE plpgsql SECURITY INVOKER
+AS $$ BEGIN RETURN (SELECT a.result FROM courier.ack(ARRAY[p_id], ARRAY[p_lease]) a); END $$;
 
 -- Nacks messages held under their leases, with an error: each goes back to pending, due again
 -- after p_delay_seconds (0: at once) ('nacked', its retry_count one higher), or once that
@@ -1252,9 +1258,12 @@ $$;
 CREATE OR REPLACE FUNCTION courier.nack(p_id bigint, p_lease integer, p_error text DEFAULT NULL,
                                         p_delay_seconds integer DEFAULT 0, p_count_attempt boolean DEFAULT true)
 RETURNS text
-LANGUAGE sql SECURITY DEFINER
-SET search_path = pg_catalog, courier, pg_temp
-AS $$ SELECT result FROM courier.nack(ARRAY[p_id], ARRAY[p_lease], p_error, p_delay_seconds, p_count_attempt) $$;
+LANGUAGE plpgsql SECURITY INVOKER  -- as ack's one-message form
+AS $$
+BEGIN
+    RETURN (SELECT n.result FROM courier.nack(ARRAY[p_id], ARRAY[p_lease], p_error, p_delay_seconds, p_count_attempt) n);
+END
+$$;
 
 -- How long a nack or a snooze keeps a message out of sight: 0 (due at once) to 12 hours, the
 -- bound of a visibility timeout.
@@ -1461,9 +1470,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION courier.snooze(p_id bigint, p_lease integer, p_delay_seconds integer) RETURNS text
-LANGUAGE sql SECURITY DEFINER
-SET search_path = pg_catalog, courier, pg_temp
-AS $$ SELECT result FROM courier.snooze(ARRAY[p_id], ARRAY[p_lease], p_delay_seconds) $$;
+LANGUAGE plpgsql SECURITY INVOKER  -- as ack's one-message form
+AS $$ BEGIN RETURN (SELECT z.result FROM courier.snooze(ARRAY[p_id], ARRAY[p_lease], p_delay_seconds) z); END $$;
 
 -- Receive and peek (NServiceBus) -----------------------------------------------------------------
 
