@@ -481,6 +481,16 @@ def test_the_global_throughput_limit_applies_to_receive_too(conn, orders):
     assert scalar(conn, "SELECT count(*) FROM courier.receive('orders', 10)") == 7
 
 
+def test_a_topic_s_own_throughput_limit_binds_receive_over_the_setting(conn):
+    conn.execute("""SELECT courier.create_endpoint('limited', 'pull', '{"throughput_limit": 2}')""")
+    conn.execute("SELECT courier.create_endpoint('defaulted', 'pull', '{}')")
+    conn.execute("SELECT courier.set_setting('default_throughput_limit', '4')")
+    for topic in ("limited", "defaulted"):
+        conn.execute("SELECT courier.enqueue(%s, jsonb_build_object('n', g)) FROM generate_series(1, 20) g", (topic,))
+    assert scalar(conn, "SELECT count(*) FROM courier.receive('limited', 10)") == 2
+    assert scalar(conn, "SELECT count(*) FROM courier.receive('defaulted', 10)") == 4
+
+
 def test_push_endpoints_enforce_max_depth_and_ttl_and_refuse_pull_only_keys(conn):
     conn.execute("""SELECT courier.create_endpoint('hook', 'http',
                     '{"url": "https://h.example/x", "max_depth": 2, "message_ttl_seconds": 30}')""")

@@ -1507,10 +1507,11 @@ DECLARE
     v_rounds integer := 0;
     v_ordered boolean;
 BEGIN
-    -- The topic and default_throughput_limit in one statement: the setting read on its own was
-    -- 4% of a receive(1) (32,000 instructions; this way, 20,000 less than before).
-    SELECT e AS topic, s.value::numeric AS default_rate INTO v_found
-    FROM courier.endpoints e LEFT JOIN courier.settings s ON s.name = 'default_throughput_limit'
+    -- The topic and its throughput_limit in one statement, as dequeue reads them: config's typed
+    -- column, else the setting as courier.consume_limits holds it (the setting read on its own was
+    -- 4% of a receive(1); read from courier.settings and config's jsonb, 15,000 instructions more).
+    SELECT e AS topic, coalesce(e.config_throughput_limit, l.default_throughput_limit) AS rate INTO v_found
+    FROM courier.endpoints e LEFT JOIN courier.consume_limits l ON true  -- never missing (see dequeue)
     WHERE e.name = p_topic AND e.protocol = 'pull';
     IF NOT FOUND THEN
         PERFORM courier._pull_topic(p_topic);  -- raises what is wrong with the name
@@ -1525,7 +1526,7 @@ BEGIN
     END IF;
     -- The token bucket only for a topic with a throughput_limit, as in dequeue: taking and
     -- returning tokens are two more statements per receive, and most topics have no limit.
-    v_rate := coalesce((v_topic.config ->> 'throughput_limit')::numeric, v_found.default_rate);
+    v_rate := v_found.rate;
     v_limit := CASE WHEN v_rate > 0 THEN courier._take_throughput(v_topic, p_count) ELSE p_count END;
     v_left := v_limit;
     WHILE v_left > 0 AND v_rounds < 10 LOOP
