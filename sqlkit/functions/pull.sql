@@ -93,16 +93,15 @@ END
 $$;
 
 -- A topic's max_retries: its config's, else its retry policy's (config_max_retries, migration
--- 0051), else default_max_retries (courier.consume_limits holds the settings in a row, migration
--- 0049; courier.settings only if that row were missing). plpgsql, for the reason above: as SQL it
--- read courier.settings in a subquery, so it was never inlined and was planned again in every
--- statement that called it (200,000 instructions of a dequeue(1) + nack).
+-- 0051), else default_max_retries as courier.consume_limits holds it (migration 0049), read as
+-- dequeue and nack read it. plpgsql, for the reason above: as SQL it read courier.settings in a
+-- subquery, so it was never inlined and was planned again in every statement that called it
+-- (200,000 instructions of a dequeue(1) + nack).
 CREATE OR REPLACE FUNCTION courier._endpoint_max_retries(p_endpoint courier.endpoints) RETURNS integer
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    RETURN coalesce(p_endpoint.config_max_retries, (SELECT l.default_max_retries FROM courier.consume_limits l),
-                    (SELECT s.value::integer FROM courier.settings s WHERE s.name = 'default_max_retries'));
+    RETURN coalesce(p_endpoint.config_max_retries, (SELECT l.default_max_retries FROM courier.consume_limits l));
 END
 $$;
 
