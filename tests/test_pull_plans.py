@@ -201,3 +201,27 @@ def test_a_small_queue_is_not_scanned_either(dsn, call):
         conn.execute("ANALYZE courier.queue")
         seq_scans, _ = _queue_scans_over_calls(conn, call)
         assert seq_scans == 0
+
+
+def test_the_expiry_reaper_reads_only_messages_with_an_expiry(big_topic):
+    """The expiry reapers (pending messages of every endpoint, leased pull messages) find what
+    has expired by index: never a scan of the 250k rows beside them, finished ones included;
+    and a message they mark is not marked again."""
+    with psycopg.connect(big_topic, autocommit=True) as conn:
+        if scalar(conn, "SELECT current_setting('server_version_num')::int") < 150000:
+            pytest.skip("pg_stat_force_next_flush() needs PostgreSQL 15")
+        seq_before, _ = _queue_scans(conn)
+        expiry_before = _index_scans(conn, "queue_expiry_idx")
+        with conn.transaction(force_rollback=True):
+            leased = [r[0] for r in conn.execute("SELECT id FROM courier.dequeue('other', 2)")]
+            pending = [r[0] for r in conn.execute(
+                "SELECT id FROM courier.queue WHERE endpoint_id = 2 AND priority = 0 AND visible_at <= now() "
+                "AND visible_at IS NOT NULL AND status IN ('pending', 'processing') ORDER BY visible_at, id LIMIT 3")]
+            conn.execute("UPDATE courier.queue SET expires_at = now() - interval '1 second' WHERE id = ANY (%s)",
+                         (leased + pending,))
+            assert scalar(conn, "SELECT courier.run_expiry_reaper()") == 5
+            assert scalar(conn, "SELECT courier.run_expiry_reaper()") == 0
+            assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE status = 'expired'") == 5
+        assert _queue_scans(conn)[0] == seq_before
+        # The pending reaper, once a run; the leased one may read queue_pull_leased_idx instead.
+        assert _index_scans(conn, "queue_expiry_idx") >= expiry_before + 2

@@ -370,7 +370,7 @@ BEGIN
         SET status = 'expired', completed_at = now(), updated_at = now(),
             last_error = 'Expired before delivery'
         WHERE q.ctid = ANY (ARRAY(SELECT c.ctid FROM courier.queue c
-                                  WHERE c.status = 'pending' AND c.expires_at <= now()
+                                  WHERE c.status = 'pending' AND c.expires_at <= now() AND c.completed_at IS NULL
                                   ORDER BY c.expires_at LIMIT greatest(p_batch_size, 1)
                                   FOR UPDATE SKIP LOCKED))
           AND q.status = 'pending'

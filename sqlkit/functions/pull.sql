@@ -1876,6 +1876,7 @@ BEGIN
         SET status = 'expired', completed_at = now(), updated_at = now(), last_error = 'Expired while processing'
         WHERE q.ctid = ANY (ARRAY(SELECT c.ctid FROM courier.queue c
                                   WHERE c.status = 'processing' AND c.expires_at <= now() AND c.visible_at IS NOT NULL
+                                    AND c.completed_at IS NULL  -- queue_expiry_idx
                                   ORDER BY c.expires_at LIMIT p_batch_size
                                   FOR UPDATE SKIP LOCKED))  -- once: see mark_expired_messages
           AND q.status = 'processing'
