@@ -525,6 +525,9 @@ SELECT courier.rebuild_queue_depth();
 -- name: estimate_active_messages
 SELECT courier.estimate_active_messages();
 
+-- name: keep_send_stage
+SELECT courier.keep_send_stage();
+
 -- name: archive_partitions
 SELECT * FROM courier.archive_partitions();
 
@@ -609,6 +612,9 @@ VACUUM courier.queue_depth;
 
 -- name: vacuum_delivery_totals
 VACUUM courier.delivery_totals;
+
+-- name: vacuum_send_stage
+VACUUM courier.send_stage;
 
 -- name: create_api_token
 SELECT courier.create_api_token(%(name)s, %(secret_hash)s, %(topics)s::text[], %(endpoints)s::text[],

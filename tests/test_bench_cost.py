@@ -23,10 +23,13 @@ def test_bench_cost_counts_each_operation_beside_pgmq(dsn):
         assert wal.lower_is_better and wal.target_ratio == 1.0
         assert wal.courier.rate > 0 and wal.ceiling.rate > 0
         assert results[f"{operation}: shared buffers/msg"].courier.rate > 0
-    # Deterministic, whatever the machine: a send writes its row and two index entries, as
-    # pgmq's does (and now and then a page split), and nothing for its depth counter (unlogged,
-    # migration 0038).
+    # Deterministic, whatever the machine: a send, staged as a running worker's leader lets it
+    # (migration 0054), writes its row and one index entry, pgmq's its row and two (and now and
+    # then a page split); nothing for a depth counter. A send to a pull topic writes its queue row
+    # and two index entries, as pgmq's does, and nothing for its counter (unlogged, migration 0038).
     records = results["send: WAL records/msg"]
+    assert round(records.courier.rate) == 2 and round(records.ceiling.rate) == 3
+    records = results["send to a pull topic: WAL records/msg"]
     assert round(records.courier.rate) == round(records.ceiling.rate) == 3
     # receive(1) deletes the row as pop does; its outcome counter writes no WAL either.
     records = results["receive(1): WAL records/msg"]

@@ -343,7 +343,7 @@ def measure(dsn: str, operation: Operation, side: str) -> Counts:
         # Before the fill: pages made after a checkpoint are written without full-page images.
         _checkpoint(admin)
         _fill(admin, side, needed, operation.messages)
-    with connect(dsn) as conn, leader_estimates(dsn):
+    with connect(dsn) as conn, leader_estimates(dsn, move_staged=False):
         meter = Meter(conn)
         for _ in range(WARMUP_UNITS):
             unit(meter)
@@ -383,7 +383,7 @@ class Counter:
 @contextlib.contextmanager
 def counter() -> Iterator[Counter]:
     with callgrind.cluster(_prepare_private) as cluster, connect(cluster.dsn) as admin, \
-            connect(cluster.dsn) as harness, leader_estimates(cluster.dsn):
+            connect(cluster.dsn) as harness, leader_estimates(cluster.dsn, move_staged=False):
         yield Counter(cluster, admin, harness)
 
 

@@ -53,16 +53,19 @@ def backpressure_out_of_reach(conn: psycopg.Connection) -> None:
 
 
 @contextlib.contextmanager
-def leader_estimates(dsn: str) -> Iterator[None]:
+def leader_estimates(dsn: str, *, move_staged: bool = True) -> Iterator[None]:
     """What a running worker's maintenance leader does every second for the sends: writes the
-    count of active messages they compare with max_queue_size while the queue is far below it.
-    Scenarios that send without a worker keep it fresh, so that they measure the sends a
+    count of active messages they compare with max_queue_size while the queue is far below it,
+    and keeps the send stage alive (moving what is staged into the queue, unless `move_staged` is
+    false: the cost scenario measures what the sends write, in windows the moves would enter).
+    Scenarios that send without a worker keep both fresh, so that they measure the sends a
     deployment makes."""
     stop = threading.Event()
 
     def estimate() -> None:
         with connect(dsn) as conn:
             while True:
+                conn.execute("/* bench harness */ SELECT courier.keep_send_stage(%s)", (move_staged,))
                 conn.execute("/* bench harness */ SELECT courier.estimate_active_messages()")
                 if stop.wait(1.0):
                     return

@@ -88,6 +88,10 @@ class MaintenanceSchedule:
     active_estimate: float = 1.0
     """How often the leader writes the active count sends compare with max_queue_size while the
     queue is far below it (courier.estimate_active_messages())."""
+    send_stage: float = 1.0
+    """How often the leader moves what the claims left in the send stage into the queue and says
+    for the next few seconds that a mover is alive, so that single sends stage meanwhile
+    (courier.keep_send_stage(), migration 0054)."""
     hot_table_vacuum: float = 5.0
     """How often the leader looks for dead rows in the hot tables (see sqlkit.hot_table_vacuum)."""
     circuit_log: float = 1.0
@@ -119,6 +123,7 @@ class MaintenanceSchedule:
             MaintenanceJob("event_log_cleanup", "cleanup_event_log", self.event_log_cleanup),
             MaintenanceJob("counter_compaction", "compact_queue_depth", self.counter_compaction),
             MaintenanceJob("depth_rebuild", "rebuild_queue_depth", self.depth_rebuild),
+            MaintenanceJob("send_stage", "keep_send_stage", self.send_stage),
             MaintenanceJob("active_estimate", "estimate_active_messages", self.active_estimate),
             # After depth_rebuild: a new leader's first sample after a crash counts the rebuilt depth.
             MaintenanceJob("metric_samples", "", self.metric_samples,

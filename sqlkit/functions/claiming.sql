@@ -533,6 +533,9 @@ DECLARE
     v_tokens double precision;
     v_claimed integer;
 BEGIN
+    -- Staged single sends (migration 0054) first, every endpoint's: the wake-up that brought this
+    -- claim may be for one, and a claim is the mover that keeps the stage a moment deep.
+    PERFORM courier._move_staged(greatest(p_batch_size, 1000));
     -- A disabled or paused endpoint (pause_endpoint) has nothing to claim.
     SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id AND enabled AND paused_at IS NULL;
     IF NOT FOUND THEN

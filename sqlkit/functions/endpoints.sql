@@ -654,6 +654,7 @@ BEGIN
     PERFORM set_config('lock_timeout', v_lock_timeout, true);
     v_endpoint := courier._endpoint_by_name(p_name);
     PERFORM 1 FROM courier.endpoints WHERE id = v_endpoint.id FOR UPDATE;
+    PERFORM courier._unstage();  -- its staged sends (migration 0054) count as active
     SELECT coalesce(sum(messages), 0) INTO v_active FROM courier.queue_depth
     WHERE endpoint_id = v_endpoint.id AND status IN ('pending', 'processing');
     IF v_active > 0 AND NOT p_force THEN

@@ -700,7 +700,8 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
 DECLARE
-    v_active bigint := courier._active_messages(NULL);
+    -- Staged sends (migration 0054) are counted when they are moved: a few seconds' worth at most.
+    v_active bigint := courier._active_messages(NULL) + (SELECT count(*) FROM courier.send_stage);
 BEGIN
     UPDATE courier.send_limits SET active_estimate = v_active, estimated_at = clock_timestamp();
     RETURN 0;  -- a maintenance job's count of work done: this is never more to do

@@ -34,9 +34,15 @@ AS $$
 DECLARE
     v_held boolean;
 BEGIN
-    -- Only a write that added pending messages while a wake-up was asked for names slot
-    -- (_wake_requested); this guards against any other.
-    IF NEW.status <> 'pending' THEN
+    -- A staged send (migration 0054, send_stage_wake) asks for its wake-up in a setting of its
+    -- own, which no later send of the transaction turns off (a delayed one turns wake_at_commit
+    -- off). Only a counter write that added pending messages while a wake-up was asked for names
+    -- slot (_wake_requested); this guards against any other.
+    IF TG_TABLE_NAME = 'send_stage' THEN
+        IF pg_catalog.current_setting('courier.wake_staged', true) IS DISTINCT FROM 'on' THEN
+            RETURN NULL;
+        END IF;
+    ELSIF NEW.status <> 'pending' THEN
         RETURN NULL;
     END IF;
     -- Tried, never waited for: any database user can hold an advisory key, and one holding
@@ -60,6 +66,14 @@ $$;
 -- A constraint trigger has no OR REPLACE.
 DROP TRIGGER IF EXISTS queue_depth_wake ON courier.queue_depth;
 CREATE CONSTRAINT TRIGGER queue_depth_wake AFTER UPDATE OF slot ON courier.queue_depth
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    EXECUTE FUNCTION courier._wake_workers_at_commit();
+
+-- The same wake-up for a send that staged its message (courier.send_stage, migration 0054): a
+-- deferred row trigger on the stage itself, since a staged send writes no counter row. Only a
+-- single send stages, one row per statement, so it fires once a send.
+DROP TRIGGER IF EXISTS send_stage_wake ON courier.send_stage;
+CREATE CONSTRAINT TRIGGER send_stage_wake AFTER INSERT ON courier.send_stage
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
     EXECUTE FUNCTION courier._wake_workers_at_commit();
 
@@ -225,6 +239,21 @@ AS $$
        AND set_config('courier.insert_counted', 'on', true) IS NOT NULL
 $$;
 
+
+-- _admit_one for a staged send: only the fast answers (the size, and room_until, the leader's
+-- estimate against max_queue_size), while a mover is alive (stage_until); anything else goes
+-- the queue's way, which applies every limit exactly. Asks for the commit-time wake-up in
+-- courier.wake_staged (every staged message is due); sets no insert_counted, since the queue's
+-- insert trigger never sees the row.
+CREATE OR REPLACE FUNCTION courier._admit_staged(p_limits courier.send_limits, p_size bigint) RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT p_limits.stage_until > statement_timestamp()
+       AND p_size <= p_limits.max_payload_size
+       AND p_limits.room_until > statement_timestamp()
+       AND set_config('courier.wake_staged', CASE WHEN p_limits.notify_on_send THEN 'on' ELSE 'off' END,
+                      true) IS NOT NULL
+$$;
 
 -- _room_for with the limits read here. The active count is a sum over the trigger-maintained
 -- counter rows, so this is O(1) in the size of the queue. In plpgsql: a SQL function that reads
@@ -636,11 +665,33 @@ DECLARE
     v_endpoint_id integer;
     v_held boolean;
     v_slot integer;  -- its counter row (_count_sent_in_slot)
+    v_never_staged boolean;
+    -- courier.never_staged: the session's last endpoint whose send went to the queue because it
+    -- never stages (a pull topic, a delay). Its next sends skip the stage's INSERT, which would
+    -- find no row for them (77,000 instructions of a send to a pull topic). One name, not a set:
+    -- a name per setting costs every send the name's making (18,000).
+    v_try_stage boolean := current_setting('courier.never_staged', true) IS DISTINCT FROM p_endpoint_name;
 BEGIN
     IF p_payload IS NULL THEN
         RAISE EXCEPTION '[courier] payload must not be NULL' USING ERRCODE = '22004';
     END IF;
     v_held := courier._hold_endpoint_for_send(p_endpoint_name);
+    -- Staged (migration 0054) while a mover is alive, for a push endpoint with no delay and no
+    -- max_depth of its own or by default (a staged message is counted when it is moved, and
+    -- max_depth is exact), and while the leader's estimate leaves room (room_until): the message
+    -- waits in courier.send_stage, moved into the queue by the next claim or the leader.
+    IF v_try_stage THEN
+        INSERT INTO courier.send_stage (endpoint_id, payload)
+        SELECT e.id, p_payload
+        FROM courier.endpoints e, courier.send_limits l
+        WHERE e.name = p_endpoint_name AND e.enabled AND e.protocol <> 'pull'
+          AND e.config_delay IS NULL AND e.config_max_depth IS NULL AND l.default_max_depth = 0
+          AND courier._admit_staged(l, v_size)
+        RETURNING id INTO v_id;
+        IF v_id IS NOT NULL THEN
+            RETURN v_id;
+        END IF;
+    END IF;
     LOOP
         -- The endpoint's delay, TTL and max_depth as config's typed columns (migration 0051).
         INSERT INTO courier.queue (endpoint_id, payload, scheduled_at, expires_at, visible_at)
@@ -652,13 +703,90 @@ BEGIN
         WHERE e.name = p_endpoint_name AND e.enabled
           AND courier._admit_one(l, e.id, v_size, coalesce(e.config_max_depth, l.default_max_depth),
                                  e.config_delay IS NULL)
-        RETURNING id, endpoint_id, cmin::text::bigint >> 7 INTO v_id, v_endpoint_id, v_slot;
+        RETURNING id, endpoint_id, cmin::text::bigint >> 7, visible_at IS NOT NULL OR scheduled_at IS NOT NULL
+            INTO v_id, v_endpoint_id, v_slot, v_never_staged;
         v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
         EXIT WHEN v_id IS NOT NULL;
         PERFORM courier._send_refusal(p_endpoint_name, 1, v_size);
     END LOOP;
     v_held := courier._count_sent_in_slot(v_endpoint_id, 0, 1, v_slot);
+    IF v_never_staged AND v_try_stage THEN
+        v_held := set_config('courier.never_staged', p_endpoint_name, false) IS NOT NULL;
+    END IF;
     RETURN v_id;
+END
+$$;
+
+-- Moves up to p_limit staged messages (courier.send_stage, migration 0054), oldest first, into
+-- courier.queue in one statement: pending, with the id, created_at and expiry the send would
+-- have given them (a staged message has no delay, priority or option). The queue's insert
+-- trigger counts them. Movers skip each other's rows. A message whose endpoint was deleted
+-- meanwhile is dropped with it. Returns how many it moved. The rows are picked first by the
+-- primary key from the left, which steps over the entries of rows moved since the last VACUUM
+-- once each (they are marked dead as they are seen): an empty stage costs that look and no more,
+-- where a test for any row read every dead row of the heap.
+-- Called by functions that set search_path themselves (claim_batch, _unstage's callers).
+CREATE OR REPLACE FUNCTION courier._move_staged(p_limit integer) RETURNS integer
+LANGUAGE plpgsql
+SET enable_seqscan = off  -- a stage just vacuumed looks empty to the planner; its heap holds dead rows
+AS $$
+DECLARE
+    v_rows tid[];
+    v_moved integer;
+BEGIN
+    SELECT array_agg(s.ctid) INTO v_rows
+    FROM (SELECT c.ctid FROM courier.send_stage c ORDER BY c.id LIMIT p_limit FOR UPDATE SKIP LOCKED) s;
+    IF v_rows IS NULL THEN
+        RETURN 0;
+    END IF;
+    WITH staged AS (
+        DELETE FROM courier.send_stage s WHERE s.ctid = ANY (v_rows)
+        RETURNING s.id, s.endpoint_id, s.created_at, s.payload
+    )
+    INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at)
+    OVERRIDING SYSTEM VALUE
+    SELECT s.id, s.endpoint_id, s.payload, s.created_at, s.created_at,
+           s.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0))
+    FROM staged s JOIN courier.endpoints e ON e.id = s.endpoint_id, courier.send_limits l;
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    RETURN v_moved;
+END
+$$;
+
+-- The maintenance leader's job every second: moves whatever the claims left in the stage, then
+-- says for the next few seconds that a mover is alive, so that single sends stage meanwhile. A
+-- leader that stops leaves at most those seconds of staged messages, which the next claim or
+-- leader moves; until then sends go to the queue.
+-- Every staged message into the queue, for whatever must see them all there: the leader each
+-- second, and purge, drop and cancel before they look. Returns how many it moved.
+CREATE OR REPLACE FUNCTION courier._unstage() RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_moved bigint := 0;
+    v_batch integer;
+BEGIN
+    LOOP
+        v_batch := courier._move_staged(5000);
+        v_moved := v_moved + v_batch;
+        EXIT WHEN v_batch < 5000;
+    END LOOP;
+    RETURN v_moved;
+END
+$$;
+
+-- p_move false says only that a mover is alive, for a harness that measures what the sends
+-- write and moves nothing meanwhile (`courier bench cost`).
+CREATE OR REPLACE FUNCTION courier.keep_send_stage(p_move boolean DEFAULT true) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, courier, pg_temp
+AS $$
+DECLARE
+    v_moved bigint := CASE WHEN p_move THEN courier._unstage() ELSE 0 END;
+BEGIN
+    UPDATE courier.send_limits SET stage_until = clock_timestamp() + interval '5 seconds';
+    RETURN 0;  -- a maintenance job's count of work done: quiet, every second
 END
 $$;
 

@@ -109,6 +109,18 @@ BEGIN
 END
 $$;
 
+-- A message still in the send stage (migration 0054) moved into the queue, with the rest of the
+-- stage, so that a verb that finds a message by id finds it there.
+CREATE OR REPLACE FUNCTION courier._unstage_message(p_id bigint) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF EXISTS (SELECT FROM courier.send_stage s WHERE s.id = p_id) THEN
+        PERFORM courier._unstage();
+    END IF;
+END
+$$;
+
 -- Whether the message was cancelled while its delivery was under way and holds its ordering
 -- key until that delivery ends (_cancel): in processing under lease -1, which no claim gives.
 CREATE OR REPLACE FUNCTION courier._cancelled_in_flight(p_message courier.queue) RETURNS boolean
@@ -150,6 +162,7 @@ BEGIN
     IF p_id IS NULL THEN
         RAISE EXCEPTION '[courier] id: give the id of the message to cancel' USING ERRCODE = '22023', COLUMN = 'id';
     END IF;
+    PERFORM courier._unstage_message(p_id);
     SELECT * INTO v_message FROM courier.queue q WHERE q.id = p_id FOR UPDATE;
     IF FOUND AND v_message.status IN ('pending', 'processing') THEN
         was := courier._cancel(v_message, p_actor);
@@ -247,7 +260,8 @@ BEGIN
     END IF;
     RETURN coalesce((SELECT sum(d.messages) FROM courier.queue_depth d
                      WHERE d.endpoint_id = v_endpoint.id AND d.status = 'pending'), 0)
-           - CASE WHEN v_endpoint.protocol = 'pull' THEN courier._leased_count(v_endpoint.id) ELSE 0 END;  -- _counted_status
+           - CASE WHEN v_endpoint.protocol = 'pull' THEN courier._leased_count(v_endpoint.id) ELSE 0 END  -- _counted_status
+           + (SELECT count(*) FROM courier.send_stage s WHERE s.endpoint_id = v_endpoint.id);  -- staged sends
 END
 $$;
 
@@ -282,6 +296,7 @@ BEGIN
         END IF;
         RETURN v_count;
     END IF;
+    PERFORM courier._unstage();  -- staged sends (migration 0054) are pending messages too
     -- The pending messages, each part from the index that holds it: ready push messages,
     -- scheduled and retrying push messages, and pull messages.
     WITH doomed AS (
@@ -341,6 +356,7 @@ BEGIN
     IF p_id IS NULL THEN
         RAISE EXCEPTION '[courier] id: give the id of the message to delete' USING ERRCODE = '22023', COLUMN = 'id';
     END IF;
+    PERFORM courier._unstage_message(p_id);
     SELECT * INTO v_message FROM courier.queue q WHERE q.id = p_id FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM courier._refuse_unqueued(p_id, 'delete', NULL);

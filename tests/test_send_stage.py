@@ -1,0 +1,231 @@
+"""The send stage (migration 0054): while a mover is alive, a single send of a plain message to a
+push endpoint waits in courier.send_stage, and the next claim (or the maintenance leader) moves it
+into the queue as the row a send to the queue makes. Nothing is lost or doubled on the way, and
+every verb that finds messages by endpoint or id sees staged ones."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from tests.helpers import archived, complete, message_status, scalar
+from tests.test_send_paths import _depth, _row
+from tests.workers import start_worker_process, wait_for
+
+
+def _stage_alive(conn: psycopg.Connection) -> None:
+    """What the maintenance leader does every second."""
+    conn.execute("SELECT courier.keep_send_stage()")
+    conn.execute("SELECT courier.estimate_active_messages()")
+
+
+def _staged(conn: psycopg.Connection) -> list[int]:
+    return [r[0] for r in conn.execute("SELECT id FROM courier.send_stage ORDER BY id")]
+
+
+def _claim(conn: psycopg.Connection, endpoint: str, batch: int = 10) -> list[int]:
+    return [r[0] for r in conn.execute(
+        "SELECT c.id FROM courier.claim_batch('w', %s, (SELECT id FROM courier.endpoints WHERE name = %s)) c",
+        (batch, endpoint))]
+
+
+@pytest.mark.parametrize("config", ["{}", '{"message_ttl_seconds": 600}'])
+def test_a_staged_send_becomes_the_row_a_send_to_the_queue_makes(conn, config):
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', %s::jsonb)", (config,))
+    direct = scalar(conn, "SELECT courier.send('e', '{\"n\": 1}')")  # no mover yet: to the queue
+    assert _staged(conn) == []
+    _stage_alive(conn)
+    staged = scalar(conn, "SELECT courier.send('e', '{\"n\": 1}')")
+    assert _staged(conn) == [staged] and staged > direct
+    assert scalar(conn, "SELECT count(*) FROM courier.queue WHERE id = %s", (staged,)) == 0
+    assert _depth(conn, "e") == 1  # counted when it is moved
+    created = scalar(conn, "SELECT created_at FROM courier.send_stage WHERE id = %s", (staged,))
+
+    assert _claim(conn, "e") == [direct, staged]  # the claim moved it first, in id order
+    assert _staged(conn) == []
+    assert scalar(conn, "SELECT created_at FROM courier.queue WHERE id = %s", (staged,)) == created
+    moved, sent = _row(conn, staged), _row(conn, direct)
+    assert {k: v for k, v in moved.items() if k not in ("lease", "processing_started_at")} == \
+        {k: v for k, v in sent.items() if k not in ("lease", "processing_started_at")}
+    assert _depth(conn, "e") == 2
+    complete(conn, [direct, staged])
+    assert message_status(conn, staged) == "completed" and _depth(conn, "e") == 0
+
+
+def test_the_leader_moves_what_no_claim_took_and_sends_stop_staging_without_it(conn):
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    _stage_alive(conn)
+    first = scalar(conn, "SELECT courier.send('e', '{}')")
+    conn.execute("SELECT courier.keep_send_stage()")
+    assert _staged(conn) == [] and message_status(conn, first) == "pending" and _depth(conn, "e") == 1
+    # The leader gone for longer than its word: sends go to the queue, counted at once.
+    conn.execute("UPDATE courier.send_limits SET stage_until = now() - interval '1 second'")
+    second = scalar(conn, "SELECT courier.send('e', '{}')")
+    assert _staged(conn) == [] and message_status(conn, second) == "pending" and _depth(conn, "e") == 2
+
+
+@pytest.mark.parametrize("protocol, config", [("pull", "{}"), ("noop", '{"delay_seconds": 30}'),
+                                              ("noop", '{"max_depth": 5}')])
+def test_what_a_stage_cannot_honour_goes_to_the_queue(conn, protocol, config):
+    """A pull topic's consumers read the queue at once, a delayed message is not due, and max_depth
+    is exact: none of these stage."""
+    conn.execute("SELECT courier.create_endpoint('e', %s, %s::jsonb)", (protocol, config))
+    _stage_alive(conn)
+    sent = scalar(conn, "SELECT courier.send('e', '{}')")
+    assert _staged(conn) == [] and message_status(conn, sent) == "pending" and _depth(conn, "e") == 1
+
+
+def test_a_full_queue_or_a_big_payload_takes_the_exact_path(conn):
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    conn.execute("SELECT courier.set_setting('max_queue_size', '2')")
+    conn.execute("SELECT courier.set_setting('max_payload_size', '1024')")
+    _stage_alive(conn)  # an empty queue: room_until leaves room for a moment
+    assert scalar(conn, "SELECT room_until > now() FROM courier.send_limits")
+    conn.execute("SELECT courier.send('e', '{}')")
+    with pytest.raises(psycopg.Error, match="max_payload_size"):
+        conn.execute("SELECT courier.send('e', %s::jsonb)", ('{"big": "' + "x" * 2000 + '"}',))
+    conn.execute("SELECT courier.keep_send_stage()")
+    conn.execute("SELECT courier.estimate_active_messages()")  # 1 of 2: no fast answer any more
+    conn.execute("SELECT courier.send('e', '{}')")
+    assert _staged(conn) == []
+    with pytest.raises(psycopg.Error, match="max_queue_size"):
+        conn.execute("SELECT courier.send('e', '{}')")
+    assert _depth(conn, "e") == 2
+
+
+def test_a_rolled_back_staged_send_leaves_nothing(conn, dsn):
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    _stage_alive(conn)
+    with psycopg.connect(dsn) as other:
+        sent = scalar(other, "SELECT courier.send('e', '{}')")
+        assert _staged(other) == [sent]
+        other.rollback()
+    assert _staged(conn) == [] and _claim(conn, "e") == [] and _depth(conn, "e") == 0
+
+
+def test_verbs_that_find_messages_see_staged_ones(conn):
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    conn.execute("SELECT courier.create_endpoint('f', 'noop', '{}')")
+    _stage_alive(conn)
+    cancelled, deleted, *purged = [scalar(conn, "SELECT courier.send('e', '{}')") for _ in range(5)]
+    kept = scalar(conn, "SELECT courier.send('f', '{}')")
+    assert len(_staged(conn)) == 6
+    assert conn.execute("SELECT was FROM courier.cancel_message(%s)", (cancelled,)).fetchone()[0] == "pending"
+    assert message_status(conn, cancelled) == "cancelled"
+    staged_again = scalar(conn, "SELECT courier.send('e', '{}')")
+    assert _staged(conn) == [staged_again]
+    conn.execute("SELECT * FROM courier.delete_message(%s)", (deleted,))
+    assert message_status(conn, deleted) is None
+    assert scalar(conn, "SELECT courier.purge_queue_count('e')") == 4
+    assert scalar(conn, "SELECT courier.purge_queue('e')") == 4
+    assert {message_status(conn, m) for m in [*purged, staged_again]} == {"purged"}
+    assert _depth(conn, "e") == 0 and message_status(conn, kept) == "pending"
+    late = scalar(conn, "SELECT courier.send('f', '{}')")
+    with pytest.raises(psycopg.Error, match="active message"):
+        conn.execute("SELECT courier.drop_endpoint('f')")
+    conn.execute("SELECT courier.drop_endpoint('f', true)")
+    assert _staged(conn) == [] and message_status(conn, late) is None
+
+
+def test_concurrent_senders_and_claims_lose_and_double_nothing(conn, dsn):
+    """Eight producers send while four claimers move and claim: every message is claimed exactly
+    once, and the counters end at zero."""
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    _stage_alive(conn)
+    sent: list[int] = []
+    claimed: list[int] = []
+    lock = threading.Lock()
+    sending = threading.Event()
+    sending.set()
+
+    def produce() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            mine = [scalar(c, "SELECT courier.send('e', %s::jsonb)", (f'{{"n": {n}}}',)) for n in range(150)]
+        with lock:
+            sent.extend(mine)
+
+    def consume() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            while True:
+                still_sending = sending.is_set()
+                with c.transaction():
+                    ids = _claim(c, "e", 25)
+                    if ids:
+                        complete(c, ids)
+                with lock:
+                    claimed.extend(ids)
+                if not ids and not still_sending:
+                    return
+
+    producers = [threading.Thread(target=produce) for _ in range(8)]
+    consumers = [threading.Thread(target=consume) for _ in range(4)]
+    for t in producers + consumers:
+        t.start()
+    for t in producers:
+        t.join()
+    sending.clear()
+    for t in consumers:
+        t.join()
+    assert len(sent) == 1200 and sorted(claimed) == sorted(sent)
+    assert _staged(conn) == [] and _depth(conn, "e") == 0
+    assert scalar(conn, "SELECT count(*) FROM courier.archive WHERE status = 'completed'") == 1200
+
+
+def test_a_worker_keeps_the_stage_alive_and_delivers_every_staged_send(dsn, conn):
+    """A real `courier worker`: its leader says the stage is alive, producers' sends stage, and
+    the worker's claims move and deliver every one. Killed with -9 while sends keep staging, it
+    leaves them in the stage; the stage lapses, sends go to the queue, and the next worker
+    moves what was left and delivers everything exactly once to the archive."""
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    worker = start_worker_process(dsn, "--concurrency", "20")
+    try:
+        wait_for(lambda: scalar(conn, "SELECT stage_until > now() AND room_until > now() FROM courier.send_limits"))
+        with conn.transaction():  # staged, as its own transaction sees before it commits
+            first = [scalar(conn, "SELECT courier.send('e', '{}')")]
+            assert _staged(conn) == first
+        first += [scalar(conn, "SELECT courier.send('e', %s::jsonb)", (f'{{"n": {n}}}',)) for n in range(199)]
+        wait_for(lambda: archived(conn) == 200, timeout=30)
+        worker.kill()
+        worker.wait(10)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    left = [scalar(conn, "SELECT courier.send('e', '{}')") for _ in range(20)]
+    assert set(_staged(conn)) <= set(left)
+    wait_for(lambda: not scalar(conn, "SELECT stage_until > now() FROM courier.send_limits"), timeout=15)
+    direct = scalar(conn, "SELECT courier.send('e', '{}')")
+    assert direct not in _staged(conn) and message_status(conn, direct) == "pending"
+    successor = start_worker_process(dsn)
+    try:
+        wait_for(lambda: archived(conn) == 221, timeout=30)
+    finally:
+        successor.terminate()
+        successor.wait(30)
+    assert _staged(conn) == [] and _depth(conn, "e") == 0
+    assert scalar(conn, "SELECT count(DISTINCT id) FROM courier.archive WHERE id = ANY (%s)",
+                  ([*first, *left, direct],)) == 221
+
+
+def test_a_staged_send_wakes_the_workers_at_commit_whatever_the_transaction_sends_after(conn, dsn):
+    """The wake-up a staged send asks for stands when a later send of the same transaction, to a
+    delayed endpoint, asks for none; and a transaction that staged nothing wakes no one."""
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    conn.execute("SELECT courier.create_endpoint('later', 'noop', '{\"delay_seconds\": 60}')")
+    endpoint = scalar(conn, "SELECT id FROM courier.endpoints WHERE name = 'e'")
+    _stage_alive(conn)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN courier_new_msg")
+        with psycopg.connect(dsn) as producer:
+            producer.execute("SELECT courier.send('e', '{}')")
+            producer.execute("SELECT courier.send('later', '{}')")
+            assert _staged(producer) and message_status(producer, scalar(
+                producer, "SELECT max(id) FROM courier.queue")) == "pending"
+            producer.commit()
+        woken = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+        assert woken == [str(endpoint)]
+        with psycopg.connect(dsn) as producer:
+            producer.execute("SELECT courier.send('later', '{}')")
+            producer.commit()
+        assert list(listener.notifies(timeout=1, stop_after=1)) == []
