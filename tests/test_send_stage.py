@@ -77,6 +77,16 @@ def test_what_a_stage_cannot_honour_goes_to_the_queue(conn, protocol, config):
     assert _staged(conn) == [] and message_status(conn, sent) == "pending" and _depth(conn, "e") == 1
 
 
+def test_a_paused_endpoint_takes_its_sends_into_the_queue(conn):
+    """No claim comes for a paused endpoint to move its staged sends: they go to the queue, counted
+    at once, as a paused endpoint's sends always were."""
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    conn.execute("SELECT courier.pause_endpoint('e')")
+    _stage_alive(conn)
+    sent = scalar(conn, "SELECT courier.send('e', '{}')")
+    assert _staged(conn) == [] and message_status(conn, sent) == "pending" and _depth(conn, "e") == 1
+
+
 def test_a_full_queue_or_a_big_payload_takes_the_exact_path(conn):
     conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
     conn.execute("SELECT courier.set_setting('max_queue_size', '2')")

@@ -676,15 +676,16 @@ BEGIN
         RAISE EXCEPTION '[courier] payload must not be NULL' USING ERRCODE = '22004';
     END IF;
     v_held := courier._hold_endpoint_for_send(p_endpoint_name);
-    -- Staged (migration 0054) while a mover is alive, for a push endpoint with no delay and no
-    -- max_depth of its own or by default (a staged message is counted when it is moved, and
-    -- max_depth is exact), and while the leader's estimate leaves room (room_until): the message
-    -- waits in courier.send_stage, moved into the queue by the next claim or the leader.
+    -- Staged (migration 0054) while a mover is alive, for a push endpoint that is not paused (no
+    -- claim comes to move it) with no delay and no max_depth of its own or by default (a staged
+    -- message is counted when it is moved, and max_depth is exact), and while the leader's
+    -- estimate leaves room (room_until): the message waits in courier.send_stage, moved into the
+    -- queue by the next claim or the leader.
     IF v_try_stage THEN
         INSERT INTO courier.send_stage (endpoint_id, payload)
         SELECT e.id, p_payload
         FROM courier.endpoints e, courier.send_limits l
-        WHERE e.name = p_endpoint_name AND e.enabled AND e.protocol <> 'pull'
+        WHERE e.name = p_endpoint_name AND e.enabled AND e.protocol <> 'pull' AND e.paused_at IS NULL
           AND e.config_delay IS NULL AND e.config_max_depth IS NULL AND l.default_max_depth = 0
           AND courier._admit_staged(l, v_size)
         RETURNING id INTO v_id;
