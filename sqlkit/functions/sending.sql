@@ -754,10 +754,6 @@ BEGIN
 END
 $$;
 
--- The maintenance leader's job every second: moves whatever the claims left in the stage, then
--- says for the next few seconds that a mover is alive, so that single sends stage meanwhile. A
--- leader that stops leaves at most those seconds of staged messages, which the next claim or
--- leader moves; until then sends go to the queue.
 -- Every staged message into the queue, for whatever must see them all there: the leader each
 -- second, and purge, drop and cancel before they look. Returns how many it moved.
 CREATE OR REPLACE FUNCTION courier._unstage() RETURNS bigint
@@ -777,15 +773,20 @@ BEGIN
 END
 $$;
 
+-- The maintenance leader's job every second: moves whatever the claims left in the stage, then
+-- says for the next few seconds that a mover is alive, so that single sends stage meanwhile. A
+-- leader that stops leaves at most those seconds of staged messages, which the next claim or
+-- leader moves; until then sends go to the queue.
 -- p_move false says only that a mover is alive, for a harness that measures what the sends
 -- write and moves nothing meanwhile (`courier bench cost`).
 CREATE OR REPLACE FUNCTION courier.keep_send_stage(p_move boolean DEFAULT true) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
 AS $$
-DECLARE
-    v_moved bigint := CASE WHEN p_move THEN courier._unstage() ELSE 0 END;
 BEGIN
+    IF p_move THEN
+        PERFORM courier._unstage();
+    END IF;
     -- Every other second: each write of the row leaves a version that every send reads past
     -- until it is pruned (6,000 instructions of an enqueue with this and the estimate each second).
     UPDATE courier.send_limits SET stage_until = clock_timestamp() + interval '5 seconds'
