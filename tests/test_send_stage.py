@@ -54,6 +54,62 @@ def test_a_staged_send_becomes_the_row_a_send_to_the_queue_makes(conn, config):
     assert message_status(conn, staged) == "completed" and _depth(conn, "e") == 0
 
 
+def _depth_of(conn: psycopg.Connection, endpoint: str, status: str) -> int:
+    return scalar(conn, "SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d "
+                        "JOIN courier.endpoints e ON e.id = d.endpoint_id WHERE e.name = %s AND d.status = %s",
+                  (endpoint, status))
+
+
+def test_a_claim_takes_staged_messages_straight_into_processing_and_moves_the_rest(conn):
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    conn.execute("SELECT courier.create_endpoint('f', 'noop', '{}')")
+    _stage_alive(conn)
+    e1, f1, e2, e3 = (scalar(conn, "SELECT courier.send(%s, '{}')", (name,)) for name in "efee")
+    with conn.transaction():
+        claimed = conn.execute("SELECT c.id, c.lease FROM courier.claim_batch('w', 2, "
+                               "(SELECT id FROM courier.endpoints WHERE name = 'e')) c").fetchall()
+        # Each message written once: inserted claimed (or pending), never inserted and then updated.
+        written = conn.execute("SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables "
+                               "WHERE relid = 'courier.queue'::regclass").fetchone()
+    assert written == (4, 0)
+    assert [i for i, _ in claimed] == [e1, e2] and all(lease > 0 for _, lease in claimed)
+    assert _staged(conn) == []  # the rest moved, pending, for their own claims
+    assert [message_status(conn, m) for m in (e1, e2, e3, f1)] == ["processing", "processing", "pending", "pending"]
+    assert scalar(conn, "SELECT worker_id FROM courier.queue WHERE id = %s", (e1,)) == "w"
+    assert (_depth_of(conn, "e", "processing"), _depth_of(conn, "e", "pending"), _depth(conn, "f")) == (2, 1, 1)
+    # Fenced like any claim: a report that names another lease changes nothing.
+    wrong = conn.execute("SELECT stale FROM courier.report_outcomes(%s, %s, %s, %s)",
+                         ([e1], [claimed[0][1] + 1], ["success"], [None])).fetchone()[0]
+    assert wrong == 1 and message_status(conn, e1) == "processing"
+    complete(conn, [e1, e2])
+    assert message_status(conn, e1) == "completed" and _depth(conn, "e") == 1
+    assert _claim(conn, "f") == [f1] and _claim(conn, "e") == [e3]
+
+
+def test_what_the_queue_holds_for_the_endpoint_is_claimed_before_staged_messages(conn):
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    _stage_alive(conn)
+    staged = scalar(conn, "SELECT courier.send('e', '{}')")
+    urgent = scalar(conn, "SELECT courier.send_with_options('e', '{}', p_priority => 5)")
+    assert _staged(conn) == [staged]
+    assert _claim(conn, "e", batch=1) == [urgent]
+    assert _staged(conn) == [] and message_status(conn, staged) == "pending"  # moved, for the next claim
+    assert _claim(conn, "e", batch=1) == [staged]
+
+
+def test_a_staged_message_that_expired_on_the_stage_is_not_claimed(conn):
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{\"message_ttl_seconds\": 5}')")
+    _stage_alive(conn)
+    old = scalar(conn, "SELECT courier.send('e', '{}')")
+    fresh = scalar(conn, "SELECT courier.send('e', '{}')")
+    conn.execute("UPDATE courier.send_stage SET created_at = now() - interval '10 seconds' WHERE id = %s", (old,))
+    assert _claim(conn, "e") == [fresh]
+    assert message_status(conn, old) == "pending"  # moved with its expiry, for the reaper
+    conn.execute("SELECT courier.mark_expired_messages()")
+    assert message_status(conn, old) == "expired"
+    assert (_depth_of(conn, "e", "pending"), _depth_of(conn, "e", "processing")) == (0, 1)
+
+
 def test_the_leader_moves_what_no_claim_took_and_sends_stop_staging_without_it(conn):
     conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
     _stage_alive(conn)

@@ -225,6 +225,36 @@ def _pgmq_read_delete(size: int) -> Unit:
     return _pgmq_read(size, _pgmq_delete)
 
 
+def _courier_push_delivery(size: int) -> Unit:
+    """A worker's cycle, as its pool runs it: `size` sends to a push endpoint, then one
+    report_and_claim that reports the batch it holds delivered and claims the one just sent."""
+    def unit(m: Runner) -> None:
+        for _ in range(size):
+            m.run("SELECT courier.send(%s, %s::jsonb)", (ENDPOINT, PAYLOAD))
+        held = m.fetch("SELECT id, lease FROM courier.queue WHERE status = 'processing' AND visible_at IS NULL")
+        m.run("SELECT * FROM courier.report_and_claim('bench-cost', %s, (SELECT id FROM courier.endpoints "
+              "WHERE name = %s), %s::bigint[], %s::integer[], %s::text[], %s::text[])",
+              (size, ENDPOINT, [r[0] for r in held], [r[1] for r in held], ["success"] * len(held), [None] * len(held)))
+    return unit
+
+
+def _pgmq_send_read_delete(size: int) -> Unit:
+    def unit(m: Runner) -> None:
+        for _ in range(size):
+            _pgmq_send(m)
+        _pgmq_read_delete(size)(m)
+    return unit
+
+
+def _pgq_insert_take(size: int) -> Unit:
+    def unit(m: Runner) -> None:
+        for _ in range(size):
+            _pgq_insert_event(m)
+        m.run("SELECT pgq.ticker(%s)", (pgq.QUEUE,))  # pgqd's work, counted: it cuts the batch
+        _pgq_take_batch(m)
+    return unit
+
+
 def _courier_receive(size: int) -> Unit:
     return lambda m: m.run("SELECT * FROM courier.receive(%s, %s)", (TOPIC, size))
 
@@ -258,6 +288,9 @@ OPERATIONS = (
     Operation("dequeue(1) + extend + ack", 1, 300,
               _courier_dequeue(1, _courier_settle("extend_lease(%s::bigint[], %s::integer[], 60)"), ACK),
               _pgmq_read(1, _pgmq_set_vt(60), _pgmq_delete), _pgq_take_batch, preload=1, counted=150),
+    # A push message's whole life in the database: sent, claimed and reported by a worker.
+    Operation("push: send + claim(10) + report", 10, 50, _courier_push_delivery(10), _pgmq_send_read_delete(10),
+              _pgq_insert_take(10), counted=30),
     Operation("receive(1)", 1, 500, _courier_receive(1), _pgmq_pop(1), _pgq_take_batch, preload=1),
     Operation("receive(100)", 100, 20, _courier_receive(100), _pgmq_pop(100), _pgq_take_batch, preload=1,
               counted=10),
@@ -313,7 +346,7 @@ def _fill(conn: psycopg.Connection, side: str, messages: int, per_unit: int = 1)
     if side == "pgq":
         pgq.fill(conn, messages // per_unit, per_unit)
         return
-    conn.execute("TRUNCATE courier.queue")
+    conn.execute("TRUNCATE courier.queue, courier.send_stage")  # the sends' rows, staged ones too
     conn.execute(f"TRUNCATE pgmq.q_{pgmq.QUEUE}")
     if side == "courier" and messages:
         conn.execute("SELECT courier.send_batch(%s, array_agg(jsonb_build_object('n', g))) "

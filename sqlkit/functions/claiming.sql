@@ -532,10 +532,8 @@ DECLARE
     v_burst double precision;
     v_tokens double precision;
     v_claimed integer;
+    v_staged integer;
 BEGIN
-    -- Staged single sends (migration 0054) first, every endpoint's: the wake-up that brought this
-    -- claim may be for one, and a claim is the mover that keeps the stage a moment deep.
-    PERFORM courier._move_staged(greatest(p_batch_size, 1000));
     -- A disabled or paused endpoint (pause_endpoint) has nothing to claim.
     SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id AND enabled AND paused_at IS NULL;
     IF NOT FOUND THEN
@@ -578,6 +576,13 @@ BEGIN
 
     RETURN QUERY SELECT * FROM courier._claim_due(p_worker_id, v_limit, p_endpoint_id);
     GET DIAGNOSTICS v_claimed = ROW_COUNT;
+    -- Then staged single sends (migration 0054), which are newer than what the queue holds and
+    -- of the lowest priority: _claim_staged claims them straight from the stage, and moves
+    -- other endpoints' into the queue. A claim is the mover that keeps the stage a moment deep,
+    -- so it runs even when the batch is full.
+    RETURN QUERY SELECT * FROM courier._claim_staged(p_worker_id, v_limit - v_claimed, p_endpoint_id);
+    GET DIAGNOSTICS v_staged = ROW_COUNT;
+    v_claimed := v_claimed + v_staged;
 
     IF v_rate IS NOT NULL THEN
         UPDATE courier.endpoints SET rate_tokens = v_tokens - v_claimed, rate_refilled_at = now()

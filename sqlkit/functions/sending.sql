@@ -754,6 +754,66 @@ BEGIN
 END
 $$;
 
+-- A claim's share of the stage (claim_batch, after the queue's own pending messages): moves up to
+-- max(p_count, 1000) staged messages, oldest first, as _move_staged does, except that the first
+-- p_count of them for p_endpoint_id that have not expired go into the queue already claimed by
+-- p_worker_id, each with its first lease, and are returned as _claim_due returns its claims. Such a
+-- message is written once where a move and then a claim wrote it twice (the claim's new row
+-- version and its index entries: about 330 bytes of WAL a message). The other endpoints'
+-- messages are moved pending, for their own claims. A staged message has no priority (0, the
+-- lowest), no ordering key and no delay, so nothing in the queue should have gone before it
+-- that the claim's first step did not already take. The insert trigger counts both kinds.
+CREATE OR REPLACE FUNCTION courier._claim_staged(p_worker_id text, p_count integer, p_endpoint_id integer)
+RETURNS SETOF courier.claimed_message
+LANGUAGE plpgsql
+SET enable_seqscan = off  -- as _move_staged
+AS $$
+DECLARE
+    v_rows tid[];
+BEGIN
+    SELECT array_agg(s.ctid) INTO v_rows
+    FROM (SELECT c.ctid FROM courier.send_stage c ORDER BY c.id LIMIT greatest(p_count, 1000)
+          FOR UPDATE SKIP LOCKED) s;
+    IF v_rows IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH staged AS (
+        DELETE FROM courier.send_stage s WHERE s.ctid = ANY (v_rows)
+        RETURNING s.id, s.endpoint_id, s.created_at, s.payload
+    ),
+    timed AS (
+        SELECT s.*, s.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0))
+                    AS expires_at
+        FROM staged s JOIN courier.endpoints e ON e.id = s.endpoint_id, courier.send_limits l
+    ),
+    placed AS (
+        SELECT t.*, t.claimable AND row_number() OVER (PARTITION BY t.claimable ORDER BY t.id) <= p_count AS claimed
+        FROM (SELECT t.*, t.endpoint_id = p_endpoint_id AND (t.expires_at IS NULL OR t.expires_at > now()) AS claimable
+              FROM timed t) t
+    ),
+    moved AS (
+        INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at,
+                                   status, processing_started_at, worker_id, lease)
+        OVERRIDING SYSTEM VALUE
+        SELECT p.id, p.endpoint_id, p.payload, p.created_at, CASE WHEN p.claimed THEN now() ELSE p.created_at END,
+               p.expires_at, CASE WHEN p.claimed THEN 'processing' ELSE 'pending' END,
+               CASE WHEN p.claimed THEN now() END, CASE WHEN p.claimed THEN p_worker_id END,
+               CASE WHEN p.claimed THEN courier._next_lease(0) ELSE 0 END
+        FROM placed p
+        RETURNING *
+    )
+    SELECT c.id, c.endpoint_id, e.name, e.protocol, c.payload, c.headers, c.metadata, c.priority,
+           c.retry_count, coalesce(c.max_retries, (e.retry_policy ->> 'max_retries')::integer,
+                                   (SELECT value::integer FROM courier.settings WHERE name = 'default_max_retries')),
+           c.correlation_id, c.ordering_key, c.idempotency_key, c.scheduled_at, c.expires_at, c.created_at,
+           c.lease
+    FROM moved c JOIN courier.endpoints e ON e.id = c.endpoint_id
+    WHERE c.status = 'processing'
+    ORDER BY c.id;
+END
+$$;
+
 -- Every staged message into the queue, for whatever must see them all there: the leader each
 -- second, and purge, drop and cancel before they look. Returns how many it moved.
 CREATE OR REPLACE FUNCTION courier._unstage() RETURNS bigint
