@@ -117,6 +117,24 @@ def test_the_claims_update_uses_the_primary_key_even_with_a_generic_plan(deep_qu
     assert "queue_pkey" in {n.get("Index Name") for n in nodes}
 
 
+def test_claim_batch_asks_the_claim_indexes_whether_anything_is_pending_before_it_claims(busy_queue):
+    """claim_batch runs _claim_due only where the endpoint has pending messages, asked of the heads of
+    queue_ready_idx and queue_pending_rest_idx, with the generic plan plpgsql keeps."""
+    busy_queue.execute("""INSERT INTO courier.queue (endpoint_id, payload, scheduled_at)
+                          SELECT 1, '{}', now() + interval '1 day' FROM generate_series(1, 20000)""")
+    busy_queue.execute("ANALYZE courier.queue")
+    body = scalar(busy_queue, "SELECT prosrc FROM pg_proc WHERE proname = 'claim_batch'")
+    probes = re.findall(r"\((SELECT q\.id FROM courier\.queue q .*?LIMIT 1)\) IS NOT NULL", body, re.DOTALL)
+    assert len(probes) == 2, body
+    used = set()
+    for probe in probes:
+        nodes = generic_claim_plan(busy_queue, probe.replace("p_endpoint_id", "$3"))
+        on_queue = [n for n in nodes if n.get("Relation Name") == "queue"]
+        assert on_queue and all(n["Node Type"] in ("Index Scan", "Index Only Scan") for n in on_queue), on_queue
+        used |= {n["Index Name"] for n in on_queue}
+    assert used == {"queue_ready_idx", "queue_pending_rest_idx"}
+
+
 def test_worker_functions_never_jit(conn):
     """JIT-compiling a 3 ms claim cost 30 ms on a server with JIT on (the default with LLVM)."""
     configs = dict(conn.execute("SELECT proname, proconfig FROM pg_proc WHERE proname IN "
