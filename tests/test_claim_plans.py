@@ -135,6 +135,24 @@ def test_claim_batch_asks_the_claim_indexes_whether_anything_is_pending_before_i
     assert used == {"queue_ready_idx", "queue_pending_rest_idx"}
 
 
+def test_a_claim_planned_against_an_empty_queue_still_reads_the_queue_by_its_indexes(conn, webhook):
+    """A drained queue, analyzed while empty, would plan the claim's probes as sequential scans
+    that the connection then keeps however deep the queue grows."""
+    conn.execute("VACUUM ANALYZE courier.queue")
+    endpoint = scalar(conn, "SELECT id FROM courier.endpoints LIMIT 1")
+    for _ in range(6):  # past plpgsql's custom plans, into the one it keeps
+        conn.execute("SELECT count(*) FROM courier.claim_batch('w', 10, %s)", (endpoint,))
+    conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+    conn.execute("INSERT INTO courier.queue (endpoint_id, payload, status, processing_started_at, worker_id) "
+                 "SELECT %s, '{}', 'processing', now(), 'w' FROM generate_series(1, 2000)", (endpoint,))
+    conn.execute("INSERT INTO courier.queue (endpoint_id, payload) SELECT %s, '{}' FROM generate_series(1, 20)",
+                 (endpoint,))
+    with conn.transaction():
+        assert scalar(conn, "SELECT count(*) FROM courier.claim_batch('w', 10, %s)", (endpoint,)) == 10
+        scans = scalar(conn, "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relid = 'courier.queue'::regclass")
+    assert scans == 0
+
+
 def test_worker_functions_never_jit(conn):
     """JIT-compiling a 3 ms claim cost 30 ms on a server with JIT on (the default with LLVM)."""
     configs = dict(conn.execute("SELECT proname, proconfig FROM pg_proc WHERE proname IN "

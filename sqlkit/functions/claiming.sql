@@ -524,6 +524,10 @@ RETURNS SETOF courier.claimed_message
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
+-- Its probes of the queue (below) are planned once per connection, and a queue analyzed while
+-- empty (a drained queue, at startup) gets them a sequential scan that the connection then keeps
+-- however deep the queue grows: 700,000 instructions a claim at 500 messages in flight.
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_endpoint courier.endpoints;
