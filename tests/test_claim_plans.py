@@ -135,20 +135,33 @@ def test_claim_batch_asks_the_claim_indexes_whether_anything_is_pending_before_i
     assert used == {"queue_ready_idx", "queue_pending_rest_idx"}
 
 
-def test_a_claim_planned_against_an_empty_queue_still_reads_the_queue_by_its_indexes(conn, webhook):
-    """A drained queue, analyzed while empty, would plan the claim's probes as sequential scans
-    that the connection then keeps however deep the queue grows."""
+def test_a_worker_planned_against_an_empty_queue_still_reads_the_queue_by_its_indexes(conn, webhook):
+    """A drained queue, analyzed while empty, would plan the claim's probes and the report's
+    delete as sequential scans that the connection then keeps however deep the queue grows."""
     conn.execute("VACUUM ANALYZE courier.queue")
     endpoint = scalar(conn, "SELECT id FROM courier.endpoints LIMIT 1")
-    for _ in range(6):  # past plpgsql's custom plans, into the one it keeps
-        conn.execute("SELECT count(*) FROM courier.claim_batch('w', 10, %s)", (endpoint,))
+
+    def report_and_claim(held: list[tuple]) -> list[tuple]:
+        return conn.execute(
+            "SELECT c.id, c.lease FROM courier.report_and_claim('w', 10, %s, %s::bigint[], %s::integer[], "
+            "%s::text[], %s::text[]) c WHERE c.id IS NOT NULL",
+            (endpoint, [i for i, _ in held], [lease for _, lease in held], ["success"] * len(held),
+             [None] * len(held))).fetchall()
+
+    name = scalar(conn, "SELECT name FROM courier.endpoints WHERE id = %s", (endpoint,))
+    held: list[tuple] = []
+    for _ in range(6):  # past plpgsql's custom plans, into the ones it keeps
+        conn.execute("SELECT courier.send_with_options(%s, '{}')", (name,))
+        held = report_and_claim(held)
     conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
     conn.execute("INSERT INTO courier.queue (endpoint_id, payload, status, processing_started_at, worker_id) "
-                 "SELECT %s, '{}', 'processing', now(), 'w' FROM generate_series(1, 2000)", (endpoint,))
+                 "SELECT %s, '{}', 'processing', now(), 'x' FROM generate_series(1, 2000)", (endpoint,))
     conn.execute("INSERT INTO courier.queue (endpoint_id, payload) SELECT %s, '{}' FROM generate_series(1, 20)",
                  (endpoint,))
+    for _ in range(2):  # what this connection's earlier statements counted, out of the way
+        conn.execute("SELECT pg_stat_force_next_flush()")
     with conn.transaction():
-        assert scalar(conn, "SELECT count(*) FROM courier.claim_batch('w', 10, %s)", (endpoint,)) == 10
+        assert len(report_and_claim(held)) == 10
         scans = scalar(conn, "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relid = 'courier.queue'::regclass")
     assert scans == 0
 

@@ -368,6 +368,9 @@ RETURNS integer
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET enable_nestloop = off
+-- Its generic plan is made once per connection: against a queue analyzed while empty it was a
+-- sequential scan of the whole queue in every report, however deep the queue then grew.
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_processing CONSTANT text := 'processing';
