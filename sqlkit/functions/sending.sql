@@ -770,6 +770,8 @@ SET enable_seqscan = off  -- as _move_staged
 AS $$
 DECLARE
     v_rows tid[];
+    v_writes integer;
+    v_set text;
 BEGIN
     SELECT array_agg(s.ctid) INTO v_rows
     FROM (SELECT c.ctid FROM courier.send_stage c ORDER BY c.id LIMIT greatest(p_count, 1000)
@@ -777,6 +779,12 @@ BEGIN
     IF v_rows IS NULL THEN
         RETURN;
     END IF;
+    -- The statement counts what it inserts (counted, below), as _claim_due counts its claims: the
+    -- insert trigger stands aside (courier.insert_counted). A staged message has no ordering key
+    -- and priority 0, which every endpoint's levels hold, so there is nothing else to note.
+    v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
+    v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
+             || set_config('courier.insert_counted', 'on', true);
     RETURN QUERY
     WITH staged AS (
         DELETE FROM courier.send_stage s WHERE s.ctid = ANY (v_rows)
@@ -802,6 +810,12 @@ BEGIN
                CASE WHEN p.claimed THEN courier._next_lease(0) ELSE 0 END
         FROM placed p
         RETURNING *
+    ),
+    counted AS (
+        INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
+        SELECT m.endpoint_id, m.status, pg_backend_pid(), v_writes >> 6, count(*)
+        FROM moved m GROUP BY m.endpoint_id, m.status
+        ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
     )
     SELECT c.id, c.endpoint_id, e.name, e.protocol, c.payload, c.headers, c.metadata, c.priority,
            c.retry_count, coalesce(c.max_retries, (e.retry_policy ->> 'max_retries')::integer,
@@ -811,6 +825,7 @@ BEGIN
     FROM moved c JOIN courier.endpoints e ON e.id = c.endpoint_id
     WHERE c.status = 'processing'
     ORDER BY c.id;
+    v_set := set_config('courier.insert_counted', 'off', true);
 END
 $$;
 
