@@ -36,7 +36,7 @@ def test_bench_cost_counts_each_operation_beside_pgmq(dsn):
     # delete of it and its archive row and two index entries (4). A claim that moved the message
     # pending and then updated it wrote three more.
     records = results["push: send + claim(10) + report: WAL records/msg"]
-    assert records.courier.rate < 11.5
+    assert records.courier.rate < 12.5  # 11.2 on PostgreSQL 15; 14.3 with the move and the update
     # receive(1) deletes the row as pop does; its outcome counter writes no WAL either.
     records = results["receive(1): WAL records/msg"]
     assert records.courier.rate <= records.ceiling.rate

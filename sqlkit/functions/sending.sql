@@ -762,7 +762,8 @@ $$;
 -- version and its index entries: about 330 bytes of WAL a message). The other endpoints'
 -- messages are moved pending, for their own claims. A staged message has no priority (0, the
 -- lowest), no ordering key and no delay, so nothing in the queue should have gone before it
--- that the claim's first step did not already take. The insert trigger counts both kinds.
+-- that the claim's first step did not already take. Called by claim_batch, which sets
+-- search_path.
 CREATE OR REPLACE FUNCTION courier._claim_staged(p_worker_id text, p_count integer, p_endpoint_id integer)
 RETURNS SETOF courier.claimed_message
 LANGUAGE plpgsql
