@@ -268,6 +268,35 @@ def test_a_dequeue_counts_nothing_and_the_trigger_counts_every_other_update(conn
     assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
 
 
+def test_the_report_and_the_ack_count_their_deletes_and_the_trigger_counts_the_next(conn: psycopg.Connection):
+    """The push report (_report_delivered) and the pull ack count the messages they delete in
+    their own statements and make the delete trigger stand aside for those statements only: a
+    plain DELETE after them in the same transaction is counted again, and so is a staged send's
+    claim with a plain INSERT after it."""
+    _fill(conn)  # 40 hook messages, 30 jobs, 7 of them leased
+    conn.execute("SELECT courier.keep_send_stage()")
+    conn.execute("SELECT courier.estimate_active_messages()")
+    conn.execute("SELECT courier.send('hook', '{}')")  # staged
+    hook = "(SELECT id FROM courier.endpoints WHERE name = 'hook')"
+    with conn.transaction():
+        claimed = conn.execute(f"SELECT c.id, c.lease FROM courier.claim_batch('w', 50, {hook}) c").fetchall()
+        assert len(claimed) == 41  # the queue's 40, then the staged one
+        conn.execute(f"INSERT INTO courier.queue (endpoint_id, payload) SELECT {hook}, '{{}}'")
+        assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
+        conn.execute("SELECT * FROM courier.report_outcomes(%s, %s, %s, %s)",
+                     ([i for i, _ in claimed[:30]], [lease for _, lease in claimed[:30]], ["success"] * 30,
+                      [None] * 30))
+        assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
+        leased = conn.execute("SELECT id, lease FROM courier.queue WHERE status = 'processing' "
+                              "AND visible_at IS NOT NULL ORDER BY id").fetchall()
+        conn.execute("SELECT count(*) FROM courier.ack(%s, %s)",
+                     ([i for i, _ in leased], [lease for _, lease in leased]))
+        assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
+        conn.execute("DELETE FROM courier.queue WHERE id IN (SELECT id FROM courier.queue ORDER BY id DESC LIMIT 4)")
+        assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
+    assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
+
+
 def _counter_rows(conn: psycopg.Connection) -> list[tuple]:
     return conn.execute("SELECT ctid::text, xmin::text, endpoint_id, status, messages FROM courier.queue_depth "
                         "ORDER BY 1").fetchall()

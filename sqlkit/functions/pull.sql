@@ -1039,13 +1039,19 @@ DECLARE
     v_leases jsonb;
     v_tids tid[];
     v_endpoint_ids integer[];
+    v_writes integer;
+    v_set text;
 BEGIN
     IF NOT coalesce(courier._pull_leases_ok(p_ids, p_leases), false) THEN
         PERFORM courier._require_pull_leases(p_ids, p_leases);
     END IF;
     v_leases := jsonb_object(p_ids::text[], p_leases::text[]);
-    -- The delivered counters (as _count_outcomes keeps them) in the same statement as the
-    -- DELETE, which already has the acked rows: one statement per ack instead of two.
+    -- The delivered counters (as _count_outcomes keeps them) and the depth counter (a leased pull
+    -- message is counted pending: _counted_status) in the same statement as the DELETE, which
+    -- already has the acked rows; the delete trigger stands aside (courier.delete_counted).
+    v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
+    v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
+             || set_config('courier.delete_counted', 'on', true);
     WITH acked AS (
         DELETE FROM courier.queue q
         WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
@@ -1056,8 +1062,14 @@ BEGIN
         INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
         SELECT a.endpoint_id, 'delivered', pg_backend_pid(), count(*) FROM acked a GROUP BY a.endpoint_id
         ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
+    ),
+    depth AS (
+        INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
+        SELECT a.endpoint_id, 'pending', pg_backend_pid(), v_writes >> 6, -count(*) FROM acked a GROUP BY a.endpoint_id
+        ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
     )
     SELECT array_agg(a.id), count(*) INTO v_acked, v_count FROM acked a;
+    v_set := set_config('courier.delete_counted', 'off', true);
     IF v_count = cardinality(p_ids) THEN  -- the common case: all acked, no second look needed
         RETURN QUERY SELECT u.id, 'acked'::text FROM unnest(p_ids) AS u(id);
         RETURN;
