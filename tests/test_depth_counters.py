@@ -268,11 +268,11 @@ def test_a_dequeue_counts_nothing_and_the_trigger_counts_every_other_update(conn
     assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
 
 
-def test_the_report_and_the_ack_count_their_deletes_and_the_trigger_counts_the_next(conn: psycopg.Connection):
-    """The push report (_report_delivered) and the pull ack count the messages they delete in
-    their own statements and make the delete trigger stand aside for those statements only: a
-    plain DELETE after them in the same transaction is counted again, and so is a staged send's
-    claim with a plain INSERT after it."""
+def test_the_ack_counts_its_deletes_and_the_trigger_counts_the_next(conn: psycopg.Connection):
+    """The pull ack counts the messages it deletes in its own statement and makes the delete
+    trigger stand aside for that statement only: a plain DELETE after it in the same transaction
+    is counted again, and so is a staged send's claim (which counts itself too) with a plain
+    INSERT after it, and a push report beside them."""
     _fill(conn)  # 40 hook messages, 30 jobs, 7 of them leased
     conn.execute("SELECT courier.keep_send_stage()")
     conn.execute("SELECT courier.estimate_active_messages()")

@@ -378,23 +378,12 @@ DECLARE
     v_counts integer[];
     v_delivered integer := 0;
     v_endpoint courier.endpoints;
-    v_writes integer := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
-    -- The DELETE counts itself (counted, below); the delete trigger stands aside.
-    v_set text := set_config('courier.depth_writes', (v_writes + 1)::text, true)
-                  || set_config('courier.delete_counted', 'on', true);
 BEGIN
     WITH moved AS (
         DELETE FROM courier.queue q
         USING unnest(p_ids, p_leases, p_responses) AS u(id, lease, response)  -- NULL p_responses: NULLs
         WHERE q.id = ANY (p_ids) AND q.status = v_processing AND q.id = u.id AND q.lease = u.lease
         RETURNING q.*, u.response AS captured
-    ),
-    counted AS (
-        INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
-        SELECT m.endpoint_id, courier._counted_status(m.status, m.visible_at), pg_backend_pid(), v_writes >> 6,
-               -count(*)
-        FROM moved m GROUP BY m.endpoint_id, courier._counted_status(m.status, m.visible_at)
-        ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
     ),
     archived AS (
         INSERT INTO courier.archive (id, endpoint_id, payload, headers, metadata, status, priority, retry_count,
@@ -411,7 +400,6 @@ BEGIN
     SELECT array_agg(endpoint_id ORDER BY endpoint_id), array_agg(n ORDER BY endpoint_id)
     INTO v_endpoint_ids, v_counts
     FROM (SELECT endpoint_id, count(*)::integer AS n FROM archived GROUP BY endpoint_id) per_endpoint;
-    v_set := set_config('courier.delete_counted', 'off', true);
 
     FOR i IN 1 .. coalesce(cardinality(v_endpoint_ids), 0) LOOP
         v_delivered := v_delivered + v_counts[i];
