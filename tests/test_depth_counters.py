@@ -268,10 +268,10 @@ def test_a_dequeue_counts_nothing_and_the_trigger_counts_every_other_update(conn
     assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
 
 
-def test_the_ack_counts_its_deletes_and_the_trigger_counts_the_next(conn: psycopg.Connection):
-    """The pull ack counts the messages it deletes in its own statement and makes the delete
-    trigger stand aside for that statement only: a plain DELETE after it in the same transaction
-    is counted again, and so is a staged send's claim (which counts itself too) with a plain
+def test_ack_and_receive_count_their_deletes_and_the_trigger_counts_the_next(conn: psycopg.Connection):
+    """The pull ack and receive count the messages they delete in their own statements and make
+    the delete trigger stand aside for those statements only: a plain DELETE after them in the
+    same transaction is counted again, and so is a staged send's claim (which counts itself too) with a plain
     INSERT after it, and a push report beside them."""
     _fill(conn)  # 40 hook messages, 30 jobs, 7 of them leased
     conn.execute("SELECT courier.keep_send_stage()")
@@ -291,6 +291,8 @@ def test_the_ack_counts_its_deletes_and_the_trigger_counts_the_next(conn: psycop
                               "AND visible_at IS NOT NULL ORDER BY id").fetchall()
         conn.execute("SELECT count(*) FROM courier.ack(%s, %s)",
                      ([i for i, _ in leased], [lease for _, lease in leased]))
+        assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
+        assert len(conn.execute("SELECT * FROM courier.receive('jobs', 5)").fetchall()) == 5
         assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]
         conn.execute("DELETE FROM courier.queue WHERE id IN (SELECT id FROM courier.queue ORDER BY id DESC LIMIT 4)")
         assert conn.execute(COUNTED).fetchone()[0] == conn.execute(ACTUAL).fetchone()[0]

@@ -1517,6 +1517,8 @@ DECLARE
     v_got integer;
     v_rounds integer := 0;
     v_ordered boolean;
+    v_writes integer;
+    v_set text;
 BEGIN
     -- The topic and its throughput_limit in one statement, as dequeue reads them: config's typed
     -- column, else the setting as courier.consume_limits holds it (the setting read on its own was
@@ -1598,7 +1600,11 @@ BEGIN
             PERFORM courier._keep_delivered_keys(v_keyed);
         END IF;
         -- The counters _add_delivery_totals keeps, both outcomes, in the DELETE's statement:
-        -- a statement of their own was 6% of a receive(1).
+        -- a statement of their own was 6% of a receive(1). So is the depth counter, as ack's
+        -- (every row taken was counted pending: _counted_status); the delete trigger stands aside.
+        v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
+        v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
+                 || set_config('courier.delete_counted', 'on', true);
         RETURN QUERY
         WITH gone AS (
             DELETE FROM courier.queue q WHERE q.ctid = ANY (v_tids)
@@ -1610,12 +1616,18 @@ BEGIN
             SELECT v_topic.id, CASE WHEN g.live THEN 'delivered' ELSE 'expired' END, pg_backend_pid(), count(*)
             FROM gone g GROUP BY g.live
             ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
+        ),
+        depth AS (
+            INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
+            SELECT v_topic.id, 'pending', pg_backend_pid(), v_writes >> 6, -count(*) FROM gone g HAVING count(*) > 0
+            ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
         )
         SELECT g.id, g.payload, g.payload_binary, g.body, g.metadata, g.key, g.created_at
         FROM gone g
         WHERE g.live
         ORDER BY g.priority DESC, g.visible_at, g.id;
         GET DIAGNOSTICS v_got = ROW_COUNT;
+        v_set := set_config('courier.delete_counted', 'off', true);
         v_left := v_left - v_got;
         EXIT WHEN v_got = cardinality(v_tids);  -- nothing expired: nothing more is due
     END LOOP;
