@@ -390,9 +390,9 @@ DECLARE
 BEGIN
     -- The pull ack and receive count their deletes in their own statements, as the claims count
     -- theirs (courier.update_counted): reading the transition table and writing the counter from
-    -- here cost a dequeue(1) + ack about 42,000 instructions, and a receive(1) about 30,000. The push report was measured the same
-    -- way and kept the trigger: its statement's upsert, against a counter row that a running
-    -- worker's connection already has, cost about what the trigger did.
+    -- here cost a dequeue(1) + ack about 42,000 instructions, and a receive(1) about 30,000. The
+    -- push report was measured the same way and kept the trigger: its statement's upsert, against
+    -- a counter row that a running worker's connection already has, cost about what the trigger did.
     IF current_setting('courier.delete_counted', true) = 'on' THEN
         RETURN NULL;
     END IF;
