@@ -174,6 +174,27 @@ def test_worker_functions_never_jit(conn):
     assert len(configs) == 4 and all("jit=off" in (config or []) for config in configs.values()), configs
 
 
+def test_functions_that_force_index_scans_never_jit(conn):
+    """enable_seqscan = off prices a sequential scan left in a plan (of a one-row table such as
+    send_limits) at 1e10, far past jit_above_cost: such a statement is JIT-compiled, with inlining
+    and optimization, on every run. On PostgreSQL 15 with LLVM the leader's move of the send stage
+    took 458 ms a second that way. Each such function turns JIT off itself, or is called only by
+    functions that do."""
+    functions = {name: (config or [], source) for name, config, source in conn.execute(
+        "SELECT proname, proconfig, prosrc FROM pg_proc WHERE pronamespace = 'courier'::regnamespace").fetchall()}
+
+    def jit_off(name: str) -> bool:
+        return "jit=off" in functions[name][0]
+
+    forcing = [name for name, (config, _) in functions.items() if "enable_seqscan=off" in config]
+    assert "_move_staged" in forcing and "claim_batch" in forcing
+    for name in forcing:
+        if not jit_off(name):
+            callers = [caller for caller, (_, source) in functions.items()
+                       if caller != name and re.search(rf"\b{name}\s*\(", source)]
+            assert callers and all(jit_off(caller) for caller in callers), (name, callers)
+
+
 def test_a_claim_never_reads_messages_scheduled_for_later(conn, webhook):
     """200k messages scheduled for tomorrow ahead of the due ones: the claim reads the due
     ones from indexes and filters none of the future ones (it filtered all 200k, 51 ms); the
