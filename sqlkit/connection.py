@@ -6,6 +6,7 @@ CourierError carrying its SQLSTATE.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import select
@@ -268,21 +269,43 @@ class AsyncDatabase:
     @contextlib.asynccontextmanager
     async def listen(self, channel: str = NEW_MESSAGE_CHANNEL) -> AsyncIterator[AsyncIterator[str]]:
         """A dedicated connection LISTENing on channel (configured as the pool's are); yields an
-        iterator of payloads."""
+        iterator of payloads.
+
+        The payloads are read straight off libpq whenever the socket is readable, every
+        notification that arrived together at once, rather than through psycopg's notifies(),
+        which arms and disarms its wait on the socket for every read: with a commit's NOTIFY
+        arriving every millisecond or so, that cost each worker pool 216 us of CPU a
+        notification against 144 us (two pools both receive every one)."""
         conn = await connect_async(self.dsn, application_name=self._application_name)
+        loop = asyncio.get_running_loop()
+        readable = asyncio.Event()
+        watched: int | None = None
         try:
             with translated():
                 if self._configure is not None:
                     await self._configure(conn)
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            encoding = conn.info.encoding
+            watched = conn.pgconn.socket
+            loop.add_reader(watched, readable.set)
+            readable.set()  # what arrived with LISTEN's own answer is read first
 
             async def payloads() -> AsyncIterator[str]:
                 with translated():
-                    async for notify in conn.notifies():
-                        yield notify.payload
+                    while True:
+                        await readable.wait()
+                        readable.clear()
+                        conn.pgconn.consume_input()  # raises once the server has closed the session
+                        if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+                            raise psycopg.OperationalError("the LISTEN connection was lost")
+                        while (notify := conn.pgconn.notifies()) is not None:
+                            yield notify.extra.decode(encoding)
 
             yield payloads()
         finally:
+            # Before the close: the socket's number may be reused at once by another connection.
+            if watched is not None:
+                loop.remove_reader(watched)
             await conn.close()
 
 

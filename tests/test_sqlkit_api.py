@@ -138,6 +138,30 @@ def test_async_pool_listens_for_new_messages(dsn, conn, webhook):
     assert asyncio.run(scenario()) == [str(endpoint_id)]
 
 
+def test_a_listener_gets_every_notification_of_a_burst_and_fails_when_its_session_ends(dsn, conn):
+    """Notifications that arrive together are all read, in order; a LISTEN session the server
+    ends fails the iterator at once with DatabaseUnavailable (the worker then listens anew),
+    rather than leaving it waiting on a closed socket."""
+    async def scenario() -> tuple[list[str], BaseException | None]:
+        async with AsyncDatabase(dsn) as db, db.listen("courier_test_burst") as notifications:
+            async with db.connection() as aconn:
+                await aconn.set_autocommit(True)
+                for n in range(5):
+                    await aconn.execute("SELECT pg_notify('courier_test_burst', %s)", (str(n),))
+                got = [await asyncio.wait_for(anext(notifications), timeout=5) for _ in range(5)]
+                await aconn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                    "WHERE query = 'LISTEN \"courier_test_burst\"'")
+            try:
+                await asyncio.wait_for(anext(notifications), timeout=5)
+            except DatabaseUnavailable as error:
+                return got, error
+            return got, None
+
+    got, error = asyncio.run(scenario())
+    assert got == ["0", "1", "2", "3", "4"]
+    assert isinstance(error, DatabaseUnavailable)
+
+
 def test_embedded_database_lifecycle(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k not in ("COURIER_DSN", "DATABASE_URL")}
     env["COURIER_DATA_DIR"] = str(tmp_path)
