@@ -146,8 +146,9 @@ def test_a_listener_gets_every_notification_of_a_burst_and_fails_when_its_sessio
         async with AsyncDatabase(dsn) as db, db.listen("courier_test_burst") as notifications:
             async with db.connection() as aconn:
                 await aconn.set_autocommit(True)
-                for n in range(5):
-                    await aconn.execute("SELECT pg_notify('courier_test_burst', %s)", (str(n),))
+                async with aconn.transaction():  # delivered together, at its commit
+                    for n in range(5):
+                        await aconn.execute("SELECT pg_notify('courier_test_burst', %s)", (str(n),))
                 got = [await asyncio.wait_for(anext(notifications), timeout=5) for _ in range(5)]
                 await aconn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                                     "WHERE query = 'LISTEN \"courier_test_burst\"'")
