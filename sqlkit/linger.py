@@ -6,7 +6,8 @@ dequeue that NOTIFY set off. So a claim or dequeue that comes back empty after a
 whether producers are still committing (courier.sends_committing, or
 courier.topic_sends_committing by a topic's name): while some are, it looks again after the
 next pause; once none is, one more look at once sees every commit that was under way, and an
-empty look after that ends the linger."""
+empty look after that ends the linger. A look that asks first, in its own round trip (the
+worker's report_and_claim), needs no look after it: after_asked."""
 
 from __future__ import annotations
 
@@ -44,6 +45,20 @@ class Linger:
             self.active = False
             return False
         return True
+
+    def asks_with_claim(self) -> bool:
+        """Whether the next claim should ask, in its own round trip, whether producers are
+        committing (report_and_claim's p_linger): while lingering, before its final look."""
+        return self.active and not self.final
+
+    def after_asked(self, committing: bool) -> float | None:
+        """After an empty look that asked, before it looked, whether producers were committing:
+        seconds to wait before the next look, or None when the linger is over. A look that
+        found nothing when none was committing was the final one already."""
+        if not committing:
+            self.active = False
+            return None
+        return self.next_pause(True)
 
     def next_pause(self, committing: bool) -> float | None:
         """Seconds to wait before the next look, or None when the linger is over."""

@@ -362,10 +362,10 @@ SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, 
        metadata::text AS metadata, priority,
        retry_count, max_retries, correlation_id, ordering_key, idempotency_key, scheduled_at, expires_at, created_at,
        lease, (SELECT d.id FROM courier.database_identity d) AS database_id,
-       delivered, retried, dead_lettered, stale, busy
+       delivered, retried, dead_lettered, stale, busy, committing
 FROM courier.report_and_claim(%(worker_id)s, %(batch_size)s, %(endpoint_id)s, %(ids)s::bigint[],
                                  %(leases)s::integer[], %(outcomes)s::text[], %(errors)s::text[],
-                                 %(retry_after)s::integer[], %(responses)s::jsonb[]);
+                                 %(retry_after)s::integer[], %(responses)s::jsonb[], %(linger)s);
 
 -- name: report_outcomes
 SELECT * FROM courier.report_outcomes(%(ids)s::bigint[], %(leases)s::integer[], %(outcomes)s::text[],

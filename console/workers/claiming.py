@@ -144,7 +144,8 @@ class Claims:
                 log.warning("claim slots taken for a while; claiming without one",
                             extra={"endpoint": target.name})
             try:
-                claimed, slotless = await self._claim(target.id, room, unslotted=unslotted)
+                claimed, slotless, committing = await self._claim(target.id, room, unslotted=unslotted,
+                                                                   linger=linger.asks_with_claim())
                 failures = 0
             except asyncio.CancelledError:
                 raise
@@ -171,7 +172,10 @@ class Claims:
                 continue
             busy_for.reset()
             if not claimed:
-                pause = await self._linger_pause(target, linger)
+                if committing is not None:  # the claim asked: no look after it, unless one is
+                    pause = linger.after_asked(committing)
+                else:
+                    pause = await self._linger_pause(target, linger)
                 if pause is None:
                     pause = self._settings.poll_interval
                 if pause:
@@ -253,22 +257,26 @@ class Claims:
         if room:
             self._capacity.notify_soon()
 
-    async def _claim(self, endpoint_id: int, room: int, unslotted: bool = False) -> tuple[list[ClaimedMessage], bool]:
+    async def _claim(self, endpoint_id: int, room: int, unslotted: bool = False,
+                     linger: bool = False) -> tuple[list[ClaimedMessage], bool, bool | None]:
         """Claim for one endpoint, reporting the outcomes held so far in the same round trip
         (and the same commit). If that fails, the outcomes go back to the reporter, which
         retries them or isolates a bad one, and the claim goes alone. Also says whether the
         claim found the endpoint's claim slots all taken (and so claimed nothing); `unslotted`
-        claims without one (claim_batch), once slots stayed taken for SLOT_WAIT_LIMIT."""
+        claims without one (claim_batch), once slots stayed taken for SLOT_WAIT_LIMIT. With
+        `linger`, the claim first asks whether producers are committing, and the answer comes
+        third; it is None when the claim did not ask."""
         params = {"worker_id": self._settings.worker_id, "batch_size": room, "endpoint_id": endpoint_id}
         if unslotted:
             self._stats.round_trips += 1
             async with self._db.connection() as conn:
-                return self._decoded(await queries.fetch_all_async(conn, "claim_for_endpoint", params)), False
+                return self._decoded(await queries.fetch_all_async(conn, "claim_for_endpoint", params)), False, None
         batch = self._reporter.take()
         try:
             self._stats.round_trips += 1
             async with self._db.connection() as conn:
-                rows = await queries.fetch_all_async(conn, "report_and_claim", {**params, **report_params(batch)})
+                rows = await queries.fetch_all_async(conn, "report_and_claim",
+                                                     {**params, **report_params(batch), "linger": linger})
         except BaseException as error:
             self._reporter.give_back(batch, error)
             if not batch or not isinstance(error, Exception):
@@ -280,11 +288,12 @@ class Claims:
             self._reporter.wake()
             self._stats.round_trips += 1
             async with self._db.connection() as conn:
-                rows = await queries.fetch_all_async(conn, "claim_for_endpoint", params)
-        else:
-            await self._reporter.reported(batch, rows)
+                return self._decoded(await queries.fetch_all_async(conn, "claim_for_endpoint", params)), False, None
         slotless = bool(rows) and bool(rows[0].get("busy"))
-        return self._decoded(rows), slotless
+        # A claim that found a slot looked after the report, in its transaction: what the report
+        # unblocked for this endpoint (an ordering key's next message) it has seen already.
+        await self._reporter.reported(batch, rows, looked=None if slotless else endpoint_id)
+        return self._decoded(rows), slotless, rows[0].get("committing") if rows else None
 
     def _decoded(self, rows: list[dict]) -> list[ClaimedMessage]:
         """The claimed messages of a claim's rows, their leases recorded."""

@@ -621,15 +621,36 @@ $$;
 -- and says busy, counted in metrics() as claims_busy_total: the worker tries again shortly.
 -- Slots spare work; fencing and SKIP LOCKED keep claims correct without them, so a claim made
 -- without a slot (claim_batch) is as safe.
+--
+-- p_linger: the worker is lingering after a wake-up (sqlkit/linger.py), and asks in the same
+-- round trip whether a producer of the endpoint is still committing (sends_committing), before
+-- the claim looks. An empty claim that says no needs no look after it: every commit that was
+-- under way when it asked is visible to the claim, which came later, and a producer that
+-- commits after that sends a wake-up of its own (the top of sending.sql). Without it, the worker
+-- asked in a round trip of its own after the empty claim, then claimed once more: at a trickle,
+-- two of the four round trips a message cost its worker.
+--
+-- It commits without waiting for its WAL to reach disk (synchronous_commit off, for its own
+-- transaction). A crash of the server can forget only the last moment of the worker's claims
+-- and reports, a whole transaction at a time and in order: their messages go back to pending,
+-- or stay leased until stale recovery, and are delivered again, which at-least-once delivery
+-- allows and a crash of the worker does too. Leases are random (_next_lease), so a worker that
+-- holds a forgotten claim is still fenced out. Each claim waited for the WAL flush, and did the
+-- flush itself most of the time: on PostgreSQL 15 here an empty claim took 0.38 ms to return
+-- instead of 0.20 (p90 0.86 ms instead of 0.21), and the worker's backends spent 1.36 ms of CPU
+-- per message at 300 sends/s instead of 0.88.
+DROP FUNCTION IF EXISTS courier.report_and_claim(text, integer, integer, bigint[], integer[], text[], text[],
+                                                 integer[], jsonb[]);
 CREATE OR REPLACE FUNCTION courier.report_and_claim(
     p_worker_id text, p_batch_size integer, p_endpoint_id integer,
     p_ids bigint[], p_leases integer[], p_outcomes text[], p_errors text[],
-    p_retry_after integer[] DEFAULT NULL, p_responses jsonb[] DEFAULT NULL)
+    p_retry_after integer[] DEFAULT NULL, p_responses jsonb[] DEFAULT NULL, p_linger boolean DEFAULT false)
 RETURNS TABLE (id bigint, endpoint_id integer, endpoint_name text, protocol text, payload jsonb, headers jsonb,
                metadata jsonb, priority smallint, retry_count integer, max_retries integer, correlation_id uuid,
                ordering_key text, idempotency_key text, scheduled_at timestamptz, expires_at timestamptz,
                created_at timestamptz, lease integer,
-               delivered integer, retried integer, dead_lettered integer, stale integer, busy boolean)
+               delivered integer, retried integer, dead_lettered integer, stale integer, busy boolean,
+               committing boolean)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
 SET jit = off
@@ -637,6 +658,9 @@ AS $$
 DECLARE
     v_report record;
     v_busy boolean;
+    -- Asked before anything else, so that every statement of the claim sees what it waited on.
+    v_committing boolean := CASE WHEN p_linger THEN courier.sends_committing(p_endpoint_id) END;
+    v_async text := set_config('synchronous_commit', 'off', true);
 BEGIN
     IF coalesce(cardinality(p_ids), 0) > 0 THEN
         SELECT * INTO v_report
@@ -657,14 +681,15 @@ BEGIN
     END IF;
     IF NOT v_busy THEN
         RETURN QUERY
-            SELECT c.*, v_report.delivered, v_report.retried, v_report.dead_lettered, v_report.stale, false
+            SELECT c.*, v_report.delivered, v_report.retried, v_report.dead_lettered, v_report.stale, false,
+                   v_committing
             FROM courier.claim_batch(p_worker_id, p_batch_size, p_endpoint_id) c;
         IF FOUND THEN
             RETURN;
         END IF;
     END IF;
     RETURN QUERY SELECT (NULL::courier.claimed_message).*, v_report.delivered, v_report.retried,
-                        v_report.dead_lettered, v_report.stale, v_busy;
+                        v_report.dead_lettered, v_report.stale, v_busy, v_committing;
 END
 $$;
 
