@@ -229,8 +229,9 @@ class WorkerPool:
         competing with the producers for the database. (At 1,000 sends/s offered on two cores,
         the producers got 570-590/s through with two pools that both answered, 660-770/s with
         one answering, and 950-1,000/s with a single pool: every pool still receives every
-        NOTIFY.) The others find the endpoint's messages at their poll, and keep claiming while
-        their claims come back full."""
+        NOTIFY.) The others find the endpoint's messages at their poll, and keep claiming until a
+        claim comes back empty. Claiming only while claims came back full was measured (2026-12-01)
+        and moved the number of claims by nothing at 500 sends/s."""
         share = self.settings.share
         if share.count == 1:
             return True
