@@ -47,8 +47,8 @@ class Linger:
         return True
 
     def asks_with_claim(self) -> bool:
-        """Whether the next claim should ask, in its own round trip, whether producers are
-        committing (report_and_claim's p_linger): while lingering, before its final look."""
+        """Whether the next claim should ask whether producers are committing, in the claim's
+        own round trip (report_and_claim's p_linger): while lingering, before its final look."""
         return self.active and not self.final
 
     def after_asked(self, committing: bool) -> float | None:

@@ -627,8 +627,7 @@ $$;
 -- the claim looks. An empty claim that says no needs no look after it: every commit that was
 -- under way when it asked is visible to the claim, which came later, and a producer that
 -- commits after that sends a wake-up of its own (the top of sending.sql). Without it, the worker
--- asked in a round trip of its own after the empty claim, then claimed once more: at a trickle,
--- two of the four round trips a message cost its worker.
+-- asked in a round trip of its own after the empty claim, then claimed once more.
 --
 -- It commits without waiting for its WAL to reach disk (synchronous_commit off, for its own
 -- transaction). A crash of the server can forget only the last moment of the worker's claims
@@ -637,8 +636,8 @@ $$;
 -- allows and a crash of the worker does too. Leases are random (_next_lease), so a worker that
 -- holds a forgotten claim is still fenced out. Each claim waited for the WAL flush, and did the
 -- flush itself most of the time: on PostgreSQL 15 here an empty claim took 0.38 ms to return
--- instead of 0.20 (p90 0.86 ms instead of 0.21), and the worker's backends spent 1.36 ms of CPU
--- per message at 300 sends/s instead of 0.88.
+-- instead of 0.20 (p90 0.86 ms instead of 0.21). ARCHITECTURE.md, "The worker's claims do not
+-- wait for the disk", has the reasoning; BENCHMARKS.md, "A lone message's round trips", the CPU.
 DROP FUNCTION IF EXISTS courier.report_and_claim(text, integer, integer, bigint[], integer[], text[], text[],
                                                  integer[], jsonb[]);
 CREATE OR REPLACE FUNCTION courier.report_and_claim(
