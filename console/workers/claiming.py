@@ -144,8 +144,11 @@ class Claims:
                 log.warning("claim slots taken for a while; claiming without one",
                             extra={"endpoint": target.name})
             try:
-                claimed, slotless, committing = await self._claim(target.id, room, unslotted=unslotted,
-                                                                   linger=linger.asks_with_claim())
+                # A claim after a full one asks nothing: it rarely comes back empty, and each
+                # question takes the producers' lock exclusively for an instant, in which a
+                # producer committing fails to take its shared one (sends_committing).
+                claimed, slotless, committing = await self._claim(
+                    target.id, room, unslotted=unslotted, linger=linger.asks_with_claim() and not busy.is_set())
                 failures = 0
             except asyncio.CancelledError:
                 raise
