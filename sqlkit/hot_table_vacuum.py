@@ -18,7 +18,7 @@ from . import queries
 
 log = logging.getLogger("courier.maintenance")
 
-HOT_TABLES = ("queue", "queue_depth", "delivery_totals", "send_stage")
+HOT_TABLES = ("queue", "queue_depth", "delivery_totals", "send_stage", "send_stage_batch")
 DEAD_ROWS_THRESHOLD = 10_000
 """Dead rows a hot table may hold before the leader vacuums it (and at least a tenth of its
 live rows, so that a queue behind a backlog of millions is not vacuumed for every 10k)."""

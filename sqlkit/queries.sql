@@ -616,6 +616,10 @@ VACUUM courier.delivery_totals;
 -- name: vacuum_send_stage
 VACUUM courier.send_stage;
 
+-- name: vacuum_send_stage_batch
+-- VACUUM of an inheritance parent does not reach its children (migration 0055).
+VACUUM courier.send_stage_batch;
+
 -- name: create_api_token
 SELECT courier.create_api_token(%(name)s, %(secret_hash)s, %(topics)s::text[], %(endpoints)s::text[],
                                 %(actions)s::text[]);

@@ -195,9 +195,10 @@ def test_verbs_that_find_messages_see_staged_ones(conn):
     assert _staged(conn) == [] and message_status(conn, late) is None
 
 
-def test_concurrent_senders_and_claims_lose_and_double_nothing(conn, dsn):
-    """Eight producers send while four claimers move and claim: every message is claimed exactly
-    once, and the counters end at zero."""
+@pytest.mark.parametrize("batch", [1, 10])
+def test_concurrent_senders_and_claims_lose_and_double_nothing(conn, dsn, batch):
+    """Eight producers send (one at a time, or send_batch of ten) while four claimers move and
+    claim: every message is claimed exactly once, and the counters end at zero."""
     conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
     _stage_alive(conn)
     sent: list[int] = []
@@ -208,7 +209,11 @@ def test_concurrent_senders_and_claims_lose_and_double_nothing(conn, dsn):
 
     def produce() -> None:
         with psycopg.connect(dsn, autocommit=True) as c:
-            mine = [scalar(c, "SELECT courier.send('e', %s::jsonb)", (f'{{"n": {n}}}',)) for n in range(150)]
+            if batch == 1:
+                mine = [scalar(c, "SELECT courier.send('e', %s::jsonb)", (f'{{"n": {n}}}',)) for n in range(150)]
+            else:
+                mine = [i for n in range(0, 150, batch) for i in scalar(
+                    c, "SELECT courier.send_batch('e', %s::jsonb[])", ([f'{{"n": {n + k}}}' for k in range(batch)],))]
         with lock:
             sent.extend(mine)
 
@@ -295,3 +300,117 @@ def test_a_staged_send_wakes_the_workers_at_commit_whatever_the_transaction_send
             producer.execute("SELECT courier.send('later', '{}')")
             producer.commit()
         assert list(listener.notifies(timeout=1, stop_after=1)) == []
+
+
+def _send_batch(conn: psycopg.Connection, endpoint: str, count: int, priority: int | None = None) -> list[int]:
+    payloads = [f'{{"n": {n}}}' for n in range(count)]
+    if priority is None:
+        return scalar(conn, "SELECT courier.send_batch(%s, %s::jsonb[])", (endpoint, payloads))
+    return scalar(conn, "SELECT courier.send_batch_with_priority(%s, %s::jsonb[], %s)", (endpoint, payloads, priority))
+
+
+def test_a_batch_stages_and_wakes_the_workers_once_at_commit(conn, dsn):
+    """send_batch stages as a single send does (migration 0055): its ids come in element order,
+    a claim takes them oldest first straight into processing and moves the rest, and the batch
+    wakes the endpoint's workers once, at commit, as a batch sent to the queue does."""
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    endpoint = scalar(conn, "SELECT id FROM courier.endpoints WHERE name = 'e'")
+    _stage_alive(conn)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN courier_new_msg")
+        with psycopg.connect(dsn) as producer:
+            ids = _send_batch(producer, "e", 5)
+            assert ids == sorted(ids) and _staged(producer) == ids
+            assert list(listener.notifies(timeout=0.5, stop_after=1)) == []  # not before the commit
+            producer.commit()
+        assert [n.payload for n in listener.notifies(timeout=5, stop_after=2)] == [str(endpoint)]
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0 and _depth(conn, "e") == 0
+    assert _claim(conn, "e", batch=3) == ids[:3]
+    assert _staged(conn) == [] and [message_status(conn, m) for m in ids] == ["processing"] * 3 + ["pending"] * 2
+    assert (_depth_of(conn, "e", "pending"), _depth_of(conn, "e", "processing")) == (2, 3)
+    assert _claim(conn, "e") == ids[3:]
+    complete(conn, ids)
+    assert archived(conn) == 5 and _depth(conn, "e") == 0
+
+
+@pytest.mark.parametrize("protocol, config, paused, priority", [
+    ("pull", "{}", False, None), ("noop", '{"delay_seconds": 30}', False, None),
+    ("noop", '{"max_depth": 50}', False, None), ("noop", "{}", True, None), ("noop", "{}", False, 2)])
+def test_what_a_stage_cannot_honour_in_a_batch_goes_to_the_queue(conn, protocol, config, paused, priority):
+    conn.execute("SELECT courier.create_endpoint('e', %s, %s::jsonb)", (protocol, config))
+    if paused:
+        conn.execute("SELECT courier.pause_endpoint('e')")
+    _stage_alive(conn)
+    ids = _send_batch(conn, "e", 4, priority)
+    assert _staged(conn) == [] and {message_status(conn, m) for m in ids} == {"pending"} and _depth(conn, "e") == 4
+
+
+def test_a_batch_the_estimate_has_no_room_for_takes_the_exact_path(conn):
+    """A batch stages only while the leader's estimate, which counts the stage, leaves the queue
+    at most half full with the whole batch in it; past that max_queue_size is applied exactly to
+    the queue's counters, which count a staged message once it is moved, as for single sends."""
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    conn.execute("SELECT courier.set_setting('max_queue_size', '10')")
+    _stage_alive(conn)
+    staged = _send_batch(conn, "e", 5)
+    assert _staged(conn) == staged
+    conn.execute("SELECT courier.estimate_active_messages()")  # which counts the five staged messages
+    direct = _send_batch(conn, "e", 3)
+    assert _staged(conn) == staged and {message_status(conn, m) for m in direct} == {"pending"}
+    with pytest.raises(psycopg.Error, match="max_queue_size"):
+        _send_batch(conn, "e", 8)
+    conn.execute("SELECT courier.keep_send_stage()")  # moved: counted
+    with pytest.raises(psycopg.Error, match="max_queue_size"):
+        _send_batch(conn, "e", 3)
+    assert _depth(conn, "e") == 8
+
+
+def test_batches_go_to_the_queue_while_no_claim_takes_the_stage(conn):
+    """A staged message no claim takes is written twice (staged, then moved): while the stage's
+    oldest message has waited 100 ms or more, batches go to the queue; single sends still stage."""
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    _stage_alive(conn)
+    waiting = _send_batch(conn, "e", 3)
+    conn.execute("UPDATE courier.send_stage SET created_at = now() - interval '150 milliseconds' WHERE id = %s",
+                 (waiting[0],))
+    direct = _send_batch(conn, "e", 2)
+    assert _staged(conn) == waiting and {message_status(conn, m) for m in direct} == {"pending"}
+    single = scalar(conn, "SELECT courier.send('e', '{}')")
+    assert _staged(conn) == [*waiting, single]
+    assert _claim(conn, "e", batch=10) == [*direct, *waiting, single]  # the queue's first, then the stage
+    again = _send_batch(conn, "e", 2)
+    assert _staged(conn) == again
+
+
+def test_verbs_that_find_messages_see_messages_staged_in_a_batch(conn):
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    _stage_alive(conn)
+    first, cancelled, deleted, *rest = _send_batch(conn, "e", 6)
+    assert conn.execute("SELECT was FROM courier.cancel_message(%s)", (cancelled,)).fetchone()[0] == "pending"
+    assert message_status(conn, cancelled) == "cancelled"
+    again = _send_batch(conn, "e", 2)
+    conn.execute("SELECT * FROM courier.delete_message(%s)", (deleted,))
+    assert message_status(conn, deleted) is None
+    assert scalar(conn, "SELECT courier.purge_queue_count('e')") == 6
+    assert scalar(conn, "SELECT courier.purge_queue('e')") == 6
+    assert {message_status(conn, m) for m in [first, *rest, *again]} == {"purged"}
+    assert _staged(conn) == [] and _depth(conn, "e") == 0
+
+
+def test_a_worker_delivers_every_message_of_staged_batches(dsn, conn):
+    """A real `courier worker` and producers sending batches of 100 and single sends together:
+    every message is delivered once, and the stage and counters end empty."""
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    worker = start_worker_process(dsn)
+    try:
+        wait_for(lambda: scalar(conn, "SELECT stage_until > now() AND room_until > now() FROM courier.send_limits"))
+        sent = []
+        for _ in range(5):
+            sent += [*_send_batch(conn, "e", 100), scalar(conn, "SELECT courier.send('e', '{}')")]
+        assert len(set(sent)) == 505
+        wait_for(lambda: archived(conn) == 505, timeout=30)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    assert _staged(conn) == [] and _depth(conn, "e") == 0
+    assert scalar(conn, "SELECT count(DISTINCT id) FROM courier.archive WHERE id = ANY (%s)", (sent,)) == 505

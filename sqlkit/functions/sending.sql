@@ -70,8 +70,9 @@ CREATE CONSTRAINT TRIGGER queue_depth_wake AFTER UPDATE OF slot ON courier.queue
     EXECUTE FUNCTION courier._wake_workers_at_commit();
 
 -- The same wake-up for a send that staged its message (courier.send_stage, migration 0054): a
--- deferred row trigger on the stage itself, since a staged send writes no counter row. Only a
--- single send stages, one row per statement, so it fires once a send.
+-- deferred row trigger on the stage itself, since a staged send writes no counter row. It fires
+-- once a send: a staged batch puts its first message here and the rest in send_stage_batch,
+-- which has no trigger (migration 0055).
 DROP TRIGGER IF EXISTS send_stage_wake ON courier.send_stage;
 CREATE CONSTRAINT TRIGGER send_stage_wake AFTER INSERT ON courier.send_stage
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
@@ -736,17 +737,25 @@ SET jit = off
 AS $$
 DECLARE
     v_rows tid[];
+    v_batched tid[];  -- rows of courier.send_stage_batch (migration 0055): a ctid names a row of one table
     v_moved integer;
 BEGIN
-    SELECT array_agg(s.ctid) INTO v_rows
-    FROM (SELECT c.ctid FROM courier.send_stage c ORDER BY c.id LIMIT p_limit FOR UPDATE SKIP LOCKED) s;
-    IF v_rows IS NULL THEN
+    SELECT array_agg(s.ctid) FILTER (WHERE s.tableoid = 'courier.send_stage'::regclass),
+           array_agg(s.ctid) FILTER (WHERE s.tableoid <> 'courier.send_stage'::regclass)
+    INTO v_rows, v_batched
+    FROM (SELECT c.tableoid, c.ctid FROM courier.send_stage c ORDER BY c.id LIMIT p_limit FOR UPDATE SKIP LOCKED) s;
+    IF v_rows IS NULL AND v_batched IS NULL THEN
         RETURN 0;
     END IF;
-    WITH staged AS (
-        DELETE FROM courier.send_stage s WHERE s.ctid = ANY (v_rows)
+    WITH staged_one AS (
+        DELETE FROM ONLY courier.send_stage s WHERE s.ctid = ANY (v_rows)
         RETURNING s.id, s.endpoint_id, s.created_at, s.payload
-    )
+    ),
+    staged_batch AS (
+        DELETE FROM courier.send_stage_batch s WHERE s.ctid = ANY (v_batched)
+        RETURNING s.id, s.endpoint_id, s.created_at, s.payload
+    ),
+    staged AS (SELECT * FROM staged_one UNION ALL SELECT * FROM staged_batch)
     INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at)
     OVERRIDING SYSTEM VALUE
     SELECT s.id, s.endpoint_id, s.payload, s.created_at, s.created_at,
@@ -774,13 +783,16 @@ SET enable_seqscan = off  -- as _move_staged
 AS $$
 DECLARE
     v_rows tid[];
+    v_batched tid[];  -- as _move_staged
     v_writes integer;
     v_set text;
 BEGIN
-    SELECT array_agg(s.ctid) INTO v_rows
-    FROM (SELECT c.ctid FROM courier.send_stage c ORDER BY c.id LIMIT greatest(p_count, 1000)
+    SELECT array_agg(s.ctid) FILTER (WHERE s.tableoid = 'courier.send_stage'::regclass),
+           array_agg(s.ctid) FILTER (WHERE s.tableoid <> 'courier.send_stage'::regclass)
+    INTO v_rows, v_batched
+    FROM (SELECT c.tableoid, c.ctid FROM courier.send_stage c ORDER BY c.id LIMIT greatest(p_count, 1000)
           FOR UPDATE SKIP LOCKED) s;
-    IF v_rows IS NULL THEN
+    IF v_rows IS NULL AND v_batched IS NULL THEN
         RETURN;
     END IF;
     -- The statement counts what it inserts (counted, below), as _claim_due counts its claims: the
@@ -790,10 +802,15 @@ BEGIN
     v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
              || set_config('courier.insert_counted', 'on', true);
     RETURN QUERY
-    WITH staged AS (
-        DELETE FROM courier.send_stage s WHERE s.ctid = ANY (v_rows)
+    WITH staged_one AS (
+        DELETE FROM ONLY courier.send_stage s WHERE s.ctid = ANY (v_rows)
         RETURNING s.id, s.endpoint_id, s.created_at, s.payload
     ),
+    staged_batch AS (
+        DELETE FROM courier.send_stage_batch s WHERE s.ctid = ANY (v_batched)
+        RETURNING s.id, s.endpoint_id, s.created_at, s.payload
+    ),
+    staged AS (SELECT * FROM staged_one UNION ALL SELECT * FROM staged_batch),
     timed AS (
         SELECT s.*, s.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0))
                     AS expires_at
@@ -904,6 +921,21 @@ BEGIN
 END
 $$;
 
+-- Whether claims are taking what is staged, for a batch deciding whether to stage (migration
+-- 0055): the stage is empty, or its oldest message was staged less than 100 ms ago. The stage's
+-- primary keys, from the left, whatever the planner thinks of a stage it saw empty (as
+-- _move_staged, and so no JIT).
+CREATE OR REPLACE FUNCTION courier._stage_flowing() RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    RETURN coalesce((SELECT s.created_at FROM courier.send_stage s ORDER BY s.id LIMIT 1), 'infinity')
+           > statement_timestamp() - interval '100 milliseconds';
+END
+$$;
+
 CREATE OR REPLACE FUNCTION courier._send_batch(p_endpoint_name text, p_payloads jsonb[], p_priority integer)
 RETURNS bigint[]
 LANGUAGE plpgsql
@@ -918,6 +950,7 @@ DECLARE
     v_expires_at timestamptz;
     v_visible_at timestamptz;
     v_scheduled_at timestamptz;
+    v_first bigint;
 BEGIN
     PERFORM courier._check_priority(p_priority);
     SELECT max(octet_length(payload::text)), min(ord) FILTER (WHERE payload IS NULL)
@@ -934,6 +967,40 @@ BEGIN
             USING ERRCODE = '54000', HINT = 'Send a reference to the data instead, or raise max_payload_size';
     END IF;
 
+    -- Staged (migration 0055) as a single send stages (send): priority 0, a push endpoint that is
+    -- not paused, no delay or max_depth, a mover alive, claims taking what is staged (its oldest
+    -- message staged less than 100 ms ago: see migration 0055); and room for the whole batch by the
+    -- leader's estimate, which counts the stage (an exact count of the queue's counters would
+    -- not). The first message goes to courier.send_stage, whose trigger wakes the endpoint at
+    -- commit (asked for whatever notify_on_send says, as for a batch sent to the queue), the
+    -- rest to courier.send_stage_batch, which has no trigger to fire for each row.
+    IF p_priority = 0 AND v_count > 0 THEN
+        PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
+        SELECT e.id INTO v_endpoint_id
+        FROM courier.endpoints e, courier.send_limits l
+        WHERE e.name = p_endpoint_name AND e.enabled AND e.protocol <> 'pull' AND e.paused_at IS NULL
+          AND e.config_delay IS NULL AND e.config_max_depth IS NULL AND l.default_max_depth = 0
+          AND l.stage_until > statement_timestamp()
+          AND courier._stage_flowing()
+          AND (l.max_queue_size = 0 OR l.estimated_at > statement_timestamp() - interval '2 seconds'
+                                       AND l.active_estimate + v_count <= l.max_queue_size / 2);
+        IF v_endpoint_id IS NOT NULL THEN
+            PERFORM set_config('courier.wake_staged', 'on', true);
+            INSERT INTO courier.send_stage (endpoint_id, payload)
+            SELECT v_endpoint_id, u.payload FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord) WHERE u.ord = 1
+            RETURNING id INTO v_first;
+            WITH staged AS (
+                INSERT INTO courier.send_stage_batch (endpoint_id, payload)
+                SELECT v_endpoint_id, u.payload
+                FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord)
+                WHERE u.ord > 1
+                ORDER BY u.ord
+                RETURNING id
+            )
+            SELECT v_first || coalesce(array_agg(id ORDER BY id), '{}') INTO v_ids FROM staged;
+            RETURN v_ids;
+        END IF;
+    END IF;
     v_endpoint := courier._endpoint_with_room(p_endpoint_name, v_count, v_largest);
     v_endpoint_id := v_endpoint.id;
     -- The endpoint's delay_seconds, if it has one, makes the whole batch due that much later.
