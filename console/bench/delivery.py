@@ -18,7 +18,7 @@ from sqlkit.connection import connect
 from .drain import WorkerDrain, cost_note, drain_with_worker_process, worker_process
 from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
-from .scratch import backpressure_out_of_reach
+from .scratch import backpressure_out_of_reach, stage_lapsed
 
 
 class SinkProcess:
@@ -46,6 +46,7 @@ def _endpoint(dsn: str, name: str, protocol: str, config: dict, retry_policy: di
 
 def _preload(dsn: str, name: str, messages: int) -> None:
     with connect(dsn) as conn:
+        stage_lapsed(conn)
         for start in range(0, messages, 10_000):
             conn.execute("SELECT courier.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', g) "
                          "FROM generate_series(%s::int, %s::int) g))", (name, start, min(start + 10_000, messages) - 1))

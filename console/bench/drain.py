@@ -34,6 +34,7 @@ from sqlkit.errors import CourierError
 from . import cpu
 from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
+from .scratch import stage_lapsed
 
 CEILING_TABLE = """
 DROP TABLE IF EXISTS public.bench_drain, public.bench_drain_archive;
@@ -98,6 +99,7 @@ def _endpoints(dsn: str, count: int) -> list[str]:
 
 def _preload_queue(dsn: str, messages: int, names: list[str]) -> None:
     with connect(dsn) as conn:
+        stage_lapsed(conn)
         conn.execute("TRUNCATE courier.queue, courier.archive")
         share = messages // len(names)
         for index, name in enumerate(names):

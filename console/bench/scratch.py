@@ -52,6 +52,14 @@ def backpressure_out_of_reach(conn: psycopg.Connection) -> None:
     conn.execute("SELECT courier.set_setting('max_queue_size', '2147483647')")
 
 
+def stage_lapsed(conn: psycopg.Connection) -> None:
+    """A preload goes to the queue, counted there at once, whatever the last worker's leader said:
+    it keeps the send stage alive for five seconds after it stops (migrations 0054, 0055), and a
+    staged batch is counted only when a claim or the leader moves it."""
+    conn.execute("/* bench harness */ SELECT courier._unstage()")
+    conn.execute("/* bench harness */ UPDATE courier.send_limits SET stage_until = NULL")
+
+
 @contextlib.contextmanager
 def leader_estimates(dsn: str, *, move_staged: bool = True) -> Iterator[None]:
     """What a running worker's maintenance leader does every second for the sends: writes the
