@@ -3,10 +3,14 @@ kill -9, and the jobs it runs; plus the event log, health_check() and get_worker
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import signal
+import time
 
 import pytest
 
+from console.workers.maintenance import MaintenanceJob, MaintenanceLeader, MaintenanceSchedule
 from tests.helpers import archived, report, scalar
 from tests.workers import start_worker_process, wait_for
 
@@ -157,3 +161,34 @@ def test_long_gone_workers_are_pruned(conn):
     conn.execute("UPDATE courier.workers SET last_heartbeat = now() - interval '2 hours' WHERE worker_id = 'gone'")
     assert scalar(conn, "SELECT courier.prune_workers()") == 1
     assert [w for (w,) in conn.execute("SELECT worker_id FROM courier.workers")] == ["here"]
+
+
+class _WithSlowJob(MaintenanceSchedule):
+    """The leader's jobs with one that takes seconds, as a VACUUM of a busy queue does."""
+
+    def jobs(self) -> list[MaintenanceJob]:
+        return [*super().jobs(), MaintenanceJob("slow", "", 1.0, runner=lambda dsn, budget: time.sleep(4) or 0)]
+
+
+def test_the_sends_estimate_and_stage_stay_fresh_while_a_job_takes_seconds(dsn, conn):
+    """Every send reads the leader's estimate (room_until lapses two seconds after it) and the
+    stage's lease: a slow job must not hold them up, or sends fall to the exact path."""
+    leader = MaintenanceLeader(dsn, "leader-test", _WithSlowJob())
+    seen: list[tuple] = []
+
+    async def lead_and_watch() -> None:
+        stopping = asyncio.Event()
+        running = asyncio.create_task(leader.run(stopping))
+        for _ in range(60):  # 6 s: the slow job's first run and part of its second
+            seen.append(conn.execute("SELECT estimated_at, room_until > clock_timestamp(), "
+                                     "stage_until > clock_timestamp() FROM courier.send_limits").fetchone())
+            await asyncio.sleep(0.1)
+        stopping.set()
+        await running
+
+    asyncio.run(lead_and_watch())
+    estimates = sorted({estimated_at for estimated_at, _, _ in seen if estimated_at is not None})
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(estimates)]
+    assert len(estimates) >= 4 and max(gaps) < 1.8, gaps
+    settled = seen[20:]  # after the first round's start
+    assert all(room and staging for _, room, staging in settled)

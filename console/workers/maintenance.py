@@ -35,6 +35,7 @@ from .circuit_log import CircuitLog
 log = logging.getLogger("courier.maintenance")
 
 LEADER_APPLICATION_NAME = "courier-maintenance"
+DEPTH_REBUILD_JOB = "depth_rebuild"
 LOCK_RETRY_PAUSE = 0.5
 LEASE_RENEWAL_DURING_JOBS = 10.0
 """Seconds between renewals of the lease while a long job runs on a connection of its own
@@ -122,15 +123,20 @@ class MaintenanceSchedule:
             MaintenanceJob("dlq_cleanup", "cleanup_dlq", self.dlq_cleanup),
             MaintenanceJob("event_log_cleanup", "cleanup_event_log", self.event_log_cleanup),
             MaintenanceJob("counter_compaction", "compact_queue_depth", self.counter_compaction),
-            MaintenanceJob("depth_rebuild", "rebuild_queue_depth", self.depth_rebuild),
-            MaintenanceJob("send_stage", "keep_send_stage", self.send_stage),
-            MaintenanceJob("active_estimate", "estimate_active_messages", self.active_estimate),
+            MaintenanceJob(DEPTH_REBUILD_JOB, "rebuild_queue_depth", self.depth_rebuild),
             # After depth_rebuild: a new leader's first sample after a crash counts the rebuilt depth.
             MaintenanceJob("metric_samples", "", self.metric_samples,
                            call=_quietly(functools.partial(samples.record_async, interval=self.metric_samples))),
             MaintenanceJob("circuit_log", "", self.circuit_log, call=_quietly(CircuitLog())),
             MaintenanceJob("worker_pruning", "prune_workers", self.counter_compaction),
             MaintenanceJob("hot_table_vacuum", "", self.hot_table_vacuum, runner=_vacuum_hot_tables),
+        ]
+
+    def send_path_jobs(self) -> list[MaintenanceJob]:
+        """What every send reads, kept on a cadence of its own (see MaintenanceLeader._keep_send_path)."""
+        return [
+            MaintenanceJob("send_stage", "keep_send_stage", self.send_stage),
+            MaintenanceJob("active_estimate", "estimate_active_messages", self.active_estimate),
         ]
 
 
@@ -152,6 +158,7 @@ class MaintenanceLeader:
         self.is_leader = False
         self._jobs = self.schedule.jobs()
         self._next_run: dict[str, float] = {}
+        self._send_path: asyncio.Task[None] | None = None
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Campaign, and lead while elected, until stopping is set."""
@@ -175,12 +182,16 @@ class MaintenanceLeader:
                         await conn.close()  # the session's end frees the lease
 
     async def _campaign_and_lead(self, conn: psycopg.AsyncConnection, stopping: asyncio.Event) -> None:
-        while not stopping.is_set():
-            if not await self._hold_lease(conn):
-                await _sleep_unless(stopping, self.schedule.election_interval)
-                continue
-            await self._run_due_jobs(conn, stopping)
-            await _sleep_unless(stopping, 1.0)
+        try:
+            while not stopping.is_set():
+                if not await self._hold_lease(conn):
+                    await self._stop_send_path()
+                    await _sleep_unless(stopping, self.schedule.election_interval)
+                    continue
+                await self._run_due_jobs(conn, stopping)
+                await _sleep_unless(stopping, 1.0)
+        finally:
+            await self._stop_send_path()
 
     async def _hold_lease(self, conn: psycopg.AsyncConnection) -> bool:
         """Takes the maintenance lease, or renews it while leading; False when another worker
@@ -212,8 +223,57 @@ class MaintenanceLeader:
                     raise  # the connection is gone, and the lease with it
                 log.warning("maintenance job failed", extra={"job": job.name, "error": error.one_line()})
                 continue
+            finally:
+                # The estimate the sends read counts the depth counters: after a crash, once
+                # they are rebuilt.
+                if job.name == DEPTH_REBUILD_JOB:
+                    self._start_send_path(stopping)
             if done:
                 log.info("maintenance", extra={"job": job.name, "count": done})
+
+    def _start_send_path(self, stopping: asyncio.Event) -> None:
+        if self._send_path is None or self._send_path.done():
+            self._send_path = asyncio.create_task(self._keep_send_path(stopping), name="maintenance-send-path")
+
+    async def _stop_send_path(self) -> None:
+        task, self._send_path = self._send_path, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _keep_send_path(self, stopping: asyncio.Event) -> None:
+        """While this worker leads: the send stage's lease and the estimate of active messages,
+        every second on a connection of their own. Every send reads both (send_limits.stage_until
+        and room_until, which lapse two seconds after the last estimate); in the jobs' round they
+        waited behind the slowest job, and a hot-table VACUUM of five seconds under load sent a
+        fifth of the sends down the exact path (BENCHMARKS.md, "The send path's keepers")."""
+        jobs = self.schedule.send_path_jobs()
+        next_run: dict[str, float] = {}
+        while not stopping.is_set():
+            try:
+                async with await connect_async(self.dsn, application_name=LEADER_APPLICATION_NAME) as conn:
+                    while not stopping.is_set():
+                        for job in jobs:
+                            if next_run.get(job.name, 0.0) <= time.monotonic():
+                                next_run[job.name] = time.monotonic() + job.every
+                                await self._run_send_path_job(conn, job, stopping)
+                        await _sleep_unless(stopping, min(job.every for job in jobs))
+            except CourierError as error:  # the connection: again after a pause
+                log.warning("maintenance job failed", extra={"job": "send_path", "error": error.one_line()})
+                await _sleep_unless(stopping, self.schedule.election_interval)
+
+    async def _run_send_path_job(self, conn: psycopg.AsyncConnection, job: MaintenanceJob,
+                                 stopping: asyncio.Event) -> None:
+        try:
+            done = await self._run_job(conn, job, stopping)
+        except CourierError as error:
+            if isinstance(error, DatabaseUnavailable) or conn.closed:
+                raise
+            log.warning("maintenance job failed", extra={"job": job.name, "error": error.one_line()})
+            return
+        if done:
+            log.info("maintenance", extra={"job": job.name, "count": done})
 
     async def _run_job(self, conn: psycopg.AsyncConnection, job: MaintenanceJob, stopping: asyncio.Event) -> int:
         params = {"batch_size": job.batch, "months_ahead": self.schedule.months_ahead}
