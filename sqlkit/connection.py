@@ -266,6 +266,19 @@ class AsyncDatabase:
         finally:
             self._kept_busy = False
 
+    async def dedicated(self) -> psycopg.AsyncConnection:
+        """A connection of the caller's own, outside the pool, configured as the pool's are;
+        the caller closes it."""
+        conn = await connect_async(self.dsn, application_name=self._application_name)
+        try:
+            with translated():
+                if self._configure is not None:
+                    await self._configure(conn)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
     @contextlib.asynccontextmanager
     async def listen(self, channel: str = NEW_MESSAGE_CHANNEL) -> AsyncIterator[AsyncIterator[str]]:
         """A dedicated connection LISTENing on channel (configured as the pool's are); yields an
@@ -279,14 +292,12 @@ class AsyncDatabase:
         registered, so the iterator is for a task that does nothing but drain it (as every
         caller's does): notifications left waiting on the socket wake the event loop on each of
         its turns until they are read."""
-        conn = await connect_async(self.dsn, application_name=self._application_name)
+        conn = await self.dedicated()
         loop = asyncio.get_running_loop()
         readable = asyncio.Event()
         watched: int | None = None
         try:
             with translated():
-                if self._configure is not None:
-                    await self._configure(conn)
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             encoding = conn.info.encoding
             watched = conn.pgconn.socket

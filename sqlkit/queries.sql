@@ -356,6 +356,14 @@ FROM courier.claim_batch(%(worker_id)s, %(batch_size)s, %(endpoint_id)s);
 -- The worker's linger: is a producer that sent to this endpoint still committing?
 SELECT courier.sends_committing(%(endpoint_id)s);
 
+-- name: hold_wake_lock
+-- An awake claim loop's hold on its endpoint's wake lock (console/workers/awake.py): producers
+-- committing meanwhile skip their NOTIFY, as they do while another producer holds it.
+SELECT pg_try_advisory_lock(hashtext('courier.wake_workers'), %(endpoint_id)s);
+
+-- name: release_wake_lock
+SELECT pg_advisory_unlock(hashtext('courier.wake_workers'), %(endpoint_id)s);
+
 -- name: report_and_claim
 -- claim_for_endpoint with the outcomes held so far reported first, in one round trip.
 SELECT id, endpoint_id, endpoint_name, protocol, payload::text AS payload_json, headers::text AS headers,

@@ -11,7 +11,10 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
+from console.workers.awake import WakeHold
 from console.workers.pool import PoolSettings, WorkerPool
+from console.workers.settings import PoolStats
+from sqlkit.connection import AsyncDatabase
 from tests import test_roles_and_psql
 from tests.helpers import scalar
 from tests.workers import wait_for
@@ -224,3 +227,51 @@ def test_the_application_role_gets_its_wakeup_at_commit(dsn, conn, noop, listene
         app.execute("SELECT courier.send('sink', '{}')")
         app.execute("SELECT courier.send('sink', '{}')")
     assert payloads(listener) == [str(noop)]
+
+
+def test_while_a_claim_loop_holds_the_wake_lock_commits_send_no_notify(dsn, noop, listener):
+    """The awake loop's hold (console/workers/awake.py): producers' commits skip their NOTIFY
+    while it is held, as they do while another producer holds it, and wake again once it is not."""
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        db = AsyncDatabase(dsn)
+        hold = WakeHold(db, PoolStats())
+        with psycopg.connect(dsn, autocommit=True) as producer:
+            await hold.hold(noop)
+            assert hold.holds(noop)
+            producer.execute("SELECT courier.send('sink', '{}')")
+            held = payloads(listener)
+            assert await hold.release(noop)
+            producer.execute("SELECT courier.send('sink', '{}')")
+            released = payloads(listener)
+            await hold.hold(noop)
+            await hold.close()  # its session's end lets go too
+            producer.execute("SELECT courier.send('sink', '{}')")
+            closed = payloads(listener)
+        return held, released, closed
+
+    held, released, closed = asyncio.run(scenario())
+    assert (held, released, closed) == ([], [str(noop)], [str(noop)])
+
+
+def test_producers_sending_back_to_back_are_delivered_without_the_poll_and_notify_seldom(
+        dsn, conn, noop, listener):
+    producers, sends = 4, 250
+
+    def produce() -> None:
+        with psycopg.connect(dsn, autocommit=True) as producer:
+            for _ in range(sends):
+                producer.execute("SELECT courier.send('sink', '{}')")
+
+    with RunningPool(dsn) as pool:
+        threads = [threading.Thread(target=produce) for _ in range(producers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        delivered(pool, producers * sends)
+        woken = len(payloads(listener))
+        # About two in five before the awake loop held the wake lock, one in twenty with it.
+        assert woken < producers * sends / 5, woken
+        time.sleep(0.5)  # the loop found nothing, let go of the lock and waits: a send wakes it
+        conn.execute("SELECT courier.send('sink', '{}')")
+        delivered(pool, producers * sends + 1)

@@ -15,6 +15,7 @@ from sqlkit.connection import AsyncDatabase
 from sqlkit.linger import Linger
 from sqlkit.messages import ClaimedMessage, claimed_from_row
 
+from .awake import WakeHold
 from .capacity import Capacity
 from .dispatchers import Target
 from .dispatching import Deliveries
@@ -92,6 +93,7 @@ class Claims:
         # Set (and cleared at once) whenever a claim of the endpoint commits, and so gives back
         # its claim slot: this pool's claimers waiting for a slot try again at once.
         self._claim_ended: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
+        self._wake_hold = WakeHold(db, stats)
 
     def serve(self, target: Target) -> None:
         """Start the endpoint's claim loops, unless they run already or no dispatcher serves
@@ -103,6 +105,7 @@ class Claims:
     async def finish(self) -> None:
         """Wait for every claim loop to end (a stop: their claims in progress complete)."""
         await asyncio.gather(*self._loops.values(), return_exceptions=True)
+        await self._wake_hold.close()
 
     async def _endpoint_loop(self, target: Target) -> None:
         """The endpoint's claimers: the first polls; the others join in only while claims
@@ -119,14 +122,23 @@ class Claims:
         busy = self._wakeups.busy_event(target.id)
         busy.clear()
         dispatcher = self._deliveries.dispatcher(target.protocol)
-        claimers = self._settings.claimers if dispatcher is not None and dispatcher.batched else 1
-        await asyncio.gather(*(self._claim_loop(target, busy, eager=n > 0) for n in range(max(1, claimers))))
+        batched = dispatcher is not None and dispatcher.batched
+        claimers = self._settings.claimers if batched else 1
+        try:
+            await asyncio.gather(*(self._claim_loop(target, busy, eager=n > 0, holds_wake=batched and n == 0)
+                                   for n in range(max(1, claimers))))
+        finally:
+            await self._wake_hold.release(target.id)
 
-    async def _claim_loop(self, target: Target, busy: asyncio.Event, eager: bool) -> None:
+    async def _claim_loop(self, target: Target, busy: asyncio.Event, eager: bool, holds_wake: bool = False) -> None:
+        """With `holds_wake`, the loop holds the endpoint's wake lock while it claims back to
+        back (see console/workers/awake.py): after its second claim in a row that found
+        messages, until one finds none."""
         wake = self._wakeups.wake_event(target.id)
         failures = 0
         linger = Linger(self._settings.linger, self._settings.linger_limit)
         busy_for = _SlotWait()
+        found_before = False  # the last claim found messages
         while self._current(target):
             if eager and not busy.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -147,8 +159,10 @@ class Claims:
                 # A claim after a full one asks nothing: it rarely comes back empty, and each
                 # question takes the producers' lock exclusively for an instant, in which a
                 # producer committing fails to take its shared one (sends_committing).
+                holding = self._wake_hold.holds(target.id)
                 claimed, slotless, committing = await self._claim(
-                    target.id, room, unslotted=unslotted, linger=linger.asks_with_claim() and not busy.is_set())
+                    target.id, room, unslotted=unslotted,
+                    linger=(linger.asks_with_claim() or holding) and not busy.is_set())
                 failures = 0
             except asyncio.CancelledError:
                 raise
@@ -175,6 +189,21 @@ class Claims:
                 continue
             busy_for.reset()
             if not claimed:
+                found_before = False
+                if holding and committing:
+                    # Producers are committing: still awake, it looks again after the linger's
+                    # pause, still holding.
+                    if not linger.active:
+                        linger.start()
+                    pause = linger.after_asked(True)
+                    if pause is not None:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(wake.wait(), pause)
+                        continue
+                if await self._wake_hold.release(target.id):
+                    # Producers skipped their NOTIFY while it was held: one more look, asking.
+                    wake.set()
+                    continue
                 if committing is not None:  # the claim asked: no look after it, unless one is
                     pause = linger.after_asked(committing)
                 else:
@@ -188,6 +217,9 @@ class Claims:
             dispatcher = self._deliveries.dispatcher(target.protocol)
             if dispatcher is None:  # cannot happen: loops start only for protocols with one
                 continue
+            if holds_wake and found_before:
+                await self._wake_hold.hold(target.id)
+            found_before = True
             if dispatcher.batched:
                 self._deliveries.start_batch(target, claimed)
                 # One turn of the event loop before the next claim: a dispatcher that is

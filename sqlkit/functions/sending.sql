@@ -25,7 +25,8 @@
 -- holds it until it commits: other producers' wake-ups wait for that commit (or the poll).
 
 -- At commit: NOTIFY for the endpoint unless another producer's commit holds its wake lock
--- (that producer's NOTIFY wakes the worker, whose linger finds this transaction's messages).
+-- (that producer's NOTIFY wakes the worker, whose linger finds this transaction's messages), or
+-- a worker's claim loop holds it while it claims back to back (console/workers/awake.py).
 -- Both locks are held until this commit is visible to others, after its WAL flush.
 -- Runs as whoever commits, so it reads no table; trigger functions carry no SET search_path.
 CREATE OR REPLACE FUNCTION courier._wake_workers_at_commit() RETURNS trigger
