@@ -7,11 +7,15 @@ backpressure, depth counters, the claim index, NOTIFY) shows as the ratio.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+from collections.abc import Callable, Iterator
 
 from sqlkit.connection import connect
 
 from . import pgmq
+from .drain import worker_process
 from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
 from .scratch import backpressure_out_of_reach, leader_estimates
@@ -72,9 +76,17 @@ def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> li
             result = run_script(dsn, script, clients=clients, seconds=seconds)
         return Measurement(result.transactions_per_second, result.latency_ms)
 
+    def drained(script: str, consumer: Callable[[], contextlib.AbstractContextManager[object]]) -> Measurement:
+        _reset(dsn, with_pgmq)
+        with consumer():
+            result = run_script(dsn, script, clients=clients, seconds=seconds)
+        return Measurement(result.transactions_per_second, result.latency_ms)
+
     runs = {"ceiling": lambda: run(ceiling_sql)}
     if with_pgmq:
         runs["pgmq"] = lambda: run(pgmq.send_script(payload))
+        runs["send, drained"] = lambda: drained(send_sql, lambda: _worker_running(dsn))
+        runs["pgmq, drained"] = lambda: drained(pgmq.send_script(payload), lambda: pgmq.draining(dsn))
     runs |= {
         "send": lambda: run(send_sql),
         "send, notify off": lambda: run(send_sql, notify=False),
@@ -101,7 +113,29 @@ def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> li
             courier=measured["send"], ceiling=measured["pgmq"], target_ratio=0.95,
             notes=f"courier.send() as shipped (NOTIFY on) against pgmq.send(), which notifies no one unless a "
                   f"queue asks for it ({pgmq.note()})"))
+        results.append(ScenarioResult(
+            scenario="enqueue-single", variant=f"send vs pgmq send, drained, {clients} clients", unit="msg/s",
+            courier=measured["send, drained"], ceiling=measured["pgmq, drained"], target_ratio=1.0,
+            notes="the same sends while they are consumed on the same machine: `courier worker` with no flags "
+                  "delivering to a no-op endpoint, against pgmq's consumer reading 100 under a visibility "
+                  "timeout and deleting them (pgbench, as fast as it can)"))
     return results
+
+
+@contextlib.contextmanager
+def _worker_running(dsn: str) -> Iterator[None]:
+    """`courier worker` with no flags, once its maintenance leader keeps the send stage alive
+    (a send before that goes to the queue, as it does on any deployment's first seconds)."""
+    with worker_process(dsn) as worker:
+        deadline = time.monotonic() + 60
+        with connect(dsn) as conn:
+            while not conn.execute("SELECT EXISTS (SELECT FROM courier.get_worker_status() "
+                                   "WHERE alive AND maintenance_leader) "
+                                   "AND (SELECT stage_until > now() FROM courier.send_limits)").fetchone()[0]:
+                if worker.poll() is not None or time.monotonic() > deadline:
+                    raise worker.failure("did not start leading maintenance")
+                time.sleep(0.1)
+        yield
 
 
 def enqueue_batch(dsn: str, *, clients: int, seconds: float, rounds: int) -> list[ScenarioResult]:

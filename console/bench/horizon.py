@@ -23,7 +23,7 @@ from sqlkit.connection import connect
 
 from . import pgmq
 from .drain import worker_process
-from .pgbench import Progress, run_paced, run_script
+from .pgbench import Progress, run_paced
 from .result import Measurement, ScenarioResult
 from .scratch import backpressure_out_of_reach
 
@@ -114,19 +114,8 @@ def _courier(dsn: str, schedule: Schedule) -> Run:
 
 def _pgmq(dsn: str, schedule: Schedule) -> Run:
     pgmq.install(dsn)
-    stop = threading.Event()
-
-    def consume() -> None:  # as fast as it can: read 100 under a visibility timeout, delete them
-        while not stop.is_set():
-            run_script(dsn, pgmq.read_delete_script(100), clients=1, transactions=200)
-
-    consumer = threading.Thread(target=consume, daemon=True)
-    consumer.start()
-    try:
+    with pgmq.draining(dsn):
         return _run(dsn, pgmq.send_script(PAYLOAD), schedule, PGMQ_WAITING)
-    finally:
-        stop.set()
-        consumer.join()
 
 
 def horizon(dsn: str, *, clients: int, seconds: float, rounds: int, rate: float = 800.0, pinned: float = 60.0,

@@ -9,8 +9,14 @@ the bench's scratch database, as schema `pgmq` next to `courier`. Its messages a
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
+
 from console import extras
 from sqlkit.connection import connect
+
+from .pgbench import run_script
 
 QUEUE = "bench"
 
@@ -63,6 +69,25 @@ def read_delete_script(batch: int) -> str:
 SELECT coalesce(array_agg(msg_id), '{{}}') AS ids FROM pgmq.read('{QUEUE}', 60, {batch}) \\gset
 SELECT count(*) FROM pgmq.delete('{QUEUE}', :ids::bigint[]);
 """
+
+
+@contextlib.contextmanager
+def draining(dsn: str) -> Iterator[None]:
+    """pgmq's consumer beside the producers, as fast as it can: read 100 under a visibility
+    timeout and delete them, in pgbench, for as long as the block runs."""
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            run_script(dsn, read_delete_script(100), clients=1, transactions=200)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        consumer.join()
 
 
 def pop_script(batch: int) -> str:
