@@ -275,3 +275,19 @@ def test_producers_sending_back_to_back_are_delivered_without_the_poll_and_notif
         time.sleep(0.5)  # the loop found nothing, let go of the lock and waits: a send wakes it
         conn.execute("SELECT courier.send('sink', '{}')")
         delivered(pool, producers * sends + 1)
+
+
+def test_a_wake_lock_lost_with_its_connection_still_sends_its_loop_to_look_once_more(dsn, conn, noop):
+    """The server drops a session's advisory locks with it; producers that skipped their NOTIFY
+    before that are found only by the look that follows a release, so the loop must still make it."""
+    other = scalar(conn, "SELECT courier.create_endpoint('other', 'noop', '{}')")
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        hold = WakeHold(AsyncDatabase(dsn), PoolStats())
+        await hold.hold(noop)
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_locks "
+                     "WHERE locktype = 'advisory' AND objid = %s AND granted", (noop,))
+        await hold.hold(other)  # fails on the dead connection, which is closed
+        return hold.holds(noop), await hold.release(noop), await hold.release(noop)
+
+    assert asyncio.run(scenario()) == (False, True, False)

@@ -39,6 +39,8 @@ class WakeHold:
         self._stats = stats
         self._conn: psycopg.AsyncConnection | None = None
         self._held: set[int] = set()
+        # Held on a connection that failed and was closed: their loops still look once more.
+        self._lost: set[int] = set()
         self._turn = asyncio.Lock()  # one statement at a time on the connection
 
     def holds(self, endpoint_id: int) -> bool:
@@ -63,6 +65,9 @@ class WakeHold:
     async def release(self, endpoint_id: int) -> bool:
         """Let go of the endpoint's wake lock; True if it was held, and so the loop must look
         once more (asking first) before it waits."""
+        if endpoint_id in self._lost:
+            self._lost.discard(endpoint_id)
+            return True
         if endpoint_id not in self._held:
             return False
         self._held.discard(endpoint_id)
@@ -82,6 +87,7 @@ class WakeHold:
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None
+        self._lost |= self._held
         self._held.clear()
         if conn is not None:
             try:
