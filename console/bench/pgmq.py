@@ -17,6 +17,7 @@ from console import extras
 from sqlkit.connection import connect
 
 from .pgbench import run_script
+from .scratch import in_background
 
 QUEUE = "bench"
 
@@ -75,19 +76,12 @@ SELECT count(*) FROM pgmq.delete('{QUEUE}', :ids::bigint[]);
 def draining(dsn: str) -> Iterator[None]:
     """pgmq's consumer beside the producers, as fast as it can: read 100 under a visibility
     timeout and delete them, in pgbench, for as long as the block runs."""
-    stop = threading.Event()
-
-    def consume() -> None:
+    def consume(stop: threading.Event) -> None:
         while not stop.is_set():
             run_script(dsn, read_delete_script(100), clients=1, transactions=200)
 
-    consumer = threading.Thread(target=consume, daemon=True)
-    consumer.start()
-    try:
+    with in_background(consume):
         yield
-    finally:
-        stop.set()
-        consumer.join()
 
 
 def pop_script(batch: int) -> str:

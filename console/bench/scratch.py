@@ -7,7 +7,7 @@ import contextlib
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 from psycopg import sql
@@ -68,9 +68,7 @@ def leader_estimates(dsn: str, *, move_staged: bool = True) -> Iterator[None]:
     false: the cost scenario measures what the sends write, in windows the moves would enter).
     Scenarios that send without a worker keep both fresh, so that they measure the sends a
     deployment makes."""
-    stop = threading.Event()
-
-    def estimate() -> None:
+    def estimate(stop: threading.Event) -> None:
         with connect(dsn) as conn:
             while True:
                 conn.execute("/* bench harness */ SELECT courier.keep_send_stage(%s)", (move_staged,))
@@ -78,7 +76,16 @@ def leader_estimates(dsn: str, *, move_staged: bool = True) -> Iterator[None]:
                 if stop.wait(1.0):
                     return
 
-    thread = threading.Thread(target=estimate, daemon=True)
+    with in_background(estimate):
+        yield
+
+
+@contextlib.contextmanager
+def in_background(work: Callable[[threading.Event], None]) -> Iterator[None]:
+    """`work(stop)` in a thread of its own for as long as the block runs; it returns once `stop`
+    is set, which the block's end does, and waits for it."""
+    stop = threading.Event()
+    thread = threading.Thread(target=work, args=(stop,), daemon=True)
     thread.start()
     try:
         yield
