@@ -5,8 +5,8 @@ Of the producers committing together to an endpoint, the one that takes the endp
 lock NOTIFYs (see the top of sqlkit/functions/sending.sql). A NOTIFY holds a cluster-wide lock
 through its commit's WAL flush, and every pool's LISTEN connection receives it: with 16
 producers and the worker draining, about one commit in twelve sent one, and without them the
-same producers committed a third more sends a second (BENCHMARKS.md, "An awake worker holds
-the wake lock"). While an endpoint's claim loop claims back to back it needs no wake-up, so
+same producers committed a third more sends a second (BENCHMARKS.md, "The sends while a worker
+drains them"). While an endpoint's claim loop claims back to back it needs no wake-up, so
 after its second claim in a row that found messages it holds the lock itself, on a connection
 of its own, and producers' tries fail as if another producer held it. Before the loop waits
 it lets go and looks once more, asking whether producers are committing first (the linger):

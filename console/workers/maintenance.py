@@ -217,19 +217,25 @@ class MaintenanceLeader:
                 return
             self._next_run[job.name] = now + job.every
             try:
-                done = await self._run_job(conn, job, stopping)
-            except CourierError as error:
-                if isinstance(error, DatabaseUnavailable) or conn.closed:
-                    raise  # the connection is gone, and the lease with it
-                log.warning("maintenance job failed", extra={"job": job.name, "error": error.one_line()})
-                continue
+                await self._run_logged(conn, job, stopping)
             finally:
                 # The estimate the sends read counts the depth counters: after a crash, once
                 # they are rebuilt.
                 if job.name == DEPTH_REBUILD_JOB:
                     self._start_send_path(stopping)
-            if done:
-                log.info("maintenance", extra={"job": job.name, "count": done})
+
+    async def _run_logged(self, conn: psycopg.AsyncConnection, job: MaintenanceJob, stopping: asyncio.Event) -> None:
+        """Run the job and log what it did; a failure of the job alone is logged, one of the
+        connection raised."""
+        try:
+            done = await self._run_job(conn, job, stopping)
+        except CourierError as error:
+            if isinstance(error, DatabaseUnavailable) or conn.closed:
+                raise  # the connection is gone (the leader's: and the lease with it)
+            log.warning("maintenance job failed", extra={"job": job.name, "error": error.one_line()})
+            return
+        if done:
+            log.info("maintenance", extra={"job": job.name, "count": done})
 
     def _start_send_path(self, stopping: asyncio.Event) -> None:
         if self._send_path is None or self._send_path.done():
@@ -246,8 +252,9 @@ class MaintenanceLeader:
         """While this worker leads: the send stage's lease and the estimate of active messages,
         every second on a connection of their own. Every send reads both (send_limits.stage_until
         and room_until, which lapse two seconds after the last estimate); in the jobs' round they
-        waited behind the slowest job, and a hot-table VACUUM of five seconds under load sent a
-        fifth of the sends down the exact path (BENCHMARKS.md, "The send path's keepers")."""
+        waited behind the slowest job, and a hot-table VACUUM of five seconds under load sent
+        about 30% of the sends down the exact path (BENCHMARKS.md, "The sends while a worker
+        drains them")."""
         jobs = self.schedule.send_path_jobs()
         next_run: dict[str, float] = {}
         while not stopping.is_set():
@@ -257,23 +264,11 @@ class MaintenanceLeader:
                         for job in jobs:
                             if next_run.get(job.name, 0.0) <= time.monotonic():
                                 next_run[job.name] = time.monotonic() + job.every
-                                await self._run_send_path_job(conn, job, stopping)
+                                await self._run_logged(conn, job, stopping)
                         await _sleep_unless(stopping, min(job.every for job in jobs))
             except CourierError as error:  # the connection: again after a pause
                 log.warning("maintenance job failed", extra={"job": "send_path", "error": error.one_line()})
                 await _sleep_unless(stopping, self.schedule.election_interval)
-
-    async def _run_send_path_job(self, conn: psycopg.AsyncConnection, job: MaintenanceJob,
-                                 stopping: asyncio.Event) -> None:
-        try:
-            done = await self._run_job(conn, job, stopping)
-        except CourierError as error:
-            if isinstance(error, DatabaseUnavailable) or conn.closed:
-                raise
-            log.warning("maintenance job failed", extra={"job": job.name, "error": error.one_line()})
-            return
-        if done:
-            log.info("maintenance", extra={"job": job.name, "count": done})
 
     async def _run_job(self, conn: psycopg.AsyncConnection, job: MaintenanceJob, stopping: asyncio.Event) -> int:
         params = {"batch_size": job.batch, "months_ahead": self.schedule.months_ahead}
