@@ -24,7 +24,8 @@ def test_bench_enqueue_sends_through_the_default_backpressure_check(dsn, conn):
     batch = enqueue_batch(dsn, clients=2, seconds=1, rounds=1)
     assert [r.variant for r in single] == ["send, 2 clients", "send, notify off, 2 clients",
                                            "send to a pull topic, 2 clients", "queue table only, 2 clients",
-                                           "send vs pgmq send, 2 clients", "send vs pgmq send, drained, 2 clients"]
+                                           "send vs pgmq send, 2 clients", "send vs pgmq send, drained, 2 clients",
+                                           "enqueue vs pgmq send, drained, 2 clients"]
     assert [r.variant for r in batch] == ["batch 100, 2 clients", "batch 100 vs pgmq send_batch, 2 clients",
                                           "batch 1000, 2 clients", "batch 1000 vs pgmq send_batch, 2 clients"]
     assert all(r.courier.rate > 0 and r.ceiling.rate > 0 for r in single + batch)
@@ -33,6 +34,8 @@ def test_bench_enqueue_sends_through_the_default_backpressure_check(dsn, conn):
     assert all("pgmq 1." in r.notes for r in (single[4], batch[1], batch[3]))
     # And both while a consumer drains them: `courier worker` as shipped, pgmq's read + delete.
     assert "`courier worker` with no flags" in single[5].notes and single[5].courier is not single[0].courier
+    # A pull topic's enqueues beside the same pgmq run, drained by a consumer's dequeue and ack.
+    assert "dequeues 100 and acks" in single[6].notes and single[6].ceiling is single[5].ceiling
     # Raised out of reach, not switched off (0): a send still sums the depth counters.
     assert scalar(conn, "SELECT value FROM courier.settings WHERE name = 'max_queue_size'") == "2147483647"
     # The last run's messages are all there, counted.

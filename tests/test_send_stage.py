@@ -122,11 +122,11 @@ def test_the_leader_moves_what_no_claim_took_and_sends_stop_staging_without_it(c
     assert _staged(conn) == [] and message_status(conn, second) == "pending" and _depth(conn, "e") == 2
 
 
-@pytest.mark.parametrize("protocol, config", [("pull", "{}"), ("noop", '{"delay_seconds": 30}'),
-                                              ("noop", '{"max_depth": 5}')])
+@pytest.mark.parametrize("protocol, config", [("noop", '{"delay_seconds": 30}'), ("pull", '{"delay_seconds": 30}'),
+                                              ("noop", '{"max_depth": 5}'), ("pull", '{"max_depth": 5}')])
 def test_what_a_stage_cannot_honour_goes_to_the_queue(conn, protocol, config):
-    """A pull topic's consumers read the queue at once, a delayed message is not due, and max_depth
-    is exact: none of these stage."""
+    """A delayed message is not due, and max_depth is exact: neither stages (a pull topic's plain
+    sends do: tests/test_pull_stage.py)."""
     conn.execute("SELECT courier.create_endpoint('e', %s, %s::jsonb)", (protocol, config))
     _stage_alive(conn)
     sent = scalar(conn, "SELECT courier.send('e', '{}')")

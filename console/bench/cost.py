@@ -260,6 +260,24 @@ def _courier_push_delivery(size: int) -> Unit:
     return unit
 
 
+def _courier_pull_delivery(size: int, take: Unit) -> Unit:
+    """A pull topic's messages from producer to consumer: `size` enqueues, each in its own
+    transaction, then `take` (a dequeue and ack, or a receive) of the lot."""
+    def unit(m: Runner) -> None:
+        for _ in range(size):
+            _courier_enqueue(m)
+        take(m)
+    return unit
+
+
+def _pgmq_send_pop(size: int) -> Unit:
+    def unit(m: Runner) -> None:
+        for _ in range(size):
+            _pgmq_send(m)
+        _pgmq_pop(size)(m)
+    return unit
+
+
 def _pgmq_send_read_delete(size: int) -> Unit:
     def unit(m: Runner) -> None:
         for _ in range(size):
@@ -313,6 +331,11 @@ OPERATIONS = (
     # A push message's whole life in the database: sent, claimed and reported by a worker.
     Operation("push: send + claim(10) + report", 10, 50, _courier_push_delivery(10), _pgmq_send_read_delete(10),
               _pgq_insert_take(10), counted=30),
+    # A pull message's whole life, enqueued one at a time and taken ten at a time.
+    Operation("pull: enqueue + dequeue(10) + ack", 10, 50, _courier_pull_delivery(10, _courier_dequeue_ack(10)),
+              _pgmq_send_read_delete(10), _pgq_insert_take(10), counted=30),
+    Operation("pull: enqueue + receive(10)", 10, 50, _courier_pull_delivery(10, _courier_receive(10)),
+              _pgmq_send_pop(10), _pgq_insert_take(10), counted=30),
     Operation("receive(1)", 1, 500, _courier_receive(1), _pgmq_pop(1), _pgq_take_batch, preload=1),
     Operation("receive(100)", 100, 20, _courier_receive(100), _pgmq_pop(100), _pgq_take_batch, preload=1,
               counted=10),

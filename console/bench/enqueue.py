@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -18,7 +19,7 @@ from . import pgmq
 from .drain import worker_process
 from .pgbench import run_script
 from .result import Measurement, ScenarioResult, measure_rounds
-from .scratch import backpressure_out_of_reach, leader_estimates
+from .scratch import backpressure_out_of_reach, in_background, leader_estimates
 
 RAW_TABLE = """
 CREATE TABLE IF NOT EXISTS public.bench_raw_queue
@@ -64,6 +65,7 @@ def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> li
     payload = json.dumps({"order_id": 1, "amount": 99.99, "customer": "c-789"})
     send_sql = f"SELECT courier.send('bench', '{payload}'::jsonb);\n"
     topic_sql = f"SELECT courier.send('bench-topic', '{payload}'::jsonb);\n"
+    enqueue_sql = f"SELECT courier.enqueue('bench-topic', '{payload}'::jsonb);\n"
     ceiling_sql = f"INSERT INTO public.bench_raw_queue (endpoint_id, payload) VALUES (1, '{payload}'::jsonb);\n"
     table_sql = f"INSERT INTO courier.queue (endpoint_id, payload) VALUES (1, '{payload}'::jsonb);\n"
 
@@ -87,6 +89,7 @@ def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> li
         runs["pgmq"] = lambda: run(pgmq.send_script(payload))
         runs["send, drained"] = lambda: drained(send_sql, lambda: _worker_running(dsn))
         runs["pgmq, drained"] = lambda: drained(pgmq.send_script(payload), lambda: pgmq.draining(dsn))
+        runs["enqueue, drained"] = lambda: drained(enqueue_sql, lambda: _topic_draining(dsn))
     runs |= {
         "send": lambda: run(send_sql),
         "send, notify off": lambda: run(send_sql, notify=False),
@@ -119,7 +122,34 @@ def enqueue_single(dsn: str, *, clients: int, seconds: float, rounds: int) -> li
             notes="the same sends while they are consumed on the same machine: `courier worker` with no flags "
                   "delivering to a no-op endpoint, against pgmq's consumer reading 100 under a visibility "
                   "timeout and deleting them (pgbench, as fast as it can)"))
+        results.append(ScenarioResult(
+            scenario="enqueue-single", variant=f"enqueue vs pgmq send, drained, {clients} clients", unit="msg/s",
+            courier=measured["enqueue, drained"], ceiling=measured["pgmq, drained"], target_ratio=1.0,
+            notes="courier.enqueue() to a pull topic while a consumer dequeues 100 and acks them (pgbench, as "
+                  "fast as it can) and `courier worker` runs for its maintenance leader, against pgmq's "
+                  "consumer as above"))
     return results
+
+
+def _dequeue_ack_script(batch: int) -> str:
+    """A pull consumer's cycle, as pgmq's read and delete: dequeue a batch, then ack it."""
+    return f"""
+SELECT coalesce(array_agg(id), '{{}}') AS ids, coalesce(array_agg(lease), '{{}}') AS leases
+FROM courier.dequeue('bench-topic', {batch}, 60) \\gset
+SELECT count(*) FROM courier.ack(:ids::bigint[], :leases::integer[]);
+"""
+
+
+@contextlib.contextmanager
+def _topic_draining(dsn: str) -> Iterator[None]:
+    """A pull topic's consumer beside the producers, as fast as it can (dequeue 100 and ack them,
+    in pgbench), with `courier worker` running for its maintenance leader, as a deployment has."""
+    def consume(stop: threading.Event) -> None:
+        while not stop.is_set():
+            run_script(dsn, _dequeue_ack_script(100), clients=1, transactions=200)
+
+    with _worker_running(dsn), in_background(consume):
+        yield
 
 
 @contextlib.contextmanager

@@ -48,6 +48,30 @@ CREATE OR REPLACE FUNCTION courier._xmax_is_current(p_xmax xid) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$ SELECT p_xmax::text::bigint = pg_current_xact_id_if_assigned()::text::bigint & 4294967295 $$;
 
+-- A message a receive took from the stage (_take_staged) and then rolled back is in the stage
+-- again, its row naming the aborted receive in xmax as a queue row would. For lock_received and
+-- receive_failed: waits while a receive still holds it (gone once that one commits), then moves
+-- it into the queue (with what was staged before it: _unstage) and locks it there, so that it is
+-- the message this transaction holds (_xmax_is_current). True when it did. The leader or another
+-- consumer may move such a message into the queue first, in the moment after the rollback: its
+-- row there names no receive, and that one failure goes unrecorded (it is delivered again, and
+-- once in the queue a message never returns to the stage, so at most once a message).
+CREATE OR REPLACE FUNCTION courier._received_from_stage(p_topic_id integer, p_id bigint) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM FROM courier.send_stage s
+    WHERE s.id = p_id AND s.endpoint_id = p_topic_id AND courier._xmax_status(s.xmax) IN ('aborted', 'in progress')
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM courier._unstage();
+    PERFORM FROM courier.queue q WHERE q.id = p_id FOR UPDATE;
+    RETURN FOUND;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION courier.receive_failed(p_topic text, p_id bigint, p_error text DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER
@@ -59,6 +83,9 @@ DECLARE
     v_row courier.queue;
     v_exhausted boolean;
 BEGIN
+    IF EXISTS (SELECT FROM courier.send_stage s WHERE s.id = p_id) THEN  -- received from the stage
+        PERFORM courier._received_from_stage(v_topic.id, p_id);
+    END IF;
     SELECT * INTO v_row FROM courier.queue q
     WHERE q.id = p_id AND q.endpoint_id = v_topic.id AND q.status IN ('pending', 'processing')
       AND q.visible_at IS NOT NULL AND (q.status = 'pending' OR q.visible_at <= now())  -- never a live lease
@@ -106,6 +133,10 @@ DECLARE
     v_holder text;
     v_last_outcome text;
 BEGIN
+    IF EXISTS (SELECT FROM courier.send_stage s WHERE s.id = p_id)
+       AND courier._received_from_stage(v_topic.id, p_id) THEN
+        RETURN p_id;
+    END IF;
     -- Only a message a receive took: its row names a receive that rolled back, or one still
     -- running (another receiver's, waited for below), or the other receiver that took it since
     -- the rollback has recorded its own failure first. One nobody took gives NULL.

@@ -274,6 +274,7 @@ DECLARE
     v_wake text;
     v_topic_id integer;
     v_slot integer;  -- its counter row (_count_sent_in_slot)
+    v_delayed boolean;
 BEGIN
     -- As a send does: a drop of the topic waits for this enqueue (read the topic after it).
     v_held := courier._hold_endpoint_for_send(p_topic);
@@ -285,6 +286,22 @@ BEGIN
         -- name is not a pull topic (_pull_topic raises), or a limit stands in the way
         -- (_send_refusal raises), or neither any more, and it goes round again.
         v_size := octet_length(p_payload::text);
+        -- Staged as send() stages (sending.sql): while a mover is alive, for a topic that is not
+        -- paused, with no delay and no max_depth, while the leader's estimate leaves room. The
+        -- topic's next dequeue or receive takes it from the stage (_take_staged), else the leader
+        -- moves it into the queue within a second. courier.never_staged as in send().
+        IF current_setting('courier.never_staged', true) IS DISTINCT FROM p_topic THEN
+            INSERT INTO courier.send_stage (endpoint_id, payload)
+            SELECT e.id, p_payload
+            FROM courier.endpoints e, courier.send_limits l
+            WHERE e.name = p_topic AND e.protocol = 'pull' AND e.enabled AND e.paused_at IS NULL
+              AND e.config_delay IS NULL AND e.config_max_depth IS NULL AND l.default_max_depth = 0
+              AND courier._admit_staged(l, v_size)
+            RETURNING id INTO v_id;
+            IF v_id IS NOT NULL THEN
+                RETURN v_id;
+            END IF;
+        END IF;
         LOOP
             INSERT INTO courier.queue (endpoint_id, payload, scheduled_at, visible_at, expires_at)
             SELECT e.id, p_payload, now() + e.config_delay, coalesce(now() + e.config_delay, now()),
@@ -294,13 +311,17 @@ BEGIN
             WHERE e.name = p_topic AND e.protocol = 'pull' AND e.enabled
               AND courier._admit_one(l, e.id, v_size, coalesce(e.config_max_depth, l.default_max_depth),
                                      e.config_delay IS NULL)
-            RETURNING id, endpoint_id, cmin::text::bigint >> 7 INTO v_id, v_topic_id, v_slot;
+            RETURNING id, endpoint_id, cmin::text::bigint >> 7, scheduled_at IS NOT NULL
+                INTO v_id, v_topic_id, v_slot, v_delayed;
             v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
             EXIT WHEN v_id IS NOT NULL;
             v_topic := courier._pull_topic(p_topic);
             PERFORM courier._send_refusal(p_topic, 1, v_size);
         END LOOP;
         v_held := courier._count_sent_in_slot(v_topic_id, 0, 1, v_slot);
+        IF v_delayed THEN
+            v_held := set_config('courier.never_staged', p_topic, false) IS NOT NULL;
+        END IF;
         RETURN v_id;
     END IF;
     -- The general path's variables are set here, not in DECLARE, where every enqueue, a plain
@@ -717,6 +738,7 @@ DECLARE
     v_limit integer := p_count;
     v_dead bigint[];
     v_taken integer;
+    v_staged integer := 0;
     v_set text;
 BEGIN
     IF p_count IS NULL OR p_count NOT BETWEEN 1 AND 10000 THEN  -- a plain expression: no statement per call
@@ -874,8 +896,17 @@ BEGIN
     END IF;
     GET DIAGNOSTICS v_taken = ROW_COUNT;
     v_set := set_config('courier.update_counted', 'off', true);
+    -- Then the stage (plain enqueues and sends, migration 0054): newer than what the queue held,
+    -- priority 0, no key, no delay, so nothing above should have gone after them.
+    IF v_taken < v_limit THEN
+        RETURN QUERY
+        SELECT s.id, s.lease, s.payload, NULL::bytea, NULL::text, '{}'::jsonb, NULL::text, 0, v_max_retries,
+               s.created_at, s.visible_until
+        FROM courier._take_staged(v_topic.id, v_limit - v_taken, v_timeout) s;
+        GET DIAGNOSTICS v_staged = ROW_COUNT;
+    END IF;
     IF v_rate > 0 THEN
-        PERFORM courier._return_throughput(v_topic, v_limit - v_taken);
+        PERFORM courier._return_throughput(v_topic, v_limit - v_taken - v_staged);
     END IF;
 
     IF v_taken < v_limit THEN  -- a full batch had no candidate past max_retries: nothing parked
@@ -1631,6 +1662,13 @@ BEGIN
         v_left := v_left - v_got;
         EXIT WHEN v_got = cardinality(v_tids);  -- nothing expired: nothing more is due
     END LOOP;
+    IF v_left > 0 THEN  -- then the stage, as dequeue: delivered from it, never written to the queue
+        RETURN QUERY
+        SELECT s.id, s.payload, NULL::bytea, NULL::text, '{}'::jsonb, NULL::text, s.created_at
+        FROM courier._take_staged(v_topic.id, v_left, NULL) s;
+        GET DIAGNOSTICS v_got = ROW_COUNT;
+        v_left := v_left - v_got;
+    END IF;
     IF v_rate > 0 THEN
         PERFORM courier._return_throughput(v_topic, v_left);
     END IF;
@@ -1674,8 +1712,9 @@ BEGIN
             LIMIT 1000) q
         WHERE v_topic.priorities & (1 << p.priority) <> 0
         LIMIT 1000) due;
-    IF v_due < 1000 THEN
-        RETURN v_due;
+    IF v_due < 1000 THEN  -- and what waits in the stage (migration 0054), which the counters count once moved
+        RETURN v_due + (SELECT count(*) FROM (SELECT 1 FROM courier.send_stage s WHERE s.endpoint_id = v_topic.id
+                                              LIMIT 1000 - v_due) staged);
     END IF;
     RETURN greatest(v_due, (SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d
                             WHERE d.endpoint_id = v_topic.id AND d.status IN ('pending', 'processing')));

@@ -669,8 +669,8 @@ DECLARE
     v_slot integer;  -- its counter row (_count_sent_in_slot)
     v_never_staged boolean;
     -- courier.never_staged: the session's last endpoint whose send went to the queue because it
-    -- never stages (a pull topic, a delay). Its next sends skip the stage's INSERT, which would
-    -- find no row for them (77,000 instructions of a send to a pull topic). One name, not a set:
+    -- never stages (a delay). Its next sends skip the stage's INSERT, which would find no row for
+    -- them (77,000 instructions of a send to a delayed endpoint). One name, not a set:
     -- a name per setting costs every send the name's making (18,000).
     v_try_stage boolean := current_setting('courier.never_staged', true) IS DISTINCT FROM p_endpoint_name;
 BEGIN
@@ -678,16 +678,16 @@ BEGIN
         RAISE EXCEPTION '[courier] payload must not be NULL' USING ERRCODE = '22004';
     END IF;
     v_held := courier._hold_endpoint_for_send(p_endpoint_name);
-    -- Staged (migration 0054) while a mover is alive, for a push endpoint that is not paused (no
-    -- claim comes to move it) with no delay and no max_depth of its own or by default (a staged
-    -- message is counted when it is moved, and max_depth is exact), and while the leader's
-    -- estimate leaves room (room_until): the message waits in courier.send_stage, moved into the
-    -- queue by the next claim or the leader.
+    -- Staged (migration 0054) while a mover is alive, for an endpoint or pull topic that is not
+    -- paused (nothing comes to take it) with no delay and no max_depth of its own or by default (a
+    -- staged message is counted when it is moved, and max_depth is exact), and while the leader's
+    -- estimate leaves room (room_until): the message waits in courier.send_stage, taken by the
+    -- next claim, dequeue or receive, or moved into the queue by the leader.
     IF v_try_stage THEN
         INSERT INTO courier.send_stage (endpoint_id, payload)
         SELECT e.id, p_payload
         FROM courier.endpoints e, courier.send_limits l
-        WHERE e.name = p_endpoint_name AND e.enabled AND e.protocol <> 'pull' AND e.paused_at IS NULL
+        WHERE e.name = p_endpoint_name AND e.enabled AND e.paused_at IS NULL
           AND e.config_delay IS NULL AND e.config_max_depth IS NULL AND l.default_max_depth = 0
           AND courier._admit_staged(l, v_size)
         RETURNING id INTO v_id;
@@ -706,7 +706,7 @@ BEGIN
         WHERE e.name = p_endpoint_name AND e.enabled
           AND courier._admit_one(l, e.id, v_size, coalesce(e.config_max_depth, l.default_max_depth),
                                  e.config_delay IS NULL)
-        RETURNING id, endpoint_id, cmin::text::bigint >> 7, visible_at IS NOT NULL OR scheduled_at IS NOT NULL
+        RETURNING id, endpoint_id, cmin::text::bigint >> 7, scheduled_at IS NOT NULL
             INTO v_id, v_endpoint_id, v_slot, v_never_staged;
         v_held := set_config('courier.insert_counted', 'off', true) IS NOT NULL;
         EXIT WHEN v_id IS NOT NULL;
@@ -757,10 +757,11 @@ BEGIN
         RETURNING s.id, s.endpoint_id, s.created_at, s.payload
     ),
     staged AS (SELECT * FROM staged_one UNION ALL SELECT * FROM staged_batch)
-    INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at)
+    INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at, visible_at)
     OVERRIDING SYSTEM VALUE
     SELECT s.id, s.endpoint_id, s.payload, s.created_at, s.created_at,
-           s.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0))
+           s.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0)),
+           courier._pull_visible_at(e.protocol, s.created_at)
     FROM staged s JOIN courier.endpoints e ON e.id = s.endpoint_id, courier.send_limits l;
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     RETURN v_moved;
@@ -814,7 +815,8 @@ BEGIN
     staged AS (SELECT * FROM staged_one UNION ALL SELECT * FROM staged_batch),
     timed AS (
         SELECT s.*, s.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0))
-                    AS expires_at
+                    AS expires_at,
+               courier._pull_visible_at(e.protocol, s.created_at) AS visible_at  -- a pull topic's: due since sent
         FROM staged s JOIN courier.endpoints e ON e.id = s.endpoint_id, courier.send_limits l
     ),
     placed AS (
@@ -823,11 +825,11 @@ BEGIN
               FROM timed t) t
     ),
     moved AS (
-        INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at,
+        INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at, visible_at,
                                    status, processing_started_at, worker_id, lease)
         OVERRIDING SYSTEM VALUE
         SELECT p.id, p.endpoint_id, p.payload, p.created_at, CASE WHEN p.claimed THEN now() ELSE p.created_at END,
-               p.expires_at, CASE WHEN p.claimed THEN 'processing' ELSE 'pending' END,
+               p.expires_at, p.visible_at, CASE WHEN p.claimed THEN 'processing' ELSE 'pending' END,
                CASE WHEN p.claimed THEN now() END, CASE WHEN p.claimed THEN p_worker_id END,
                CASE WHEN p.claimed THEN courier._next_lease(0) ELSE 0 END
         FROM placed p
@@ -847,6 +849,91 @@ BEGIN
     FROM moved c JOIN courier.endpoints e ON e.id = c.endpoint_id
     WHERE c.status = 'processing'
     ORDER BY c.id;
+    v_set := set_config('courier.insert_counted', 'off', true);
+END
+$$;
+
+-- A pull consumer's share of the stage (dequeue and receive, after what the queue holds for the
+-- topic): as _claim_staged, the oldest staged messages (up to max(p_count, 1000)) leave the stage
+-- in one statement, and the first p_count of them for p_topic_id that have not expired are taken.
+-- With p_timeout (dequeue) each goes into the queue already leased, due again after p_timeout
+-- seconds, and comes back with its lease: written once, where a move and a lease wrote it twice.
+-- Without (receive) it is delivered and never written to the queue at all, counted delivered as
+-- receive counts its own. The rest go into the queue pending, for their own consumers and claims.
+-- The statement counts what it inserts (a leased pull message counts as pending:
+-- _counted_status). Called by dequeue and receive, which set search_path and no JIT.
+CREATE OR REPLACE FUNCTION courier._take_staged(p_topic_id integer, p_count integer, p_timeout integer)
+RETURNS TABLE (id bigint, lease integer, payload jsonb, created_at timestamptz, visible_until timestamptz)
+LANGUAGE plpgsql
+SET enable_seqscan = off  -- as _move_staged
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_rows tid[];
+    v_batched tid[];  -- as _move_staged
+    v_writes integer;
+    v_set text;
+BEGIN
+    SELECT array_agg(s.ctid) FILTER (WHERE s.tableoid = 'courier.send_stage'::regclass),
+           array_agg(s.ctid) FILTER (WHERE s.tableoid <> 'courier.send_stage'::regclass)
+    INTO v_rows, v_batched
+    FROM (SELECT c.tableoid, c.ctid FROM courier.send_stage c ORDER BY c.id LIMIT greatest(p_count, 1000)
+          FOR UPDATE SKIP LOCKED) s;
+    IF v_rows IS NULL AND v_batched IS NULL THEN
+        RETURN;
+    END IF;
+    v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
+    v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
+             || set_config('courier.insert_counted', 'on', true);
+    RETURN QUERY
+    WITH staged_one AS (
+        DELETE FROM ONLY courier.send_stage s WHERE s.ctid = ANY (v_rows)
+        RETURNING s.id, s.endpoint_id, s.created_at, s.payload
+    ),
+    staged_batch AS (
+        DELETE FROM courier.send_stage_batch s WHERE s.ctid = ANY (v_batched)
+        RETURNING s.id, s.endpoint_id, s.created_at, s.payload
+    ),
+    staged AS (SELECT * FROM staged_one UNION ALL SELECT * FROM staged_batch),
+    timed AS (
+        SELECT s.*, s.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0))
+                    AS expires_at,
+               courier._pull_visible_at(e.protocol, s.created_at) AS visible_at
+        FROM staged s JOIN courier.endpoints e ON e.id = s.endpoint_id, courier.send_limits l
+    ),
+    placed AS (
+        SELECT t.*, t.takeable AND row_number() OVER (PARTITION BY t.takeable ORDER BY t.id) <= p_count AS taken
+        FROM (SELECT t.*, t.endpoint_id = p_topic_id AND (t.expires_at IS NULL OR t.expires_at > now()) AS takeable
+              FROM timed t) t
+    ),
+    moved AS (
+        INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at, visible_at,
+                                   status, lease)
+        OVERRIDING SYSTEM VALUE
+        SELECT p.id, p.endpoint_id, p.payload, p.created_at, CASE WHEN p.taken THEN now() ELSE p.created_at END,
+               p.expires_at, CASE WHEN p.taken THEN now() + make_interval(secs => p_timeout) ELSE p.visible_at END,
+               CASE WHEN p.taken THEN 'processing' ELSE 'pending' END,
+               CASE WHEN p.taken THEN courier._next_lease(0) ELSE 0 END
+        FROM placed p
+        WHERE NOT p.taken OR p_timeout IS NOT NULL
+        RETURNING *
+    ),
+    counted AS (
+        INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
+        SELECT m.endpoint_id, courier._counted_status(m.status, m.visible_at), pg_backend_pid(), v_writes >> 6, count(*)
+        FROM moved m GROUP BY m.endpoint_id, courier._counted_status(m.status, m.visible_at)
+        ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
+    ),
+    delivered AS (
+        INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
+        SELECT p_topic_id, 'delivered', pg_backend_pid(), count(*) FROM placed p
+        WHERE p.taken AND p_timeout IS NULL HAVING count(*) > 0
+        ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
+    )
+    SELECT m.id, m.lease, m.payload, m.created_at, m.visible_at FROM moved m WHERE m.status = 'processing'
+    UNION ALL
+    SELECT p.id, NULL, p.payload, p.created_at, NULL FROM placed p WHERE p.taken AND p_timeout IS NULL
+    ORDER BY 1;
     v_set := set_config('courier.insert_counted', 'off', true);
 END
 $$;

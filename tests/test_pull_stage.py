@@ -1,0 +1,210 @@
+"""A pull topic's plain sends stage (migration 0054, issue 39): while a mover is alive,
+`courier.enqueue(topic, payload)` and `courier.send(topic, payload)` write only the stage's narrow
+row, and the topic's next dequeue or receive takes it from there, after what the queue holds for
+the topic: a dequeued message is written to the queue once, already leased, and a received one
+never. Nothing is lost or doubled, leases fence as ever, and a receive that rolls back leaves the
+message for its receive loop to report."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from tests.helpers import scalar
+from tests.test_send_paths import _depth, _row
+from tests.test_send_stage import _stage_alive, _staged
+
+
+@pytest.fixture
+def topic(conn: psycopg.Connection) -> str:
+    conn.execute("SELECT courier.create_endpoint('t', 'pull', '{}')")
+    return "t"
+
+
+def _enqueue(conn: psycopg.Connection, n: int = 0) -> int:
+    return scalar(conn, "SELECT courier.enqueue('t', %s::jsonb)", (f'{{"n": {n}}}',))
+
+
+def _dequeue(conn: psycopg.Connection, count: int, timeout: int = 30) -> list[tuple]:
+    return conn.execute("SELECT id, lease, payload, metadata, retry_count, visible_until > now() "
+                        "FROM courier.dequeue('t', %s, %s)", (count, timeout)).fetchall()
+
+
+def _written(conn: psycopg.Connection) -> tuple[int, int]:
+    """Rows inserted into and updated in courier.queue by this backend: the current transaction's
+    counts, and the earlier ones' not yet flushed to the statistics. Compare two readings in one
+    transaction."""
+    return conn.execute("SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables "
+                        "WHERE relid = 'courier.queue'::regclass").fetchone()
+
+
+@pytest.mark.parametrize("call", ["enqueue('t', '{\"n\": 1}')", "send('t', '{\"n\": 1}')"])
+def test_a_plain_send_to_a_pull_topic_stages_and_moves_into_the_row_it_would_have_been(conn, topic, call):
+    direct = scalar(conn, f"SELECT courier.{call}")  # no mover yet: to the queue
+    _stage_alive(conn)
+    staged = scalar(conn, f"SELECT courier.{call}")
+    assert _staged(conn) == [staged] and _depth(conn, "t") == 1
+    assert scalar(conn, "SELECT courier.peek('t')") == 2  # peek sees the stage too
+    conn.execute("SELECT courier.keep_send_stage()")  # the leader's move
+    assert _staged(conn) == [] and _depth(conn, "t") == 2
+    assert _row(conn, staged) == _row(conn, direct)
+
+
+def test_dequeue_takes_the_queue_first_then_the_stage_each_written_once(conn, topic):
+    _stage_alive(conn)
+    conn.execute("SELECT courier.create_endpoint('p', 'noop', '{}')")
+    queued = scalar(conn, "SELECT courier.enqueue('t', '{}', p_metadata => '{\"m\": 1}')")  # not plain: the queue
+    staged = [_enqueue(conn, n) for n in range(3)]
+    other = scalar(conn, "SELECT courier.send('p', '{}')")
+    assert _staged(conn) == [*staged, other]
+    with conn.transaction():
+        before = _written(conn)
+        taken = _dequeue(conn, 3)
+        after = _written(conn)
+    # The queued one leased in place: an update. Two staged ones inserted leased and the other
+    # two moved pending: four inserts, nothing inserted and then updated.
+    assert (after[0] - before[0], after[1] - before[1]) == (4, 1)
+    assert [row[0] for row in taken] == [queued, *staged[:2]]
+    assert all(lease > 0 and visible for _, lease, _, _, _, visible in taken)
+    assert [(payload, metadata, retries) for _, _, payload, metadata, retries, _ in taken[1:]] == \
+        [({"n": 0}, {}, 0), ({"n": 1}, {}, 0)]
+    assert _staged(conn) == []
+    status = dict(conn.execute("SELECT id, status FROM courier.queue").fetchall())
+    assert status == {queued: "processing", staged[0]: "processing", staged[1]: "processing",
+                      staged[2]: "pending", other: "pending"}
+    assert _depth(conn, "t") == 4 and _depth(conn, "p") == 1  # a leased pull message counts as pending
+
+    # Fenced as any lease: a wrong one changes nothing; the right one acks.
+    message, lease = taken[1][0], taken[1][1]
+    assert scalar(conn, "SELECT courier.ack(%s, %s)", (message, lease + 1)) == "lease_lost"
+    assert scalar(conn, "SELECT courier.ack(%s, %s)", (message, lease)) == "acked"
+    assert _depth(conn, "t") == 3
+    # A lease taken from the stage lapses as any other: due again, the lost attempt counted.
+    conn.execute("UPDATE courier.queue SET visible_at = now() - interval '1 second' WHERE id = %s", (staged[1],))
+    again = _dequeue(conn, 5)
+    assert [row[0] for row in again] == [staged[1], staged[2]] and again[0][4] == 1
+
+
+def test_receive_delivers_from_the_stage_without_writing_the_queue(conn, topic):
+    _stage_alive(conn)
+    staged = [_enqueue(conn, n) for n in range(4)]
+    with conn.transaction():
+        before = _written(conn)
+        got = conn.execute("SELECT id, payload FROM courier.receive('t', 3)").fetchall()
+        after = _written(conn)
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 0)  # only the fourth, moved pending
+    assert got == [(staged[0], {"n": 0}), (staged[1], {"n": 1}), (staged[2], {"n": 2})]
+    assert _staged(conn) == [] and _depth(conn, "t") == 1
+    assert scalar(conn, "SELECT total FROM courier.delivery_totals WHERE outcome = 'delivered'") == 3
+    assert [r[0] for r in conn.execute("SELECT id FROM courier.receive('t', 5)")] == [staged[3]]
+
+
+def test_an_expired_staged_message_is_not_taken(conn):
+    conn.execute("SELECT courier.create_endpoint('t', 'pull', '{\"message_ttl_seconds\": 60}')")
+    _stage_alive(conn)
+    old, fresh = _enqueue(conn), _enqueue(conn)
+    conn.execute("UPDATE courier.send_stage SET created_at = now() - interval '2 minutes' WHERE id = %s", (old,))
+    assert [row[0] for row in _dequeue(conn, 5)] == [fresh]
+    assert scalar(conn, "SELECT status FROM courier.queue WHERE id = %s", (old,)) == "pending"  # for the reaper
+
+
+def test_a_throughput_limit_counts_what_the_stage_gave(conn):
+    conn.execute("SELECT courier.create_endpoint('t', 'pull', '{\"throughput_limit\": 2}')")
+    _stage_alive(conn)
+    for n in range(5):
+        _enqueue(conn, n)
+    assert len(_dequeue(conn, 5)) == 2
+    assert _dequeue(conn, 5) == []  # the bucket is empty for the rest of the second
+
+
+def test_a_paused_topic_sends_to_the_queue(conn, topic):
+    conn.execute("SELECT courier.pause_endpoint('t')")
+    _stage_alive(conn)
+    sent = _enqueue(conn)
+    assert _staged(conn) == [] and _depth(conn, "t") == 1 and _dequeue(conn, 1) == []
+    conn.execute("SELECT courier.resume_endpoint('t')")
+    assert [row[0] for row in _dequeue(conn, 1)] == [sent]
+
+
+def test_a_failed_receive_from_the_stage_is_recorded_as_one_from_the_queue(conn, dsn, topic):
+    """The receive loop's protocol: receive, the handler fails, ROLLBACK, then lock_received and
+    receive_failed in the next transaction. The message rolled back into the stage; the failure is
+    recorded on it all the same, and it is held back for its back-off."""
+    _stage_alive(conn)
+    message = _enqueue(conn)
+    with psycopg.connect(dsn) as loop:
+        assert [r[0] for r in loop.execute("SELECT id FROM courier.receive('t', 1)")] == [message]
+        loop.rollback()
+        assert _staged(conn) == [message]
+        assert scalar(loop, "SELECT courier.lock_received('t', %s)", (message,)) == message
+        assert scalar(loop, "SELECT courier.receive_failed('t', %s, 'boom')", (message,)) == "retry"
+        loop.commit()
+    assert _staged(conn) == []
+    row = conn.execute("SELECT status, retry_count, last_error, visible_at > now() FROM courier.queue "
+                       "WHERE id = %s", (message,)).fetchone()
+    assert row == ("pending", 1, "boom", True)
+    # A message nobody received is not one to report, staged or not.
+    untouched = _enqueue(conn)
+    assert scalar(conn, "SELECT courier.receive_failed('t', %s, 'no')", (untouched,)) == "not_found"
+    assert _staged(conn) == [untouched]
+
+
+def test_many_producers_and_consumers_lose_and_double_nothing(conn, dsn, topic):
+    """Eight producers enqueue while four consumers dequeue and ack, two receive, and a leader
+    keeps the stage alive and moves what is left each half second: every message is delivered
+    exactly once, and the counters end at zero."""
+    _stage_alive(conn)
+    sent: list[int] = []
+    delivered: list[int] = []
+    lock = threading.Lock()
+    sending = threading.Event()
+    sending.set()
+
+    def produce() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            mine = [_enqueue(c, n) for n in range(150)]
+        with lock:
+            sent.extend(mine)
+
+    def consume(receive: bool) -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            while True:
+                still_sending = sending.is_set()
+                with c.transaction():
+                    if receive:
+                        ids = [r[0] for r in c.execute("SELECT id FROM courier.receive('t', 7)")]
+                    else:
+                        taken = _dequeue(c, 25)
+                        ids = [row[0] for row in taken]
+                        if taken:
+                            results = c.execute("SELECT * FROM courier.ack(%s::bigint[], %s::integer[])",
+                                                ([r[0] for r in taken], [r[1] for r in taken])).fetchall()
+                            assert {r[1] for r in results} == {"acked"}
+                with lock:
+                    delivered.extend(ids)
+                if not ids and not still_sending:
+                    return
+
+    def lead() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            while sending.is_set():
+                _stage_alive(c)
+                time.sleep(0.5)
+
+    producers = [threading.Thread(target=produce) for _ in range(8)]
+    consumers = [threading.Thread(target=consume, args=(n < 2,)) for n in range(6)]
+    leader = threading.Thread(target=lead)
+    leader.start()
+    for t in producers + consumers:
+        t.start()
+    for t in producers:
+        t.join()
+    sending.clear()
+    for t in [*consumers, leader]:
+        t.join()
+    assert len(sent) == 1200 and sorted(delivered) == sorted(sent)
+    assert _staged(conn) == [] and _depth(conn, "t") == 0
+    assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0
