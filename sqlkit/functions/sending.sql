@@ -1024,6 +1024,55 @@ BEGIN
 END
 $$;
 
+-- A batch of plain messages (priority 0, no options) staged as a single send stages (send), or
+-- NULL when it goes to the queue instead (migration 0055): an endpoint or pull topic (only a pull
+-- topic with p_pull_only, for enqueue_batch) that is not paused, no delay or max_depth, a mover
+-- alive, claims and dequeues taking what is staged (its oldest message staged less than 100 ms
+-- ago: see migration 0055), every payload within max_payload_size (p_largest), and room for the
+-- whole batch by the leader's estimate, which counts the stage (an exact count of the queue's
+-- counters would not). The first message goes to courier.send_stage, whose trigger wakes the
+-- endpoint at commit (asked for whatever notify_on_send says, as for a batch sent to the queue),
+-- the rest to courier.send_stage_batch, which has no trigger to fire for each row.
+CREATE OR REPLACE FUNCTION courier._stage_batch(p_endpoint_name text, p_payloads jsonb[], p_largest bigint,
+                                                p_pull_only boolean) RETURNS bigint[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count integer := cardinality(p_payloads);
+    v_endpoint_id integer;
+    v_first bigint;
+    v_ids bigint[];
+BEGIN
+    PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
+    SELECT e.id INTO v_endpoint_id
+    FROM courier.endpoints e, courier.send_limits l
+    WHERE e.name = p_endpoint_name AND e.enabled AND e.paused_at IS NULL AND (e.protocol = 'pull' OR NOT p_pull_only)
+      AND e.config_delay IS NULL AND e.config_max_depth IS NULL AND l.default_max_depth = 0
+      AND l.stage_until > statement_timestamp()
+      AND coalesce(p_largest, 0) <= l.max_payload_size
+      AND courier._stage_flowing()
+      AND (l.max_queue_size = 0 OR l.estimated_at > statement_timestamp() - interval '2 seconds'
+                                   AND l.active_estimate + v_count <= l.max_queue_size / 2);
+    IF v_endpoint_id IS NULL THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('courier.wake_staged', 'on', true);
+    INSERT INTO courier.send_stage (endpoint_id, payload)
+    SELECT v_endpoint_id, u.payload FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord) WHERE u.ord = 1
+    RETURNING id INTO v_first;
+    WITH staged AS (
+        INSERT INTO courier.send_stage_batch (endpoint_id, payload)
+        SELECT v_endpoint_id, u.payload
+        FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord)
+        WHERE u.ord > 1
+        ORDER BY u.ord
+        RETURNING id
+    )
+    SELECT v_first || coalesce(array_agg(id ORDER BY id), '{}') INTO v_ids FROM staged;
+    RETURN v_ids;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION courier._send_batch(p_endpoint_name text, p_payloads jsonb[], p_priority integer)
 RETURNS bigint[]
 LANGUAGE plpgsql
@@ -1038,7 +1087,6 @@ DECLARE
     v_expires_at timestamptz;
     v_visible_at timestamptz;
     v_scheduled_at timestamptz;
-    v_first bigint;
 BEGIN
     PERFORM courier._check_priority(p_priority);
     SELECT max(octet_length(payload::text)), min(ord) FILTER (WHERE payload IS NULL)
@@ -1055,37 +1103,9 @@ BEGIN
             USING ERRCODE = '54000', HINT = 'Send a reference to the data instead, or raise max_payload_size';
     END IF;
 
-    -- Staged (migration 0055) as a single send stages (send): priority 0, a push endpoint that is
-    -- not paused, no delay or max_depth, a mover alive, claims taking what is staged (its oldest
-    -- message staged less than 100 ms ago: see migration 0055); and room for the whole batch by the
-    -- leader's estimate, which counts the stage (an exact count of the queue's counters would
-    -- not). The first message goes to courier.send_stage, whose trigger wakes the endpoint at
-    -- commit (asked for whatever notify_on_send says, as for a batch sent to the queue), the
-    -- rest to courier.send_stage_batch, which has no trigger to fire for each row.
     IF p_priority = 0 AND v_count > 0 THEN
-        PERFORM courier._hold_endpoint_for_send(p_endpoint_name);
-        SELECT e.id INTO v_endpoint_id
-        FROM courier.endpoints e, courier.send_limits l
-        WHERE e.name = p_endpoint_name AND e.enabled AND e.protocol <> 'pull' AND e.paused_at IS NULL
-          AND e.config_delay IS NULL AND e.config_max_depth IS NULL AND l.default_max_depth = 0
-          AND l.stage_until > statement_timestamp()
-          AND courier._stage_flowing()
-          AND (l.max_queue_size = 0 OR l.estimated_at > statement_timestamp() - interval '2 seconds'
-                                       AND l.active_estimate + v_count <= l.max_queue_size / 2);
-        IF v_endpoint_id IS NOT NULL THEN
-            PERFORM set_config('courier.wake_staged', 'on', true);
-            INSERT INTO courier.send_stage (endpoint_id, payload)
-            SELECT v_endpoint_id, u.payload FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord) WHERE u.ord = 1
-            RETURNING id INTO v_first;
-            WITH staged AS (
-                INSERT INTO courier.send_stage_batch (endpoint_id, payload)
-                SELECT v_endpoint_id, u.payload
-                FROM unnest(p_payloads) WITH ORDINALITY AS u(payload, ord)
-                WHERE u.ord > 1
-                ORDER BY u.ord
-                RETURNING id
-            )
-            SELECT v_first || coalesce(array_agg(id ORDER BY id), '{}') INTO v_ids FROM staged;
+        v_ids := courier._stage_batch(p_endpoint_name, p_payloads, v_largest, false);
+        IF v_ids IS NOT NULL THEN
             RETURN v_ids;
         END IF;
     END IF;
