@@ -38,7 +38,8 @@ from .scratch import stage_lapsed
 
 CEILING_TABLE = """
 DROP TABLE IF EXISTS public.bench_drain, public.bench_drain_archive;
-CREATE TABLE public.bench_drain (LIKE courier.queue INCLUDING DEFAULTS INCLUDING IDENTITY) WITH (fillfactor = 50);  -- the queue's (migration 0056)
+-- At the queue's fillfactor (migration 0056).
+CREATE TABLE public.bench_drain (LIKE courier.queue INCLUDING DEFAULTS INCLUDING IDENTITY) WITH (fillfactor = 50);
 ALTER TABLE public.bench_drain ADD PRIMARY KEY (id);
 CREATE INDEX ON public.bench_drain (id) WHERE status = 'pending';
 CREATE TABLE public.bench_drain_archive (LIKE courier.queue INCLUDING DEFAULTS);
