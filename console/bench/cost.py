@@ -43,7 +43,7 @@ from sqlkit.errors import CourierError
 from . import instructions as callgrind
 from . import pgmq, pgq
 from .result import Measurement, ScenarioResult
-from .scratch import backpressure_out_of_reach, leader_estimates
+from .scratch import backpressure_out_of_reach, leader_estimates, stage_lapsed
 
 ENDPOINT = "bench-cost"
 TOPIC = "bench-cost-topic"
@@ -191,7 +191,10 @@ def _courier_send_batch(size: int) -> Unit:
 
 
 def _courier_enqueue_batch(size: int) -> Unit:
-    return lambda m: m.run("SELECT courier.enqueue_batch(%s, %s::jsonb[])", (TOPIC, _batch(size)))
+    def unit(m: Runner) -> None:
+        m.run("SELECT courier.enqueue_batch(%s, %s::jsonb[])", (TOPIC, _batch(size)))
+        m.uncounted("DELETE FROM courier.send_stage")  # a consumer's dequeues take it, as for send_batch
+    return unit
 
 
 def _pgmq_send_batch(size: int) -> Unit:
@@ -392,6 +395,7 @@ def _fill(conn: psycopg.Connection, side: str, messages: int, per_unit: int = 1)
         pgq.fill(conn, messages // per_unit, per_unit)
         return
     conn.execute("TRUNCATE courier.queue, courier.send_stage")  # the sends' rows, staged ones too
+    stage_lapsed(conn)  # the fill's batch goes to the queue, whatever the last operation's leader said
     conn.execute(f"TRUNCATE pgmq.q_{pgmq.QUEUE}")
     if side == "courier" and messages:
         conn.execute("SELECT courier.send_batch(%s, array_agg(jsonb_build_object('n', g))) "

@@ -597,10 +597,17 @@ BEGIN
         GET DIAGNOSTICS v_claimed = ROW_COUNT;
     END IF;
     -- Then staged single sends (migration 0054), which are newer than what the queue holds and
-    -- of the lowest priority: _claim_staged claims them straight from the stage, and moves
+    -- of the lowest priority: _take_staged claims them straight from the stage, and moves
     -- other endpoints' into the queue. A claim is the mover that keeps the stage a moment deep,
-    -- so it runs even when the batch is full.
-    RETURN QUERY SELECT * FROM courier._claim_staged(p_worker_id, v_limit - v_claimed, p_endpoint_id);
+    -- so it runs even when the batch is full. A staged message has no headers, metadata, key,
+    -- correlation id or schedule, and its retries are the endpoint's.
+    RETURN QUERY
+    SELECT t.id, e.id, e.name, e.protocol, t.payload, '{}'::jsonb, '{}'::jsonb, 0::smallint, 0,
+           coalesce((e.retry_policy ->> 'max_retries')::integer,
+                    (SELECT value::integer FROM courier.settings WHERE name = 'default_max_retries')),
+           NULL::uuid, NULL::text, NULL::text, NULL::timestamptz, t.expires_at, t.created_at, t.lease
+    FROM courier._take_staged(p_endpoint_id, v_limit - v_claimed, p_worker_id, NULL) t
+    JOIN courier.endpoints e ON e.id = p_endpoint_id;
     GET DIAGNOSTICS v_staged = ROW_COUNT;
     v_claimed := v_claimed + v_staged;
 

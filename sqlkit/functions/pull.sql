@@ -910,7 +910,7 @@ BEGIN
         RETURN QUERY
         SELECT s.id, s.lease, s.payload, NULL::bytea, NULL::text, '{}'::jsonb, NULL::text, 0, v_max_retries,
                s.created_at, s.visible_until
-        FROM courier._take_staged(v_topic.id, v_limit - v_taken, v_timeout) s;
+        FROM courier._take_staged(v_topic.id, v_limit - v_taken, NULL, v_timeout) s;
         GET DIAGNOSTICS v_staged = ROW_COUNT;
     END IF;
     IF v_rate > 0 THEN
@@ -1673,7 +1673,7 @@ BEGIN
     IF v_left > 0 THEN  -- then the stage, as dequeue: delivered from it, never written to the queue
         RETURN QUERY
         SELECT s.id, s.payload, NULL::bytea, NULL::text, '{}'::jsonb, NULL::text, s.created_at
-        FROM courier._take_staged(v_topic.id, v_left, NULL) s;
+        FROM courier._take_staged(v_topic.id, v_left, NULL, NULL) s;
         GET DIAGNOSTICS v_got = ROW_COUNT;
         v_left := v_left - v_got;
     END IF;

@@ -768,25 +768,36 @@ BEGIN
 END
 $$;
 
--- A claim's share of the stage (claim_batch, after the queue's own pending messages): moves up to
--- max(p_count, 1000) staged messages, oldest first, as _move_staged does, except that the first
--- p_count of them for p_endpoint_id that have not expired go into the queue already claimed by
--- p_worker_id, each with its first lease, and are returned as _claim_due returns its claims. Such a
--- message is written once where a move and then a claim wrote it twice (the claim's new row
--- version and its index entries: about 330 bytes of WAL a message). The other endpoints'
--- messages are moved pending, for their own claims. A staged message has no priority (0, the
--- lowest), no ordering key and no delay, so nothing in the queue should have gone before it
--- that the claim's first step did not already take. Called by claim_batch, which sets
--- search_path.
-CREATE OR REPLACE FUNCTION courier._claim_staged(p_worker_id text, p_count integer, p_endpoint_id integer)
-RETURNS SETOF courier.claimed_message
+-- A taker's share of the stage (migration 0054), after what the queue holds for its endpoint:
+-- a push claim (claim_batch, with p_worker_id), a pull lease (dequeue, with p_timeout) or a
+-- receive (neither). The oldest staged messages (up to max(p_count, 1000)) leave the stage in one
+-- statement, and the first p_count of them for p_endpoint_id that have not expired are taken:
+-- claimed ones go into the queue in processing under the worker, leased ones in processing until
+-- p_timeout seconds from now (a leased pull message counts as pending: _counted_status), each
+-- with its first lease, written once where a move and then a claim or lease wrote it twice (the
+-- new row version and its index entries: about 330 bytes of WAL a message); received ones are
+-- never written to the queue, and are counted delivered as receive counts its own. The rest go
+-- into the queue pending, with the id, created_at and expiry the send would have given them, for
+-- their own takers. A staged message has no priority (0, the lowest), no ordering key and no
+-- delay, so nothing in the queue should have gone before it that the taker's own look did not
+-- already take; and level 0 is in every endpoint's priorities, so there is nothing to note. The
+-- statement counts what it inserts, as _claim_due counts its claims (the insert trigger stands
+-- aside: courier.insert_counted). Called by functions that set search_path and no JIT.
+DROP FUNCTION IF EXISTS courier._claim_staged(text, integer, integer);
+DROP FUNCTION IF EXISTS courier._take_staged(integer, integer, integer);  -- its first form, before claims shared it
+CREATE OR REPLACE FUNCTION courier._take_staged(p_endpoint_id integer, p_count integer, p_worker_id text,
+                                                p_timeout integer)
+RETURNS TABLE (id bigint, lease integer, payload jsonb, created_at timestamptz, expires_at timestamptz,
+               visible_until timestamptz)
 LANGUAGE plpgsql
 SET enable_seqscan = off  -- as _move_staged
 AS $$
+#variable_conflict use_column
 DECLARE
     v_rows tid[];
     v_batched tid[];  -- as _move_staged
     v_writes integer;
+    v_received boolean := p_worker_id IS NULL AND p_timeout IS NULL;
     v_set text;
 BEGIN
     SELECT array_agg(s.ctid) FILTER (WHERE s.tableoid = 'courier.send_stage'::regclass),
@@ -797,9 +808,6 @@ BEGIN
     IF v_rows IS NULL AND v_batched IS NULL THEN
         RETURN;
     END IF;
-    -- The statement counts what it inserts (counted, below), as _claim_due counts its claims: the
-    -- insert trigger stands aside (courier.insert_counted). A staged message has no ordering key
-    -- and priority 0, which every endpoint's levels hold, so there is nothing else to note.
     v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
     v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
              || set_config('courier.insert_counted', 'on', true);
@@ -820,102 +828,22 @@ BEGIN
         FROM staged s JOIN courier.endpoints e ON e.id = s.endpoint_id, courier.send_limits l
     ),
     placed AS (
-        SELECT t.*, t.claimable AND row_number() OVER (PARTITION BY t.claimable ORDER BY t.id) <= p_count AS claimed
-        FROM (SELECT t.*, t.endpoint_id = p_endpoint_id AND (t.expires_at IS NULL OR t.expires_at > now()) AS claimable
+        SELECT t.*, t.takeable AND row_number() OVER (PARTITION BY t.takeable ORDER BY t.id) <= p_count AS taken
+        FROM (SELECT t.*, t.endpoint_id = p_endpoint_id AND (t.expires_at IS NULL OR t.expires_at > now()) AS takeable
               FROM timed t) t
     ),
     moved AS (
         INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at, visible_at,
                                    status, processing_started_at, worker_id, lease)
         OVERRIDING SYSTEM VALUE
-        SELECT p.id, p.endpoint_id, p.payload, p.created_at, CASE WHEN p.claimed THEN now() ELSE p.created_at END,
-               p.expires_at, p.visible_at, CASE WHEN p.claimed THEN 'processing' ELSE 'pending' END,
-               CASE WHEN p.claimed THEN now() END, CASE WHEN p.claimed THEN p_worker_id END,
-               CASE WHEN p.claimed THEN courier._next_lease(0) ELSE 0 END
-        FROM placed p
-        RETURNING *
-    ),
-    counted AS (
-        INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
-        SELECT m.endpoint_id, m.status, pg_backend_pid(), v_writes >> 6, count(*)
-        FROM moved m GROUP BY m.endpoint_id, m.status
-        ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
-    )
-    SELECT c.id, c.endpoint_id, e.name, e.protocol, c.payload, c.headers, c.metadata, c.priority,
-           c.retry_count, coalesce(c.max_retries, (e.retry_policy ->> 'max_retries')::integer,
-                                   (SELECT value::integer FROM courier.settings WHERE name = 'default_max_retries')),
-           c.correlation_id, c.ordering_key, c.idempotency_key, c.scheduled_at, c.expires_at, c.created_at,
-           c.lease
-    FROM moved c JOIN courier.endpoints e ON e.id = c.endpoint_id
-    WHERE c.status = 'processing'
-    ORDER BY c.id;
-    v_set := set_config('courier.insert_counted', 'off', true);
-END
-$$;
-
--- A pull consumer's share of the stage (dequeue and receive, after what the queue holds for the
--- topic): as _claim_staged, the oldest staged messages (up to max(p_count, 1000)) leave the stage
--- in one statement, and the first p_count of them for p_topic_id that have not expired are taken.
--- With p_timeout (dequeue) each goes into the queue already leased, due again after p_timeout
--- seconds, and comes back with its lease: written once, where a move and a lease wrote it twice.
--- Without (receive) it is delivered and never written to the queue at all, counted delivered as
--- receive counts its own. The rest go into the queue pending, for their own consumers and claims.
--- The statement counts what it inserts (a leased pull message counts as pending:
--- _counted_status). Called by dequeue and receive, which set search_path and no JIT.
-CREATE OR REPLACE FUNCTION courier._take_staged(p_topic_id integer, p_count integer, p_timeout integer)
-RETURNS TABLE (id bigint, lease integer, payload jsonb, created_at timestamptz, visible_until timestamptz)
-LANGUAGE plpgsql
-SET enable_seqscan = off  -- as _move_staged
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_rows tid[];
-    v_batched tid[];  -- as _move_staged
-    v_writes integer;
-    v_set text;
-BEGIN
-    SELECT array_agg(s.ctid) FILTER (WHERE s.tableoid = 'courier.send_stage'::regclass),
-           array_agg(s.ctid) FILTER (WHERE s.tableoid <> 'courier.send_stage'::regclass)
-    INTO v_rows, v_batched
-    FROM (SELECT c.tableoid, c.ctid FROM courier.send_stage c ORDER BY c.id LIMIT greatest(p_count, 1000)
-          FOR UPDATE SKIP LOCKED) s;
-    IF v_rows IS NULL AND v_batched IS NULL THEN
-        RETURN;
-    END IF;
-    v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
-    v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
-             || set_config('courier.insert_counted', 'on', true);
-    RETURN QUERY
-    WITH staged_one AS (
-        DELETE FROM ONLY courier.send_stage s WHERE s.ctid = ANY (v_rows)
-        RETURNING s.id, s.endpoint_id, s.created_at, s.payload
-    ),
-    staged_batch AS (
-        DELETE FROM courier.send_stage_batch s WHERE s.ctid = ANY (v_batched)
-        RETURNING s.id, s.endpoint_id, s.created_at, s.payload
-    ),
-    staged AS (SELECT * FROM staged_one UNION ALL SELECT * FROM staged_batch),
-    timed AS (
-        SELECT s.*, s.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0))
-                    AS expires_at,
-               courier._pull_visible_at(e.protocol, s.created_at) AS visible_at
-        FROM staged s JOIN courier.endpoints e ON e.id = s.endpoint_id, courier.send_limits l
-    ),
-    placed AS (
-        SELECT t.*, t.takeable AND row_number() OVER (PARTITION BY t.takeable ORDER BY t.id) <= p_count AS taken
-        FROM (SELECT t.*, t.endpoint_id = p_topic_id AND (t.expires_at IS NULL OR t.expires_at > now()) AS takeable
-              FROM timed t) t
-    ),
-    moved AS (
-        INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at, visible_at,
-                                   status, lease)
-        OVERRIDING SYSTEM VALUE
         SELECT p.id, p.endpoint_id, p.payload, p.created_at, CASE WHEN p.taken THEN now() ELSE p.created_at END,
                p.expires_at, CASE WHEN p.taken THEN now() + make_interval(secs => p_timeout) ELSE p.visible_at END,
                CASE WHEN p.taken THEN 'processing' ELSE 'pending' END,
+               CASE WHEN p.taken AND p_worker_id IS NOT NULL THEN now() END,
+               CASE WHEN p.taken THEN p_worker_id END,
                CASE WHEN p.taken THEN courier._next_lease(0) ELSE 0 END
         FROM placed p
-        WHERE NOT p.taken OR p_timeout IS NOT NULL
+        WHERE NOT (p.taken AND v_received)
         RETURNING *
     ),
     counted AS (
@@ -926,13 +854,13 @@ BEGIN
     ),
     delivered AS (
         INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
-        SELECT p_topic_id, 'delivered', pg_backend_pid(), count(*) FROM placed p
-        WHERE p.taken AND p_timeout IS NULL HAVING count(*) > 0
+        SELECT p_endpoint_id, 'delivered', pg_backend_pid(), count(*) FROM placed p
+        WHERE p.taken AND v_received HAVING count(*) > 0
         ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
     )
-    SELECT m.id, m.lease, m.payload, m.created_at, m.visible_at FROM moved m WHERE m.status = 'processing'
+    SELECT m.id, m.lease, m.payload, m.created_at, m.expires_at, m.visible_at FROM moved m WHERE m.status = 'processing'
     UNION ALL
-    SELECT p.id, NULL, p.payload, p.created_at, NULL FROM placed p WHERE p.taken AND p_timeout IS NULL
+    SELECT p.id, NULL, p.payload, p.created_at, p.expires_at, NULL FROM placed p WHERE p.taken AND v_received
     ORDER BY 1;
     v_set := set_config('courier.insert_counted', 'off', true);
 END
