@@ -60,30 +60,58 @@ def _depth_of(conn: psycopg.Connection, endpoint: str, status: str) -> int:
                   (endpoint, status))
 
 
-def test_a_claim_takes_staged_messages_straight_into_processing_and_moves_the_rest(conn):
+def _queue_writes(conn: psycopg.Connection) -> tuple[int, int]:
+    """Rows inserted into and updated in courier.queue by this backend: the current transaction's
+    counts and earlier ones' not yet flushed to the statistics. Compare two readings in one
+    transaction."""
+    return conn.execute("SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables "
+                        "WHERE relid = 'courier.queue'::regclass").fetchone()
+
+
+def _age_stage(conn: psycopg.Connection) -> None:
+    """What 50 ms do to the stage: its messages become every taker's to move."""
+    conn.execute("UPDATE courier.send_stage SET created_at = created_at - interval '1 second'")
+
+
+def test_a_claim_takes_its_staged_messages_straight_into_processing_and_leaves_fresh_ones(conn):
     conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
     conn.execute("SELECT courier.create_endpoint('f', 'noop', '{}')")
     _stage_alive(conn)
     e1, f1, e2, e3 = (scalar(conn, "SELECT courier.send(%s, '{}')", (name,)) for name in "efee")
     with conn.transaction():
+        before = _queue_writes(conn)
         claimed = conn.execute("SELECT c.id, c.lease FROM courier.claim_batch('w', 2, "
                                "(SELECT id FROM courier.endpoints WHERE name = 'e')) c").fetchall()
-        # Each message written once: inserted claimed (or pending), never inserted and then updated.
-        written = conn.execute("SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables "
-                               "WHERE relid = 'courier.queue'::regclass").fetchone()
-    assert written == (4, 0)
+        after = _queue_writes(conn)
+    # Each message written once: inserted claimed, never inserted and then updated.
+    assert (after[0] - before[0], after[1] - before[1]) == (2, 0)
     assert [i for i, _ in claimed] == [e1, e2] and all(lease > 0 for _, lease in claimed)
-    assert _staged(conn) == []  # the rest moved, pending, for their own claims
-    assert [message_status(conn, m) for m in (e1, e2, e3, f1)] == ["processing", "processing", "pending", "pending"]
+    assert _staged(conn) == [f1, e3]  # fresh: left for their own claims, to be written once too
+    assert [message_status(conn, m) for m in (e1, e2)] == ["processing", "processing"]
     assert scalar(conn, "SELECT worker_id FROM courier.queue WHERE id = %s", (e1,)) == "w"
-    assert (_depth_of(conn, "e", "processing"), _depth_of(conn, "e", "pending"), _depth(conn, "f")) == (2, 1, 1)
+    assert (_depth_of(conn, "e", "processing"), _depth_of(conn, "e", "pending"), _depth(conn, "f")) == (2, 0, 0)
     # Fenced like any claim: a report that names another lease changes nothing.
     wrong = conn.execute("SELECT stale FROM courier.report_outcomes(%s, %s, %s, %s)",
                          ([e1], [claimed[0][1] + 1], ["success"], [None])).fetchone()[0]
     assert wrong == 1 and message_status(conn, e1) == "processing"
     complete(conn, [e1, e2])
-    assert message_status(conn, e1) == "completed" and _depth(conn, "e") == 1
+    assert message_status(conn, e1) == "completed" and _depth(conn, "e") == 0
     assert _claim(conn, "f") == [f1] and _claim(conn, "e") == [e3]
+
+
+def test_a_claim_moves_what_has_waited_50_ms_for_its_own_claim(conn):
+    """Messages staged 50 ms ago or more are every taker's to move, pending: the stage stays a
+    moment deep even when an endpoint's own claims stop."""
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    conn.execute("SELECT courier.create_endpoint('f', 'noop', '{}')")
+    _stage_alive(conn)
+    e1, f1, e2 = (scalar(conn, "SELECT courier.send(%s, '{}')", (name,)) for name in "efe")
+    _age_stage(conn)
+    assert _claim(conn, "e", batch=1) == [e1]
+    assert _staged(conn) == []
+    assert [message_status(conn, m) for m in (e1, e2, f1)] == ["processing", "pending", "pending"]
+    assert (_depth_of(conn, "e", "pending"), _depth(conn, "f")) == (1, 1)
+    assert _claim(conn, "f") == [f1] and _claim(conn, "e") == [e2]
 
 
 def test_what_the_queue_holds_for_the_endpoint_is_claimed_before_staged_messages(conn):
@@ -93,7 +121,7 @@ def test_what_the_queue_holds_for_the_endpoint_is_claimed_before_staged_messages
     urgent = scalar(conn, "SELECT courier.send_with_options('e', '{}', p_priority => 5)")
     assert _staged(conn) == [staged]
     assert _claim(conn, "e", batch=1) == [urgent]
-    assert _staged(conn) == [] and message_status(conn, staged) == "pending"  # moved, for the next claim
+    assert _staged(conn) == [staged]  # left, for the next claim
     assert _claim(conn, "e", batch=1) == [staged]
 
 
