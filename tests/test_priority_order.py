@@ -115,9 +115,13 @@ def test_worker_processes_each_keep_their_pools_order(dsn, conn, sink):
     id the archive records) are in priority order; the two pools' deliveries interleave, which
     is all that is promised across pools."""
     _webhook(conn, sink.url + "/healthy", concurrency=2)
-    sent = _send_shuffled(conn, range(11), 12)
     worker = start_worker_process(dsn, "--processes", "2", "--worker-id", "w")
     try:
+        # Both pools running before the sends commit (at once, in one transaction): on a loaded
+        # machine the second pool could start after the first had delivered them all.
+        wait_for(lambda: {r[0] for r in conn.execute("SELECT worker_id FROM courier.get_worker_status() "
+                                                     "WHERE alive")} == {"w/1", "w/2"}, timeout=60)
+        sent = _send_shuffled(conn, range(11), 12)
         wait_for(lambda: _archived(conn) == sent, timeout=120)
     finally:
         worker.terminate()

@@ -395,11 +395,15 @@ def _fill(conn: psycopg.Connection, side: str, messages: int, per_unit: int = 1)
         pgq.fill(conn, messages // per_unit, per_unit)
         return
     conn.execute("TRUNCATE courier.queue, courier.send_stage")  # the sends' rows, staged ones too
-    stage_lapsed(conn)  # the fill's batch goes to the queue, whatever the last operation's leader said
     conn.execute(f"TRUNCATE pgmq.q_{pgmq.QUEUE}")
     if side == "courier" and messages:
+        # To the queue, whatever the leader's thread said (a batch to a pull topic stages), and
+        # the stage as alive after as before, for the sends measured next.
+        alive_until = conn.execute("SELECT stage_until FROM courier.send_limits").fetchone()[0]
+        stage_lapsed(conn)
         conn.execute("SELECT courier.send_batch(%s, array_agg(jsonb_build_object('n', g))) "
                      "FROM generate_series(1, %s::int) g", (TOPIC, messages))
+        conn.execute("UPDATE courier.send_limits SET stage_until = %s", (alive_until,))
     elif messages:
         conn.execute("SELECT pgmq.send_batch(%s, array_agg(jsonb_build_object('n', g))) "
                      "FROM generate_series(1, %s::int) g", (pgmq.QUEUE, messages))
