@@ -289,7 +289,9 @@ BEGIN
         -- Staged as send() stages (sending.sql): while a mover is alive, for a topic that is not
         -- paused, with no delay and no max_depth, while the leader's estimate leaves room. The
         -- topic's next dequeue or receive takes it from the stage (_take_staged), else the leader
-        -- moves it into the queue within a second. courier.never_staged as in send().
+        -- moves it into the queue within a second. courier.never_staged as in send(). send()'s
+        -- statement, written here rather than called: a call costs every enqueue a plpgsql
+        -- function's entry and exit (see _pull_topic's lookup below).
         IF current_setting('courier.never_staged', true) IS DISTINCT FROM p_topic THEN
             INSERT INTO courier.send_stage (endpoint_id, payload)
             SELECT e.id, p_payload
