@@ -64,20 +64,23 @@ def test_dequeue_takes_the_queue_first_then_the_stage_each_written_once(conn, to
         before = _written(conn)
         taken = _dequeue(conn, 3)
         after = _written(conn)
-    # The queued one leased in place: an update. Two staged ones inserted leased: nothing
-    # inserted and then updated. The other two, fresh, stay staged for their own takers.
-    assert (after[0] - before[0], after[1] - before[1]) == (2, 1)
+    # The queued one leased in place: an update. Two staged ones inserted leased and the third
+    # moved pending: nothing inserted and then updated. The push endpoint's, fresh, stays staged
+    # for its own claim.
+    assert (after[0] - before[0], after[1] - before[1]) == (3, 1)
     assert [row[0] for row in taken] == [queued, *staged[:2]]
     assert all(lease > 0 and visible for _, lease, _, _, _, visible in taken)
     assert [(payload, metadata, retries) for _, _, payload, metadata, retries, _ in taken[1:]] == \
         [({"n": 0}, {}, 0), ({"n": 1}, {}, 0)]
-    assert _staged(conn) == [staged[2], other]
+    assert _staged(conn) == [other]
     status = dict(conn.execute("SELECT id, status FROM courier.queue").fetchall())
-    assert status == {queued: "processing", staged[0]: "processing", staged[1]: "processing"}
-    assert _depth(conn, "t") == 3 and _depth(conn, "p") == 0  # a leased pull message counts as pending
-    # Staged 50 ms ago or more, they are any taker's to move: the next dequeue moves the push one.
+    assert status == {queued: "processing", staged[0]: "processing", staged[1]: "processing",
+                      staged[2]: "pending"}
+    assert _depth(conn, "t") == 4 and _depth(conn, "p") == 0  # a leased pull message counts as pending
+    # Staged 50 ms ago or more, it is any taker's to move: the next dequeue that looks at the
+    # stage (its batch not filled from the queue) moves the push one.
     conn.execute("UPDATE courier.send_stage SET created_at = created_at - interval '1 second'")
-    assert [row[0] for row in _dequeue(conn, 1)] == [staged[2]]
+    assert [row[0] for row in _dequeue(conn, 5)] == [staged[2]]
     assert _staged(conn) == [] and _depth(conn, "p") == 1 and _depth(conn, "t") == 4
 
     # Fenced as any lease: a wrong one changes nothing; the right one acks.
@@ -98,9 +101,9 @@ def test_receive_delivers_from_the_stage_without_writing_the_queue(conn, topic):
         before = _written(conn)
         got = conn.execute("SELECT id, payload FROM courier.receive('t', 3)").fetchall()
         after = _written(conn)
-    assert (after[0] - before[0], after[1] - before[1]) == (0, 0)  # the fourth stays staged, fresh
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 0)  # only the fourth, moved pending
     assert got == [(staged[0], {"n": 0}), (staged[1], {"n": 1}), (staged[2], {"n": 2})]
-    assert _staged(conn) == [staged[3]] and _depth(conn, "t") == 0
+    assert _staged(conn) == [] and _depth(conn, "t") == 1
     assert scalar(conn, "SELECT total FROM courier.delivery_totals WHERE outcome = 'delivered'") == 3
     assert [r[0] for r in conn.execute("SELECT id FROM courier.receive('t', 5)")] == [staged[3]]
 

@@ -73,7 +73,7 @@ def _age_stage(conn: psycopg.Connection) -> None:
     conn.execute("UPDATE courier.send_stage SET created_at = created_at - interval '1 second'")
 
 
-def test_a_claim_takes_its_staged_messages_straight_into_processing_and_leaves_fresh_ones(conn):
+def test_a_claim_takes_its_staged_messages_straight_into_processing_and_leaves_others_fresh_ones(conn):
     conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
     conn.execute("SELECT courier.create_endpoint('f', 'noop', '{}')")
     _stage_alive(conn)
@@ -83,19 +83,19 @@ def test_a_claim_takes_its_staged_messages_straight_into_processing_and_leaves_f
         claimed = conn.execute("SELECT c.id, c.lease FROM courier.claim_batch('w', 2, "
                                "(SELECT id FROM courier.endpoints WHERE name = 'e')) c").fetchall()
         after = _queue_writes(conn)
-    # Each message written once: inserted claimed, never inserted and then updated.
-    assert (after[0] - before[0], after[1] - before[1]) == (2, 0)
+    # Each message written once: inserted claimed (or pending), never inserted and then updated.
+    assert (after[0] - before[0], after[1] - before[1]) == (3, 0)
     assert [i for i, _ in claimed] == [e1, e2] and all(lease > 0 for _, lease in claimed)
-    assert _staged(conn) == [f1, e3]  # fresh: left for their own claims, to be written once too
-    assert [message_status(conn, m) for m in (e1, e2)] == ["processing", "processing"]
+    assert _staged(conn) == [f1]  # another endpoint's, fresh: left for its own claim
+    assert [message_status(conn, m) for m in (e1, e2, e3)] == ["processing", "processing", "pending"]
     assert scalar(conn, "SELECT worker_id FROM courier.queue WHERE id = %s", (e1,)) == "w"
-    assert (_depth_of(conn, "e", "processing"), _depth_of(conn, "e", "pending"), _depth(conn, "f")) == (2, 0, 0)
+    assert (_depth_of(conn, "e", "processing"), _depth_of(conn, "e", "pending"), _depth(conn, "f")) == (2, 1, 0)
     # Fenced like any claim: a report that names another lease changes nothing.
     wrong = conn.execute("SELECT stale FROM courier.report_outcomes(%s, %s, %s, %s)",
                          ([e1], [claimed[0][1] + 1], ["success"], [None])).fetchone()[0]
     assert wrong == 1 and message_status(conn, e1) == "processing"
     complete(conn, [e1, e2])
-    assert message_status(conn, e1) == "completed" and _depth(conn, "e") == 0
+    assert message_status(conn, e1) == "completed" and _depth(conn, "e") == 1
     assert _claim(conn, "f") == [f1] and _claim(conn, "e") == [e3]
 
 
@@ -121,7 +121,7 @@ def test_what_the_queue_holds_for_the_endpoint_is_claimed_before_staged_messages
     urgent = scalar(conn, "SELECT courier.send_with_options('e', '{}', p_priority => 5)")
     assert _staged(conn) == [staged]
     assert _claim(conn, "e", batch=1) == [urgent]
-    assert _staged(conn) == [staged]  # left, for the next claim
+    assert _staged(conn) == [] and message_status(conn, staged) == "pending"  # moved, for the next claim
     assert _claim(conn, "e", batch=1) == [staged]
 
 
