@@ -481,14 +481,14 @@ def test_dequeues_two_statements_differ_only_in_the_ordering_key_test():
     change to one that misses the other would make the two kinds of topic behave apart."""
     source = (Path(__file__).parents[1] / "sqlkit" / "functions" / "pull.sql").read_text()
     body = source[source.index("CREATE OR REPLACE FUNCTION courier.dequeue(p_topic text"):]
-    split = body.index("\n    ELSE  -- the same statement")
-    checked = body[body.index("    IF v_topic.ordering_keys THEN\n"):split]
-    plain = body[split:body.index("\n    END IF;\n", split)]
+    split = body.index("\n        ELSE  -- the same statement")  # inside the loop over queue and stage
+    checked = body[body.index("        IF v_topic.ordering_keys THEN\n"):split]
+    plain = body[split:body.index("\n        END IF;\n", split)]
     rule = re.compile(r"\n *-- Ordering keys, as the push claim's rule.*?q2\.id < q\.id\)\)\)", re.S)
     assert len(rule.findall(checked)) == 1
     statement = lambda text: text[text.index("RETURN QUERY"):]  # noqa: E731
     assert statement(rule.sub("", checked)) == statement(plain).replace(
-        "\n                  AND q.ordering_key IS NULL  -- the topic has never had one (see above)", "")
+        "\n                      AND q.ordering_key IS NULL  -- the topic has never had one (see above)", "")
 
 
 # Item 14, second half: priority on pull topics ------------------------------------------------

@@ -53,7 +53,7 @@ def test_a_plain_send_to_a_pull_topic_stages_and_moves_into_the_row_it_would_hav
     assert _row(conn, staged) == _row(conn, direct)
 
 
-def test_dequeue_takes_the_queue_first_then_the_stage_each_written_once(conn, topic):
+def test_dequeue_takes_the_queue_first_then_leases_staged_messages_where_they_wait(conn, topic):
     _stage_alive(conn)
     conn.execute("SELECT courier.create_endpoint('p', 'noop', '{}')")
     queued = scalar(conn, "SELECT courier.enqueue('t', '{}', p_metadata => '{\"m\": 1}')")  # not plain: the queue
@@ -64,34 +64,78 @@ def test_dequeue_takes_the_queue_first_then_the_stage_each_written_once(conn, to
         before = _written(conn)
         taken = _dequeue(conn, 3)
         after = _written(conn)
-    # The queued one leased in place: an update. Two staged ones inserted leased and the third
-    # moved pending: nothing inserted and then updated. The push endpoint's, fresh, stays staged
-    # for its own claim.
-    assert (after[0] - before[0], after[1] - before[1]) == (3, 1)
+    # The queued one leased in place: an update. Two staged ones leased in the stage (migration
+    # 0057), the queue not written for them; the third moved pending. The push endpoint's, fresh,
+    # stays staged for its own claim.
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
     assert [row[0] for row in taken] == [queued, *staged[:2]]
     assert all(lease > 0 and visible for _, lease, _, _, _, visible in taken)
     assert [(payload, metadata, retries) for _, _, payload, metadata, retries, _ in taken[1:]] == \
         [({"n": 0}, {}, 0), ({"n": 1}, {}, 0)]
-    assert _staged(conn) == [other]
+    leases = dict(conn.execute("SELECT id, lease FROM courier.send_stage WHERE visible_until > now()").fetchall())
+    assert leases == {staged[0]: taken[1][1], staged[1]: taken[2][1]}
+    assert _staged(conn) == [*staged[:2], other]
     status = dict(conn.execute("SELECT id, status FROM courier.queue").fetchall())
-    assert status == {queued: "processing", staged[0]: "processing", staged[1]: "processing",
-                      staged[2]: "pending"}
-    assert _depth(conn, "t") == 4 and _depth(conn, "p") == 0  # a leased pull message counts as pending
+    assert status == {queued: "processing", staged[2]: "pending"}
+    assert scalar(conn, "SELECT courier.peek('t')") == 1  # the pending one: leased ones are not due
     # Staged 50 ms ago or more, it is any taker's to move: the next dequeue that looks at the
-    # stage (its batch not filled from the queue) moves the push one.
+    # stage (its batch not filled from the queue) moves the push one, and steps over the leases.
     conn.execute("UPDATE courier.send_stage SET created_at = created_at - interval '1 second'")
     assert [row[0] for row in _dequeue(conn, 5)] == [staged[2]]
-    assert _staged(conn) == [] and _depth(conn, "p") == 1 and _depth(conn, "t") == 4
+    assert _staged(conn) == staged[:2] and _depth(conn, "p") == 1
 
-    # Fenced as any lease: a wrong one changes nothing; the right one acks.
-    message, lease = taken[1][0], taken[1][1]
-    assert scalar(conn, "SELECT courier.ack(%s, %s)", (message, lease + 1)) == "lease_lost"
-    assert scalar(conn, "SELECT courier.ack(%s, %s)", (message, lease)) == "acked"
-    assert _depth(conn, "t") == 3
-    # A lease taken from the stage lapses as any other: due again, the lost attempt counted.
-    conn.execute("UPDATE courier.queue SET visible_at = now() - interval '1 second' WHERE id = %s", (staged[1],))
+    # Fenced as any lease: a wrong one changes nothing (the message is then in the queue, still
+    # under its lease, which the ack's answer names); the right one acks, from the stage or there.
+    first, second = taken[1], taken[2]
+    assert scalar(conn, "SELECT courier.ack(%s, %s)", (first[0], first[1] + 1)) == "lease_lost"
+    assert conn.execute("SELECT status, lease FROM courier.queue WHERE id = %s", (first[0],)).fetchone() == \
+        ("processing", first[1])
+    assert scalar(conn, "SELECT courier.ack(%s, %s)", (first[0], first[1])) == "acked"
+    depth = _depth(conn, "t")
+    assert scalar(conn, "SELECT courier.ack(%s, %s)", (second[0], second[1])) == "acked"
+    assert _staged(conn) == [] and _depth(conn, "t") == depth  # never counted: never moved
+    assert scalar(conn, "SELECT courier.ack(%s, %s)", (second[0], second[1])) == "not_found"
+    assert scalar(conn, "SELECT total FROM courier.delivery_totals WHERE outcome = 'delivered'") == 2
+
+
+def test_a_lease_taken_in_the_stage_lapses_and_settles_as_any_other(conn, topic):
+    _stage_alive(conn)
+    staged = [_enqueue(conn, n) for n in range(4)]
+    taken = _dequeue(conn, 4)
+    assert [row[0] for row in taken] == staged and _staged(conn) == staged
+    # A lapsed lease is due again at the next dequeue, the lost attempt counted.
+    conn.execute("UPDATE courier.send_stage SET visible_until = now() - interval '1 second' WHERE id = %s",
+                 (staged[0],))
     again = _dequeue(conn, 5)
-    assert [row[0] for row in again] == [staged[1]] and again[0][4] == 1
+    assert [row[0] for row in again] == [staged[0]] and again[0][4] == 1 and again[0][1] != taken[0][1]
+    assert scalar(conn, "SELECT courier.ack(%s, %s)", (staged[0], taken[0][1])) == "lease_lost"
+    # nack, extend and release find a message leased in the stage, and fence it as any other.
+    assert scalar(conn, "SELECT courier.nack(%s, %s, 'boom')", (staged[1], taken[1][1] + 1)) == "lease_lost"
+    assert scalar(conn, "SELECT courier.nack(%s, %s, 'boom')", (staged[1], taken[1][1])) == "nacked"
+    extended = conn.execute("SELECT result FROM courier.extend_lease(%s, %s, 600)",
+                            ([staged[2]], [taken[2][1]])).fetchone()[0]
+    assert extended == "extended"
+    assert scalar(conn, "SELECT courier.release(%s, %s)", ([staged[3]], [taken[3][1]])) is not None
+    rows = {row[0]: row[1:] for row in conn.execute(
+        "SELECT id, status, retry_count, visible_at > now() + interval '500 seconds' FROM courier.queue")}
+    assert rows == {staged[0]: ("processing", 1, False), staged[1]: ("pending", 1, False),
+                    staged[2]: ("processing", 0, True), staged[3]: ("pending", 0, False)}
+    assert _staged(conn) == [] and _depth(conn, "t") == 4
+
+
+def test_the_leader_moves_a_lease_into_the_queue_with_its_lease(conn, topic):
+    """A message stays leased in the stage at most until the leader's next move (each second):
+    from there every surface that lists messages in flight sees it, and its ack still acks."""
+    _stage_alive(conn)
+    message = _enqueue(conn)
+    (_, lease, *_), = _dequeue(conn, 1)
+    conn.execute("SELECT courier.keep_send_stage()")
+    assert _staged(conn) == [] and _depth(conn, "t") == 1
+    row = conn.execute("SELECT status, lease, visible_at > now() FROM courier.queue WHERE id = %s",
+                       (message,)).fetchone()
+    assert row == ("processing", lease, True)
+    assert scalar(conn, "SELECT courier.ack(%s, %s)", (message, lease)) == "acked"
+    assert _depth(conn, "t") == 0
 
 
 def test_receive_delivers_from_the_stage_without_writing_the_queue(conn, topic):

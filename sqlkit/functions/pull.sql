@@ -747,8 +747,10 @@ DECLARE
     v_rate numeric;
     v_limit integer := p_count;
     v_dead bigint[];
-    v_taken integer;
+    v_taken integer := 0;
     v_staged integer := 0;
+    v_want integer;
+    v_got integer;
     v_set text;
 BEGIN
     IF p_count IS NULL OR p_count NOT BETWEEN 1 AND 10000 THEN  -- a plain expression: no statement per call
@@ -796,125 +798,133 @@ BEGIN
     -- A lease changes no count: a leased pull message is counted as pending until it is acked
     -- (_counted_status). The update trigger stands aside for this statement rather than read both
     -- transition tables to find that out (15,300 instructions a message of a dequeue(10) + ack).
-    v_set := set_config('courier.update_counted', 'on', true);
-    -- A topic whose messages have never carried an ordering key (endpoints.ordering_keys, which
-    -- every write of a keyed message sets in its own transaction: _note_ordering_keys) is
-    -- dequeued without the ordering-key checks, whose subplans PostgreSQL readies in every
-    -- execution whether or not a row has a key: 52,000 instructions of a dequeue(1) + ack (3.5%).
-    -- It takes only messages without a key, so a keyed message committed after the topic was
-    -- read above waits for the next dequeue, which reads the mark; none is ever handed out
-    -- unchecked, and the order of a key does not depend on the mark.
-    IF v_topic.ordering_keys THEN
-        RETURN QUERY
-        WITH candidates AS (
-            -- Each priority level the topic has used (migration 0039), highest first.
-            SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
-            CROSS JOIN LATERAL (
-                SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
-                       q.status = 'processing' AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
-                FROM courier.queue q
-                WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
-                  AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-                  AND q.status IN ('pending', 'processing')
-                  AND (q.expires_at IS NULL OR q.expires_at > now())
-                  -- Ordering keys, as the push claim's rule: one message of a key at a time, in id order.
-                  -- No other message of the key in processing under a running lease, and none before it
-                  -- (a smaller id) waiting: pending, scheduled, held back, or in processing under a
-                  -- lapsed lease, which is taken again first. A batch never holds two of a key: the
-                  -- second sees the first pending in the statement's snapshot, as a concurrent consumer
-                  -- does until the first one's lease commits. Inline subplans on the ordering indexes
-                  -- on ordering_key, run only for rows with a key (a plpgsql function per row was 4x
-                  -- dearer: a dequeue past 19,000 messages of busy keys took 125 ms instead of 32 ms).
-                  AND (q.ordering_key IS NULL OR (
-                        NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                    WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
-                                      AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
-                                      AND (q2.visible_at > now() OR q2.id < q.id))
-                    AND NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                    WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
-                                      AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
-                ORDER BY q.visible_at, q.id
-                LIMIT v_limit
-                FOR UPDATE SKIP LOCKED) c
-            WHERE v_topic.priorities & (1 << p.priority) <> 0
-            LIMIT v_limit
-        ),
-        leased AS (
-            UPDATE courier.queue q
-            SET status = 'processing', lease = courier._next_lease(q.lease),
-                visible_at = CASE WHEN q.status = 'processing'
-                                       AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap)
-                                  THEN '-infinity' ELSE now() + make_interval(secs => v_timeout) END,
-                retry_count = q.retry_count + (q.status = 'processing')::integer,
-                last_error = CASE WHEN q.status <> 'processing' THEN q.last_error
-                                  ELSE courier._lease_lapsed_error(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) END,
-                error_history = CASE WHEN q.status = 'processing'
-                                     THEN courier._lease_lapsed_history(q.error_history, q.retry_count, q.lease)
-                                     ELSE q.error_history END,
-                updated_at = now()
-            WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
-            RETURNING q.id, q.lease, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.retry_count,
-                      q.max_retries, q.created_at, q.visible_at
-        )
-        SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
-               coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
-        FROM leased t JOIN candidates c ON c.id = t.id
-        WHERE NOT c.exhausted
-        ORDER BY c.priority DESC, c.due, c.id;
-    ELSE  -- the same statement but for the ordering-key test (tests/test_pull_integrity.py holds them so)
-        RETURN QUERY
-        WITH candidates AS (
-            -- Each priority level the topic has used (migration 0039), highest first.
-            SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
-            CROSS JOIN LATERAL (
-                SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
-                       q.status = 'processing' AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
-                FROM courier.queue q
-                WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
-                  AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-                  AND q.status IN ('pending', 'processing')
-                  AND (q.expires_at IS NULL OR q.expires_at > now())
-                  AND q.ordering_key IS NULL  -- the topic has never had one (see above)
-                ORDER BY q.visible_at, q.id
-                LIMIT v_limit
-                FOR UPDATE SKIP LOCKED) c
-            WHERE v_topic.priorities & (1 << p.priority) <> 0
-            LIMIT v_limit
-        ),
-        leased AS (
-            UPDATE courier.queue q
-            SET status = 'processing', lease = courier._next_lease(q.lease),
-                visible_at = CASE WHEN q.status = 'processing'
-                                       AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap)
-                                  THEN '-infinity' ELSE now() + make_interval(secs => v_timeout) END,
-                retry_count = q.retry_count + (q.status = 'processing')::integer,
-                last_error = CASE WHEN q.status <> 'processing' THEN q.last_error
-                                  ELSE courier._lease_lapsed_error(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) END,
-                error_history = CASE WHEN q.status = 'processing'
-                                     THEN courier._lease_lapsed_history(q.error_history, q.retry_count, q.lease)
-                                     ELSE q.error_history END,
-                updated_at = now()
-            WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
-            RETURNING q.id, q.lease, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.retry_count,
-                      q.max_retries, q.created_at, q.visible_at
-        )
-        SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
-               coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
-        FROM leased t JOIN candidates c ON c.id = t.id
-        WHERE NOT c.exhausted
-        ORDER BY c.priority DESC, c.due, c.id;
-    END IF;
-    GET DIAGNOSTICS v_taken = ROW_COUNT;
-    v_set := set_config('courier.update_counted', 'off', true);
-    -- Then the stage (plain enqueues and sends, migration 0054): newer than what the queue held,
-    -- priority 0, no key, no delay, so nothing above should have gone after them.
-    IF v_taken < v_limit THEN
+    LOOP  -- once, or again when the stage held a lapsed lease of the topic (below)
+        v_want := v_limit - v_taken - v_staged;
+        v_set := set_config('courier.update_counted', 'on', true);
+        -- A topic whose messages have never carried an ordering key (endpoints.ordering_keys, which
+        -- every write of a keyed message sets in its own transaction: _note_ordering_keys) is
+        -- dequeued without the ordering-key checks, whose subplans PostgreSQL readies in every
+        -- execution whether or not a row has a key: 52,000 instructions of a dequeue(1) + ack (3.5%).
+        -- It takes only messages without a key, so a keyed message committed after the topic was
+        -- read above waits for the next dequeue, which reads the mark; none is ever handed out
+        -- unchecked, and the order of a key does not depend on the mark.
+        IF v_topic.ordering_keys THEN
+            RETURN QUERY
+            WITH candidates AS (
+                -- Each priority level the topic has used (migration 0039), highest first.
+                SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
+                CROSS JOIN LATERAL (
+                    SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
+                           q.status = 'processing' AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
+                    FROM courier.queue q
+                    WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                      AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+                      AND q.status IN ('pending', 'processing')
+                      AND (q.expires_at IS NULL OR q.expires_at > now())
+                      -- Ordering keys, as the push claim's rule: one message of a key at a time, in id order.
+                      -- No other message of the key in processing under a running lease, and none before it
+                      -- (a smaller id) waiting: pending, scheduled, held back, or in processing under a
+                      -- lapsed lease, which is taken again first. A batch never holds two of a key: the
+                      -- second sees the first pending in the statement's snapshot, as a concurrent consumer
+                      -- does until the first one's lease commits. Inline subplans on the ordering indexes
+                      -- on ordering_key, run only for rows with a key (a plpgsql function per row was 4x
+                      -- dearer: a dequeue past 19,000 messages of busy keys took 125 ms instead of 32 ms).
+                      AND (q.ordering_key IS NULL OR (
+                            NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                        WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                          AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
+                                          AND (q2.visible_at > now() OR q2.id < q.id))
+                        AND NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                        WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
+                                          AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
+                    ORDER BY q.visible_at, q.id
+                    LIMIT v_want
+                    FOR UPDATE SKIP LOCKED) c
+                WHERE v_topic.priorities & (1 << p.priority) <> 0
+                LIMIT v_want
+            ),
+            leased AS (
+                UPDATE courier.queue q
+                SET status = 'processing', lease = courier._next_lease(q.lease),
+                    visible_at = CASE WHEN q.status = 'processing'
+                                           AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap)
+                                      THEN '-infinity' ELSE now() + make_interval(secs => v_timeout) END,
+                    retry_count = q.retry_count + (q.status = 'processing')::integer,
+                    last_error = CASE WHEN q.status <> 'processing' THEN q.last_error
+                                      ELSE courier._lease_lapsed_error(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) END,
+                    error_history = CASE WHEN q.status = 'processing'
+                                         THEN courier._lease_lapsed_history(q.error_history, q.retry_count, q.lease)
+                                         ELSE q.error_history END,
+                    updated_at = now()
+                WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
+                RETURNING q.id, q.lease, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.retry_count,
+                          q.max_retries, q.created_at, q.visible_at
+            )
+            SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
+                   coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
+            FROM leased t JOIN candidates c ON c.id = t.id
+            WHERE NOT c.exhausted
+            ORDER BY c.priority DESC, c.due, c.id;
+        ELSE  -- the same statement but for the ordering-key test (tests/test_pull_integrity.py holds them so)
+            RETURN QUERY
+            WITH candidates AS (
+                -- Each priority level the topic has used (migration 0039), highest first.
+                SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
+                CROSS JOIN LATERAL (
+                    SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
+                           q.status = 'processing' AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
+                    FROM courier.queue q
+                    WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                      AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+                      AND q.status IN ('pending', 'processing')
+                      AND (q.expires_at IS NULL OR q.expires_at > now())
+                      AND q.ordering_key IS NULL  -- the topic has never had one (see above)
+                    ORDER BY q.visible_at, q.id
+                    LIMIT v_want
+                    FOR UPDATE SKIP LOCKED) c
+                WHERE v_topic.priorities & (1 << p.priority) <> 0
+                LIMIT v_want
+            ),
+            leased AS (
+                UPDATE courier.queue q
+                SET status = 'processing', lease = courier._next_lease(q.lease),
+                    visible_at = CASE WHEN q.status = 'processing'
+                                           AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap)
+                                      THEN '-infinity' ELSE now() + make_interval(secs => v_timeout) END,
+                    retry_count = q.retry_count + (q.status = 'processing')::integer,
+                    last_error = CASE WHEN q.status <> 'processing' THEN q.last_error
+                                      ELSE courier._lease_lapsed_error(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) END,
+                    error_history = CASE WHEN q.status = 'processing'
+                                         THEN courier._lease_lapsed_history(q.error_history, q.retry_count, q.lease)
+                                         ELSE q.error_history END,
+                    updated_at = now()
+                WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
+                RETURNING q.id, q.lease, q.payload, q.payload_binary, q.body, q.metadata, q.key, q.retry_count,
+                          q.max_retries, q.created_at, q.visible_at
+            )
+            SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
+                   coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
+            FROM leased t JOIN candidates c ON c.id = t.id
+            WHERE NOT c.exhausted
+            ORDER BY c.priority DESC, c.due, c.id;
+        END IF;
+        GET DIAGNOSTICS v_got = ROW_COUNT;
+        v_taken := v_taken + v_got;
+        v_set := set_config('courier.update_counted', 'off', true);
+        -- Then the stage (plain enqueues and sends, migration 0054): newer than what the queue held,
+        -- priority 0, no key, no delay, so nothing above should have gone after them. A message
+        -- leased there whose lease lapsed is moved into the queue by the look (_take_staged), which
+        -- says so in courier.stage_lapsed: the queue is looked at once more, to take it again now.
+        EXIT WHEN v_taken + v_staged >= v_limit;
         RETURN QUERY
         SELECT s.id, s.lease, s.payload, NULL::bytea, NULL::text, '{}'::jsonb, NULL::text, 0, v_max_retries,
                s.created_at, s.visible_until
-        FROM courier._take_staged(v_topic.id, v_limit - v_taken, NULL, v_timeout) s;
-        GET DIAGNOSTICS v_staged = ROW_COUNT;
-    END IF;
+        FROM courier._take_staged(v_topic.id, v_limit - v_taken - v_staged, NULL, v_timeout) s;
+        GET DIAGNOSTICS v_got = ROW_COUNT;
+        v_staged := v_staged + v_got;
+        EXIT WHEN v_taken + v_staged >= v_limit OR current_setting('courier.stage_lapsed', true) IS DISTINCT FROM 'on';
+        v_set := set_config('courier.stage_lapsed', 'off', true);
+    END LOOP;
     IF v_rate > 0 THEN
         PERFORM courier._return_throughput(v_topic, v_limit - v_taken - v_staged);
     END IF;
@@ -1076,7 +1086,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_acked bigint[];
-    v_count integer;
+    v_count integer := 0;
     v_leases jsonb;
     v_tids tid[];
     v_endpoint_ids integer[];
@@ -1093,23 +1103,45 @@ BEGIN
     v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
     v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
              || set_config('courier.delete_counted', 'on', true);
-    WITH acked AS (
-        DELETE FROM courier.queue q
-        WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
-          AND q.lease = (v_leases ->> q.id::text)::integer AND q.idempotency_key IS NULL
-        RETURNING q.id, q.endpoint_id
-    ),
-    counted AS (
-        INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
-        SELECT a.endpoint_id, 'delivered', pg_backend_pid(), count(*) FROM acked a GROUP BY a.endpoint_id
-        ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
-    ),
-    depth AS (
-        INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
-        SELECT a.endpoint_id, 'pending', pg_backend_pid(), v_writes >> 6, -count(*) FROM acked a GROUP BY a.endpoint_id
-        ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
-    )
-    SELECT array_agg(a.id), count(*) INTO v_acked, v_count FROM acked a;
+    -- The queue, then the stage (messages leased where they were staged: _take_staged), then the
+    -- queue once more for what is still missing: the leader may have moved a leased message from
+    -- the stage into the queue between the first two looks (_move_staged; a move under way is
+    -- waited for, and its row found gone), and a message still staged under another lease is
+    -- moved there to be explained below (_lease_results reads the queue).
+    FOR v_round IN 1..2 LOOP
+        WITH acked AS (
+            DELETE FROM courier.queue q
+            WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
+              AND q.lease = (v_leases ->> q.id::text)::integer AND q.idempotency_key IS NULL
+            RETURNING q.id, q.endpoint_id
+        ),
+        counted AS (
+            INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
+            SELECT a.endpoint_id, 'delivered', pg_backend_pid(), count(*) FROM acked a GROUP BY a.endpoint_id
+            ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
+        ),
+        depth AS (
+            INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
+            SELECT a.endpoint_id, 'pending', pg_backend_pid(), v_writes >> 6, -count(*) FROM acked a GROUP BY a.endpoint_id
+            ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
+        )
+        SELECT v_acked || array_agg(a.id), v_count + count(*) INTO v_acked, v_count FROM acked a;
+        EXIT WHEN v_count = cardinality(p_ids) OR v_round = 2;
+        -- A staged message is not in the depth counters until it is moved: only delivered counts.
+        WITH acked AS (
+            DELETE FROM courier.send_stage s
+            WHERE s.id = ANY (p_ids) AND s.visible_until IS NOT NULL AND s.lease = (v_leases ->> s.id::text)::integer
+            RETURNING s.id, s.endpoint_id
+        ),
+        counted AS (
+            INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
+            SELECT a.endpoint_id, 'delivered', pg_backend_pid(), count(*) FROM acked a GROUP BY a.endpoint_id
+            ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
+        )
+        SELECT v_acked || array_agg(a.id), v_count + count(*) INTO v_acked, v_count FROM acked a;
+        EXIT WHEN v_count = cardinality(p_ids);
+        PERFORM courier._unstage_ids(p_ids);
+    END LOOP;
     v_set := set_config('courier.delete_counted', 'off', true);
     IF v_count = cardinality(p_ids) THEN  -- the common case: all acked, no second look needed
         RETURN QUERY SELECT u.id, 'acked'::text FROM unnest(p_ids) AS u(id);
@@ -1258,6 +1290,7 @@ BEGIN
         RETURN QUERY SELECT z.id, z.result FROM courier.snooze(p_ids, p_leases, p_delay_seconds) z;
         RETURN;
     END IF;
+    PERFORM courier._unstage_ids(p_ids);  -- leased where they were staged: into the queue, lease and all
     v_leases := jsonb_object(p_ids::text[], p_leases::text[]);  -- as _give_back
     -- A nack moves no count (_counted_status; one past its retries stays in processing until it
     -- is dead-lettered, a DELETE): the update trigger stands aside.
@@ -1355,6 +1388,7 @@ BEGIN
                 coalesce(p_visibility_timeout_seconds::text, 'NULL')
             USING ERRCODE = '22023';
     END IF;
+    PERFORM courier._unstage_ids(p_ids);  -- as nack
     v_leases := jsonb_object(p_ids::text[], p_leases::text[]);  -- as _give_back
     v_set := set_config('courier.update_counted', 'on', true);  -- a longer lease moves no count
     WITH extended AS (
@@ -1413,12 +1447,17 @@ BEGIN
         FROM unnest(p_ids, p_leases) AS u(id, lease)
         JOIN courier.endpoints e
           ON e.id = CASE WHEN u.lease < 0 THEN (SELECT d.endpoint_id FROM courier.dlq d WHERE d.id = u.id)
-                         ELSE (SELECT q.endpoint_id FROM courier.queue q WHERE q.id = u.id) END
+                         ELSE coalesce((SELECT q.endpoint_id FROM courier.queue q WHERE q.id = u.id),
+                                       (SELECT s.endpoint_id FROM courier.send_stage s WHERE s.id = u.id)) END
         WHERE NOT (CASE WHEN u.lease < 0 THEN e.name || '.dlq' ELSE e.name END = ANY (p_topics));
     ELSE
+        -- In the queue or leased in the stage (_take_staged): one snapshot sees each in one place.
         SELECT coalesce(array_agg(q.id), '{}') INTO v_outside
-        FROM courier.queue q JOIN courier.endpoints e ON e.id = q.endpoint_id
-        WHERE q.id = ANY (p_ids) AND p_topics IS NOT NULL AND NOT (e.name = ANY (p_topics));
+        FROM (SELECT q.id, q.endpoint_id FROM courier.queue q WHERE q.id = ANY (p_ids)
+              UNION ALL
+              SELECT s.id, s.endpoint_id FROM courier.send_stage s WHERE s.id = ANY (p_ids)) q
+        JOIN courier.endpoints e ON e.id = q.endpoint_id
+        WHERE p_topics IS NOT NULL AND NOT (e.name = ANY (p_topics));
     END IF;
     SELECT coalesce(array_agg(u.id ORDER BY u.n), '{}'), coalesce(array_agg(u.lease ORDER BY u.n), '{}')
     INTO v_ids, v_leases
@@ -1459,6 +1498,7 @@ BEGIN
     IF NOT coalesce(courier._pull_leases_ok(p_ids, p_leases), false) THEN
         PERFORM courier._require_pull_leases(p_ids, p_leases);
     END IF;
+    PERFORM courier._unstage_ids(p_ids);  -- as nack
     -- Each row's lease from a jsonb map, as ack finds it, in a plan made once: a join with the
     -- leases, planned again in every call against a bad generic plan, was most of the call.
     v_leases := jsonb_object(p_ids::text[], p_leases::text[]);
@@ -1724,6 +1764,7 @@ BEGIN
         LIMIT 1000) due;
     IF v_due < 1000 THEN  -- and what waits in the stage (migration 0054), which the counters count once moved
         RETURN v_due + (SELECT count(*) FROM (SELECT 1 FROM courier.send_stage s WHERE s.endpoint_id = v_topic.id
+                                                AND (s.visible_until IS NULL OR s.visible_until <= now())
                                               LIMIT 1000 - v_due) staged);
     END IF;
     RETURN greatest(v_due, (SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d

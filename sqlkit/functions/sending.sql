@@ -720,14 +720,49 @@ BEGIN
 END
 $$;
 
--- Moves up to p_limit staged messages (courier.send_stage, migration 0054), oldest first, into
--- courier.queue in one statement: pending, with the id, created_at and expiry the send would
--- have given them (a staged message has no delay, priority or option). The queue's insert
--- trigger counts them. Movers skip each other's rows. A message whose endpoint was deleted
--- meanwhile is dropped with it. Returns how many it moved. The rows are picked first by the
--- primary key from the left, which steps over the entries of rows moved since the last VACUUM
--- once each (they are marked dead as they are seen): an empty stage costs that look and no more,
--- where a test for any row read every dead row of the heap.
+-- Moves staged rows (courier.send_stage, migration 0054; p_batched of courier.send_stage_batch,
+-- migration 0055: a ctid names a row of one table) into courier.queue in one statement, with the
+-- id, created_at and expiry the send would have given them (a staged message has no delay,
+-- priority or option): pending, or one leased where it waited (migration 0057) in processing
+-- under its lease until its visible_until, as a dequeue would have put it there. The queue's
+-- insert trigger counts them (a leased pull message counts as pending: _counted_status). A
+-- message whose endpoint was deleted meanwhile is dropped with it. The caller has locked the
+-- rows. Returns how many it moved.
+CREATE OR REPLACE FUNCTION courier._move_stage_rows(p_rows tid[], p_batched tid[]) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_moved integer;
+BEGIN
+    WITH staged_one AS (
+        DELETE FROM ONLY courier.send_stage s WHERE s.ctid = ANY (p_rows)
+        RETURNING s.id, s.endpoint_id, s.created_at, s.payload, s.lease, s.visible_until
+    ),
+    staged_batch AS (
+        DELETE FROM courier.send_stage_batch s WHERE s.ctid = ANY (p_batched)
+        RETURNING s.id, s.endpoint_id, s.created_at, s.payload, s.lease, s.visible_until
+    ),
+    staged AS (SELECT * FROM staged_one UNION ALL SELECT * FROM staged_batch)
+    INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at, visible_at,
+                               status, lease)
+    OVERRIDING SYSTEM VALUE
+    SELECT s.id, s.endpoint_id, s.payload, s.created_at,
+           CASE WHEN s.visible_until IS NULL THEN s.created_at ELSE now() END,
+           s.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0)),
+           coalesce(s.visible_until, courier._pull_visible_at(e.protocol, s.created_at)),
+           CASE WHEN s.visible_until IS NULL THEN 'pending' ELSE 'processing' END,
+           coalesce(s.lease, 0)
+    FROM staged s JOIN courier.endpoints e ON e.id = s.endpoint_id, courier.send_limits l;
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    RETURN v_moved;
+END
+$$;
+
+-- Moves up to p_limit staged messages, oldest first, leased or not, into courier.queue
+-- (_move_stage_rows). Movers skip each other's rows. The rows are picked first by the primary
+-- key from the left, which steps over the entries of rows moved since the last VACUUM once each
+-- (they are marked dead as they are seen): an empty stage costs that look and no more, where a
+-- test for any row read every dead row of the heap.
 -- Called by functions that set search_path themselves (claim_batch, _unstage's callers).
 -- No JIT: with sequential scans off, the scan of the one-row send_limits is costed at 1e10, and
 -- the move was JIT-compiled on every run (458 ms, each second of the leader's, on PostgreSQL 15).
@@ -738,8 +773,7 @@ SET jit = off
 AS $$
 DECLARE
     v_rows tid[];
-    v_batched tid[];  -- rows of courier.send_stage_batch (migration 0055): a ctid names a row of one table
-    v_moved integer;
+    v_batched tid[];
 BEGIN
     SELECT array_agg(s.ctid) FILTER (WHERE s.tableoid = 'courier.send_stage'::regclass),
            array_agg(s.ctid) FILTER (WHERE s.tableoid <> 'courier.send_stage'::regclass)
@@ -748,42 +782,58 @@ BEGIN
     IF v_rows IS NULL AND v_batched IS NULL THEN
         RETURN 0;
     END IF;
-    WITH staged_one AS (
-        DELETE FROM ONLY courier.send_stage s WHERE s.ctid = ANY (v_rows)
-        RETURNING s.id, s.endpoint_id, s.created_at, s.payload
-    ),
-    staged_batch AS (
-        DELETE FROM courier.send_stage_batch s WHERE s.ctid = ANY (v_batched)
-        RETURNING s.id, s.endpoint_id, s.created_at, s.payload
-    ),
-    staged AS (SELECT * FROM staged_one UNION ALL SELECT * FROM staged_batch)
-    INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at, visible_at)
-    OVERRIDING SYSTEM VALUE
-    SELECT s.id, s.endpoint_id, s.payload, s.created_at, s.created_at,
-           s.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0)),
-           courier._pull_visible_at(e.protocol, s.created_at)
-    FROM staged s JOIN courier.endpoints e ON e.id = s.endpoint_id, courier.send_limits l;
-    GET DIAGNOSTICS v_moved = ROW_COUNT;
-    RETURN v_moved;
+    RETURN courier._move_stage_rows(v_rows, v_batched);
+END
+$$;
+
+-- The messages p_ids that are still in the stage moved into the queue (_move_stage_rows), for
+-- a verb that then finds them there by id: nack, extend_lease, release and snooze of a message
+-- leased in the stage, and an ack's explanation of a lease it did not find. It waits for a
+-- mover that holds one of them, and then finds it gone: in the queue, for the verb's next
+-- statement to see.
+CREATE OR REPLACE FUNCTION courier._unstage_ids(p_ids bigint[]) RETURNS integer
+LANGUAGE plpgsql
+SET enable_seqscan = off  -- as _move_staged
+SET jit = off
+AS $$
+DECLARE
+    v_rows tid[];
+    v_batched tid[];
+BEGIN
+    SELECT array_agg(s.ctid) FILTER (WHERE s.tableoid = 'courier.send_stage'::regclass),
+           array_agg(s.ctid) FILTER (WHERE s.tableoid <> 'courier.send_stage'::regclass)
+    INTO v_rows, v_batched
+    FROM (SELECT c.tableoid, c.ctid FROM courier.send_stage c WHERE c.id = ANY (p_ids) FOR UPDATE) s;
+    IF v_rows IS NULL AND v_batched IS NULL THEN
+        RETURN 0;
+    END IF;
+    RETURN courier._move_stage_rows(v_rows, v_batched);
 END
 $$;
 
 -- A taker's share of the stage (migration 0054), after what the queue holds for its endpoint:
 -- a push claim (claim_batch, with p_worker_id), a pull lease (dequeue, with p_timeout) or a
 -- receive (neither). The oldest staged messages of p_endpoint_id's and those staged 50 ms ago
--- or more (up to max(p_count, 1000)) leave the stage in one statement, and the first p_count of
--- p_endpoint_id's that have not expired are taken:
--- claimed ones go into the queue in processing under the worker, leased ones in processing until
--- p_timeout seconds from now (a leased pull message counts as pending: _counted_status), each
--- with its first lease, written once where a move and then a claim or lease wrote it twice (the
--- new row version and its index entries: about 330 bytes of WAL a message); received ones are
--- never written to the queue, and are counted delivered as receive counts its own. The rest go
--- into the queue pending, with the id, created_at and expiry the send would have given them, for
--- their own takers. A staged message has no priority (0, the lowest), no ordering key and no
--- delay, so nothing in the queue should have gone before it that the taker's own look did not
--- already take; and level 0 is in every endpoint's priorities, so there is nothing to note. The
--- statement counts what it inserts, as _claim_due counts its claims (the insert trigger stands
--- aside: courier.insert_counted). Called by functions that set search_path and no JIT.
+-- or more (up to max(p_count, 1000)), not under a lease, are locked in one scan, and the first
+-- p_count of p_endpoint_id's that have not expired are taken:
+-- - leased ones stay where they are, their lease written into their row (migration 0057): a
+--   HOT update of a row with one index, where a lease in the queue wrote a wide row and three
+--   index entries (about 410 bytes of WAL a message). An ack deletes the row there; the leader
+--   moves it into the queue, lease and all, within a second (_move_staged), where every other
+--   verb finds it. The caller does not read expires_at, which is NULL for them.
+-- - claimed ones go into the queue in processing under the worker, with their first lease,
+--   written once where a move and then a claim wrote them twice; the statement counts them, as
+--   _claim_due counts its claims (the insert trigger stands aside: courier.insert_counted).
+-- - received ones are never written to the queue, and are counted delivered as receive counts
+--   its own.
+-- The rest (another endpoint's, one past the batch, an expired one, a lapsed lease) go into the
+-- queue as they are (_move_stage_rows), for their own takers: another endpoint's fresh messages
+-- are left for their own taker, which takes them written once, where a move wrote each twice
+-- (the stage, then the queue pending) before its claim or lease wrote it a third time. A staged
+-- message has no priority (0, the lowest), no ordering key and no delay, so nothing in the queue
+-- should have gone before it that the taker's own look did not already take; and level 0 is in
+-- every endpoint's priorities, so there is nothing to note. Called by functions that set
+-- search_path and no JIT.
 DROP FUNCTION IF EXISTS courier._claim_staged(text, integer, integer);
 DROP FUNCTION IF EXISTS courier._take_staged(integer, integer, integer);  -- its first form, before claims shared it
 CREATE OR REPLACE FUNCTION courier._take_staged(p_endpoint_id integer, p_count integer, p_worker_id text,
@@ -795,24 +845,62 @@ SET enable_seqscan = off  -- as _move_staged
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_taken tid[];
+    v_taken_batched tid[];  -- as _move_staged
     v_rows tid[];
-    v_batched tid[];  -- as _move_staged
+    v_batched tid[];
     v_writes integer;
     v_received boolean := p_worker_id IS NULL AND p_timeout IS NULL;
+    v_lapsed boolean;
     v_set text;
 BEGIN
-    -- Its own endpoint's messages, and every message staged 50 ms ago or more: another
-    -- endpoint's fresh messages are left for their own taker, which takes them written once,
-    -- where a move wrote each twice (the stage, then the queue pending) before its claim or
-    -- lease wrote it a third time. The moves keep the stage a moment deep. One scan of the
-    -- stage's head: two, one for each kind, cost a push claim(10) about 200,000 instructions more.
-    SELECT array_agg(s.ctid) FILTER (WHERE s.tableoid = 'courier.send_stage'::regclass),
-           array_agg(s.ctid) FILTER (WHERE s.tableoid <> 'courier.send_stage'::regclass)
-    INTO v_rows, v_batched
-    FROM (SELECT c.tableoid, c.ctid FROM courier.send_stage c
-          WHERE c.endpoint_id = p_endpoint_id OR c.created_at < statement_timestamp() - interval '50 milliseconds'
-          ORDER BY c.id LIMIT greatest(p_count, 1000) FOR UPDATE SKIP LOCKED) s;
-    IF v_rows IS NULL AND v_batched IS NULL THEN
+    -- One scan of the stage's head: two, one for each kind, cost a push claim(10) about 200,000
+    -- instructions more. The endpoint's time to live is read only when there is a row.
+    SELECT array_agg(s.ctid) FILTER (WHERE s.taken AND s.tableoid = 'courier.send_stage'::regclass),
+           array_agg(s.ctid) FILTER (WHERE s.taken AND s.tableoid <> 'courier.send_stage'::regclass),
+           array_agg(s.ctid) FILTER (WHERE NOT s.taken AND s.tableoid = 'courier.send_stage'::regclass),
+           array_agg(s.ctid) FILTER (WHERE NOT s.taken AND s.tableoid <> 'courier.send_stage'::regclass),
+           coalesce(bool_or(s.lapsed), false)
+    INTO v_taken, v_taken_batched, v_rows, v_batched, v_lapsed
+    FROM (SELECT t.tableoid, t.ctid, t.endpoint_id = p_endpoint_id AND t.visible_until IS NOT NULL AS lapsed,
+                 t.takeable AND row_number() OVER (PARTITION BY t.takeable ORDER BY t.id) <= p_count AS taken
+          FROM (SELECT c.tableoid, c.ctid, c.id, c.endpoint_id, c.visible_until,
+                       c.endpoint_id = p_endpoint_id AND c.visible_until IS NULL
+                       AND coalesce(c.created_at + (SELECT make_interval(secs => nullif(coalesce(e.config_ttl_seconds,
+                                                                                                 l.default_message_ttl), 0))
+                                                    FROM courier.endpoints e, courier.send_limits l
+                                                    WHERE e.id = p_endpoint_id) > now(), true) AS takeable
+                FROM (SELECT c.tableoid, c.ctid, c.id, c.endpoint_id, c.created_at, c.visible_until
+                      FROM courier.send_stage c
+                      WHERE (c.endpoint_id = p_endpoint_id OR c.created_at < statement_timestamp() - interval '50 milliseconds')
+                        AND (c.visible_until IS NULL OR c.visible_until <= now())  -- a lapsed lease is moved
+                      ORDER BY c.id LIMIT greatest(p_count, 1000) FOR UPDATE SKIP LOCKED) c) t) s;
+    IF v_rows IS NOT NULL OR v_batched IS NOT NULL THEN
+        PERFORM courier._move_stage_rows(v_rows, v_batched);
+        IF v_lapsed THEN  -- a lapsed lease of p_endpoint_id's, in the queue now for its taker to take again
+            v_set := set_config('courier.stage_lapsed', 'on', true);
+        END IF;
+    END IF;
+    IF v_taken IS NULL AND v_taken_batched IS NULL THEN
+        RETURN;
+    END IF;
+    IF p_timeout IS NOT NULL THEN  -- leased in place
+        RETURN QUERY
+        WITH leased_one AS (
+            UPDATE ONLY courier.send_stage s
+            SET lease = courier._next_lease(0), visible_until = now() + make_interval(secs => p_timeout)
+            WHERE s.ctid = ANY (v_taken)
+            RETURNING s.id, s.lease, s.payload, s.created_at, s.visible_until
+        ),
+        leased_batch AS (
+            UPDATE courier.send_stage_batch s
+            SET lease = courier._next_lease(0), visible_until = now() + make_interval(secs => p_timeout)
+            WHERE s.ctid = ANY (v_taken_batched)
+            RETURNING s.id, s.lease, s.payload, s.created_at, s.visible_until
+        )
+        SELECT l.id, l.lease, l.payload, l.created_at, NULL::timestamptz, l.visible_until
+        FROM (SELECT * FROM leased_one UNION ALL SELECT * FROM leased_batch) l
+        ORDER BY l.id;
         RETURN;
     END IF;
     v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
@@ -820,54 +908,44 @@ BEGIN
              || set_config('courier.insert_counted', 'on', true);
     RETURN QUERY
     WITH staged_one AS (
-        DELETE FROM ONLY courier.send_stage s WHERE s.ctid = ANY (v_rows)
+        DELETE FROM ONLY courier.send_stage s WHERE s.ctid = ANY (v_taken)
         RETURNING s.id, s.endpoint_id, s.created_at, s.payload
     ),
     staged_batch AS (
-        DELETE FROM courier.send_stage_batch s WHERE s.ctid = ANY (v_batched)
+        DELETE FROM courier.send_stage_batch s WHERE s.ctid = ANY (v_taken_batched)
         RETURNING s.id, s.endpoint_id, s.created_at, s.payload
     ),
-    staged AS (SELECT * FROM staged_one UNION ALL SELECT * FROM staged_batch),
     timed AS (
         SELECT s.*, s.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0))
-                    AS expires_at,
-               courier._pull_visible_at(e.protocol, s.created_at) AS visible_at  -- a pull topic's: due since sent
-        FROM staged s JOIN courier.endpoints e ON e.id = s.endpoint_id, courier.send_limits l
+                    AS expires_at
+        FROM (SELECT * FROM staged_one UNION ALL SELECT * FROM staged_batch) s
+        JOIN courier.endpoints e ON e.id = s.endpoint_id, courier.send_limits l
     ),
-    placed AS (
-        SELECT t.*, t.takeable AND row_number() OVER (PARTITION BY t.takeable ORDER BY t.id) <= p_count AS taken
-        FROM (SELECT t.*, t.endpoint_id = p_endpoint_id AND (t.expires_at IS NULL OR t.expires_at > now()) AS takeable
-              FROM timed t) t
-    ),
-    moved AS (
-        INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at, visible_at,
+    claimed AS (
+        INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at,
                                    status, processing_started_at, worker_id, lease)
         OVERRIDING SYSTEM VALUE
-        SELECT p.id, p.endpoint_id, p.payload, p.created_at, CASE WHEN p.taken THEN now() ELSE p.created_at END,
-               p.expires_at, CASE WHEN p.taken THEN now() + make_interval(secs => p_timeout) ELSE p.visible_at END,
-               CASE WHEN p.taken THEN 'processing' ELSE 'pending' END,
-               CASE WHEN p.taken AND p_worker_id IS NOT NULL THEN now() END,
-               CASE WHEN p.taken THEN p_worker_id END,
-               CASE WHEN p.taken THEN courier._next_lease(0) ELSE 0 END
-        FROM placed p
-        WHERE NOT (p.taken AND v_received)
+        SELECT t.id, t.endpoint_id, t.payload, t.created_at, now(), t.expires_at,
+               'processing', now(), p_worker_id, courier._next_lease(0)
+        FROM timed t
+        WHERE NOT v_received
         RETURNING *
     ),
     counted AS (
         INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
-        SELECT m.endpoint_id, courier._counted_status(m.status, m.visible_at), pg_backend_pid(), v_writes >> 6, count(*)
-        FROM moved m GROUP BY m.endpoint_id, courier._counted_status(m.status, m.visible_at)
+        SELECT m.endpoint_id, 'processing', pg_backend_pid(), v_writes >> 6, count(*)
+        FROM claimed m GROUP BY m.endpoint_id
         ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
     ),
     delivered AS (
         INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
-        SELECT p_endpoint_id, 'delivered', pg_backend_pid(), count(*) FROM placed p
-        WHERE p.taken AND v_received HAVING count(*) > 0
+        SELECT p_endpoint_id, 'delivered', pg_backend_pid(), count(*) FROM timed t
+        WHERE v_received HAVING count(*) > 0
         ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
     )
-    SELECT m.id, m.lease, m.payload, m.created_at, m.expires_at, m.visible_at FROM moved m WHERE m.status = 'processing'
+    SELECT m.id, m.lease, m.payload, m.created_at, m.expires_at, NULL::timestamptz FROM claimed m
     UNION ALL
-    SELECT p.id, NULL, p.payload, p.created_at, p.expires_at, NULL FROM placed p WHERE p.taken AND v_received
+    SELECT t.id, NULL, t.payload, t.created_at, t.expires_at, NULL FROM timed t WHERE v_received
     ORDER BY 1;
     v_set := set_config('courier.insert_counted', 'off', true);
 END
@@ -954,7 +1032,8 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 BEGIN
-    RETURN coalesce((SELECT s.created_at FROM courier.send_stage s ORDER BY s.id LIMIT 1), 'infinity')
+    RETURN coalesce((SELECT s.created_at FROM courier.send_stage s WHERE s.visible_until IS NULL  -- not leased there
+                     ORDER BY s.id LIMIT 1), 'infinity')
            > statement_timestamp() - interval '100 milliseconds';
 END
 $$;
