@@ -23,8 +23,11 @@ def claim(conn: psycopg.Connection, batch: int = 10, worker: str = "test") -> li
 
 
 def leases(conn: psycopg.Connection, ids: list[int]) -> list[int]:
-    """The current lease of each message, as its claim returned it (-1 for one not queued)."""
-    rows = dict(conn.execute("SELECT id, lease FROM courier.queue WHERE id = ANY (%s)", (list(ids),)).fetchall())
+    """The current lease of each message, as its claim returned it (-1 for one not queued), in the
+    queue or where a claim took it in the send stage (migration 0058)."""
+    rows = dict(conn.execute("SELECT id, lease FROM courier.queue WHERE id = ANY (%(ids)s) UNION ALL "
+                             "SELECT id, lease FROM courier.send_stage WHERE id = ANY (%(ids)s) AND lease IS NOT NULL",
+                             {"ids": list(ids)}).fetchall())
     return [rows.get(i, -1) for i in ids]
 
 
@@ -40,9 +43,13 @@ def complete(conn: psycopg.Connection, ids: list[int]) -> tuple:
 
 
 def message_status(conn: psycopg.Connection, message_id: int) -> str | None:
-    """A message's status wherever it is: the queue while active, the archive once finished."""
+    """A message's status wherever it is: the queue while active, the archive once finished, or
+    the send stage (migrations 0054, 0057 and 0058), where it waits pending, or in processing once
+    a claim or a dequeue took it there, until the leader moves it into the queue."""
     return scalar(conn, "SELECT status FROM courier.queue WHERE id = %(id)s "
-                        "UNION ALL SELECT status FROM courier.archive WHERE id = %(id)s", {"id": message_id})
+                        "UNION ALL SELECT status FROM courier.archive WHERE id = %(id)s "
+                        "UNION ALL SELECT CASE WHEN lease IS NULL THEN 'pending' ELSE 'processing' END "
+                        "FROM courier.send_stage WHERE id = %(id)s", {"id": message_id})
 
 
 def archived(conn: psycopg.Connection, status: str = "completed") -> int:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers import scalar
 from tests.test_send_paths import _depth, _row
-from tests.test_send_stage import _stage_alive, _staged
+from tests.test_send_stage import _stage_alive, _staged, _taken_in_stage
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_dequeue_takes_the_queue_first_then_leases_staged_messages_where_they_wa
         [({"n": 0}, {}, 0), ({"n": 1}, {}, 0)]
     leases = dict(conn.execute("SELECT id, lease FROM courier.send_stage WHERE visible_until > now()").fetchall())
     assert leases == {staged[0]: taken[1][1], staged[1]: taken[2][1]}
-    assert _staged(conn) == [*staged[:2], other]
+    assert _staged(conn) == [other] and _taken_in_stage(conn) == staged[:2]
     status = dict(conn.execute("SELECT id, status FROM courier.queue").fetchall())
     assert status == {queued: "processing", staged[2]: "pending"}
     assert scalar(conn, "SELECT courier.peek('t')") == 1  # the pending one: leased ones are not due
@@ -82,7 +82,7 @@ def test_dequeue_takes_the_queue_first_then_leases_staged_messages_where_they_wa
     # stage (its batch not filled from the queue) moves the push one, and steps over the leases.
     conn.execute("UPDATE courier.send_stage SET created_at = created_at - interval '1 second'")
     assert [row[0] for row in _dequeue(conn, 5)] == [staged[2]]
-    assert _staged(conn) == staged[:2] and _depth(conn, "p") == 1
+    assert _staged(conn) == [] and _taken_in_stage(conn) == staged[:2] and _depth(conn, "p") == 1
 
     # Fenced as any lease: a wrong one changes nothing (the message is then in the queue, still
     # under its lease, which the ack's answer names); the right one acks, from the stage or there.
@@ -93,7 +93,7 @@ def test_dequeue_takes_the_queue_first_then_leases_staged_messages_where_they_wa
     assert scalar(conn, "SELECT courier.ack(%s, %s)", (first[0], first[1])) == "acked"
     depth = _depth(conn, "t")
     assert scalar(conn, "SELECT courier.ack(%s, %s)", (second[0], second[1])) == "acked"
-    assert _staged(conn) == [] and _depth(conn, "t") == depth  # never counted: never moved
+    assert _taken_in_stage(conn) == [] and _depth(conn, "t") == depth  # never counted: never moved
     assert scalar(conn, "SELECT courier.ack(%s, %s)", (second[0], second[1])) == "not_found"
     assert scalar(conn, "SELECT total FROM courier.delivery_totals WHERE outcome = 'delivered'") == 2
 
@@ -102,7 +102,7 @@ def test_a_lease_taken_in_the_stage_lapses_and_settles_as_any_other(conn, topic)
     _stage_alive(conn)
     staged = [_enqueue(conn, n) for n in range(4)]
     taken = _dequeue(conn, 4)
-    assert [row[0] for row in taken] == staged and _staged(conn) == staged
+    assert [row[0] for row in taken] == staged and _taken_in_stage(conn) == staged
     # A lapsed lease is due again at the next dequeue, the lost attempt counted.
     conn.execute("UPDATE courier.send_stage SET visible_until = now() - interval '1 second' WHERE id = %s",
                  (staged[0],))
@@ -120,7 +120,7 @@ def test_a_lease_taken_in_the_stage_lapses_and_settles_as_any_other(conn, topic)
         "SELECT id, status, retry_count, visible_at > now() + interval '500 seconds' FROM courier.queue")}
     assert rows == {staged[0]: ("processing", 1, False), staged[1]: ("pending", 1, False),
                     staged[2]: ("processing", 0, True), staged[3]: ("pending", 0, False)}
-    assert _staged(conn) == [] and _depth(conn, "t") == 4
+    assert _taken_in_stage(conn) == [] and _depth(conn, "t") == 4
 
 
 def test_the_leader_moves_a_lease_into_the_queue_with_its_lease(conn, topic):
@@ -130,7 +130,7 @@ def test_the_leader_moves_a_lease_into_the_queue_with_its_lease(conn, topic):
     message = _enqueue(conn)
     (_, lease, *_), = _dequeue(conn, 1)
     conn.execute("SELECT courier.keep_send_stage()")
-    assert _staged(conn) == [] and _depth(conn, "t") == 1
+    assert _taken_in_stage(conn) == [] and _depth(conn, "t") == 1
     row = conn.execute("SELECT status, lease, visible_at > now() FROM courier.queue WHERE id = %s",
                        (message,)).fetchone()
     assert row == ("processing", lease, True)

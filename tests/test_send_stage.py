@@ -22,7 +22,14 @@ def _stage_alive(conn: psycopg.Connection) -> None:
 
 
 def _staged(conn: psycopg.Connection) -> list[int]:
-    return [r[0] for r in conn.execute("SELECT id FROM courier.send_stage ORDER BY id")]
+    """The messages waiting in the stage for a taker."""
+    return [r[0] for r in conn.execute("SELECT id FROM courier.send_stage WHERE lease IS NULL ORDER BY id")]
+
+
+def _taken_in_stage(conn: psycopg.Connection) -> list[int]:
+    """The messages a claim or a dequeue took where they waited (migrations 0057 and 0058), until
+    they are acked or reported, or the leader moves them into the queue."""
+    return [r[0] for r in conn.execute("SELECT id FROM courier.send_stage WHERE lease IS NOT NULL ORDER BY id")]
 
 
 def _claim(conn: psycopg.Connection, endpoint: str, batch: int = 10) -> list[int]:
@@ -43,12 +50,16 @@ def test_a_staged_send_becomes_the_row_a_send_to_the_queue_makes(conn, config):
     assert _depth(conn, "e") == 1  # counted when it is moved
     created = scalar(conn, "SELECT created_at FROM courier.send_stage WHERE id = %s", (staged,))
 
-    assert _claim(conn, "e") == [direct, staged]  # the claim moved it first, in id order
-    assert _staged(conn) == []
+    assert _claim(conn, "e") == [direct, staged]  # in id order: the queue's, then the stage's
+    # Claimed where it waits (migration 0058), counted once the leader moves it into the queue as
+    # the row the claim of a queued message leaves.
+    assert _staged(conn) == [] and _taken_in_stage(conn) == [staged] and _depth(conn, "e") == 1
+    conn.execute("SELECT courier.keep_send_stage()")
+    assert _taken_in_stage(conn) == []
     assert scalar(conn, "SELECT created_at FROM courier.queue WHERE id = %s", (staged,)) == created
     moved, sent = _row(conn, staged), _row(conn, direct)
-    assert {k: v for k, v in moved.items() if k not in ("lease", "processing_started_at")} == \
-        {k: v for k, v in sent.items() if k not in ("lease", "processing_started_at")}
+    kept = lambda row: {k: v for k, v in row.items() if k not in ("lease", "processing_started_at", "updated_at")}  # noqa: E731
+    assert kept(moved) == kept(sent)
     assert _depth(conn, "e") == 2
     complete(conn, [direct, staged])
     assert message_status(conn, staged) == "completed" and _depth(conn, "e") == 0
@@ -83,20 +94,64 @@ def test_a_claim_takes_its_staged_messages_straight_into_processing_and_leaves_o
         claimed = conn.execute("SELECT c.id, c.lease FROM courier.claim_batch('w', 2, "
                                "(SELECT id FROM courier.endpoints WHERE name = 'e')) c").fetchall()
         after = _queue_writes(conn)
-    # Each message written once: inserted claimed (or pending), never inserted and then updated.
-    assert (after[0] - before[0], after[1] - before[1]) == (3, 0)
+    # The two claimed where they wait (migration 0058): the queue is not written for them. The
+    # third, past the batch, moved pending: written once, never inserted and then updated.
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
     assert [i for i, _ in claimed] == [e1, e2] and all(lease > 0 for _, lease in claimed)
     assert _staged(conn) == [f1]  # another endpoint's, fresh: left for its own claim
+    assert _taken_in_stage(conn) == [e1, e2]
     assert [message_status(conn, m) for m in (e1, e2, e3)] == ["processing", "processing", "pending"]
-    assert scalar(conn, "SELECT worker_id FROM courier.queue WHERE id = %s", (e1,)) == "w"
-    assert (_depth_of(conn, "e", "processing"), _depth_of(conn, "e", "pending"), _depth(conn, "f")) == (2, 1, 0)
+    assert scalar(conn, "SELECT worker_id FROM courier.send_stage WHERE id = %s", (e1,)) == "w"
+    assert (_depth_of(conn, "e", "processing"), _depth_of(conn, "e", "pending"), _depth(conn, "f")) == (0, 1, 0)
     # Fenced like any claim: a report that names another lease changes nothing.
     wrong = conn.execute("SELECT stale FROM courier.report_outcomes(%s, %s, %s, %s)",
                          ([e1], [claimed[0][1] + 1], ["success"], [None])).fetchone()[0]
     assert wrong == 1 and message_status(conn, e1) == "processing"
+    # Untouched where the claim took it, under the worker and lease the claim gave it.
+    assert conn.execute("SELECT worker_id, lease FROM courier.send_stage WHERE id = %s", (e1,)).fetchone() == \
+        ("w", claimed[0][1])
     complete(conn, [e1, e2])
     assert message_status(conn, e1) == "completed" and _depth(conn, "e") == 1
     assert _claim(conn, "f") == [f1] and _claim(conn, "e") == [e3]
+
+
+def test_a_claim_taken_in_the_stage_settles_as_any_claim(conn):
+    """Every push verb finds a message claimed where it waited (migration 0058), fenced by its
+    lease: failures, releases and renewals move it into the queue first and settle it there."""
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    _stage_alive(conn)
+    sent = [scalar(conn, "SELECT courier.send('e', '{}')") for _ in range(4)]
+    claimed = conn.execute("SELECT c.id, c.lease FROM courier.claim_batch('w', 4, "
+                           "(SELECT id FROM courier.endpoints WHERE name = 'e')) c").fetchall()
+    assert [i for i, _ in claimed] == sent and _taken_in_stage(conn) == sent
+    ids, leases = [i for i, _ in claimed], [lease for _, lease in claimed]
+    outcome = conn.execute("SELECT delivered, retried, stale FROM courier.report_outcomes(%s, %s, %s, %s)",
+                           (ids[:2], leases[:2], ["success", "retryable"], [None, "HTTP 503"])).fetchone()
+    assert outcome == (1, 1, 0)
+    assert message_status(conn, ids[0]) == "completed"
+    retried = conn.execute("SELECT status, retry_count, last_error FROM courier.queue WHERE id = %s",
+                           (ids[1],)).fetchone()
+    assert retried == ("pending", 1, "HTTP 503")
+    assert scalar(conn, "SELECT courier.renew_leases(%s, %s)", ([ids[2]], [leases[2] + 1])) == 0  # not its lease
+    assert scalar(conn, "SELECT courier.renew_leases(%s, %s)", ([ids[2]], [leases[2]])) == 1
+    assert conn.execute("SELECT status, worker_id, processing_started_at IS NOT NULL FROM courier.queue "
+                        "WHERE id = %s", (ids[2],)).fetchone() == ("processing", "w", True)
+    assert scalar(conn, "SELECT courier.release_batch(%s, %s)", ([ids[3]], [leases[3]])) == 1
+    assert message_status(conn, ids[3]) == "pending" and _taken_in_stage(conn) == []
+    assert (_depth_of(conn, "e", "pending"), _depth_of(conn, "e", "processing")) == (2, 1)
+
+
+def test_a_dead_workers_claims_in_the_stage_are_recovered_once_the_leader_moves_them(conn):
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    _stage_alive(conn)
+    sent = scalar(conn, "SELECT courier.send('e', '{}')")
+    assert _claim(conn, "e") == [sent] and _taken_in_stage(conn) == [sent]
+    conn.execute("SELECT courier.keep_send_stage()")
+    assert conn.execute("SELECT status, worker_id FROM courier.queue WHERE id = %s", (sent,)).fetchone() == \
+        ("processing", "w")
+    conn.execute("UPDATE courier.queue SET processing_started_at = now() - interval '1 hour' WHERE id = %s", (sent,))
+    assert scalar(conn, "SELECT courier.recover_stale_messages(60)") == 1
+    assert message_status(conn, sent) == "pending" and _claim(conn, "e") == [sent]
 
 
 def test_a_claim_moves_what_has_waited_50_ms_for_its_own_claim(conn):
@@ -135,7 +190,7 @@ def test_a_staged_message_that_expired_on_the_stage_is_not_claimed(conn):
     assert message_status(conn, old) == "pending"  # moved with its expiry, for the reaper
     conn.execute("SELECT courier.mark_expired_messages()")
     assert message_status(conn, old) == "expired"
-    assert (_depth_of(conn, "e", "pending"), _depth_of(conn, "e", "processing")) == (0, 1)
+    assert (_depth_of(conn, "e", "pending"), _depth_of(conn, "e", "processing")) == (0, 0)  # fresh: in the stage
 
 
 def test_the_leader_moves_what_no_claim_took_and_sends_stop_staging_without_it(conn):
@@ -355,7 +410,8 @@ def test_a_batch_stages_and_wakes_the_workers_once_at_commit(conn, dsn):
     assert scalar(conn, "SELECT count(*) FROM courier.queue") == 0 and _depth(conn, "e") == 0
     assert _claim(conn, "e", batch=3) == ids[:3]
     assert _staged(conn) == [] and [message_status(conn, m) for m in ids] == ["processing"] * 3 + ["pending"] * 2
-    assert (_depth_of(conn, "e", "pending"), _depth_of(conn, "e", "processing")) == (2, 3)
+    assert _taken_in_stage(conn) == ids[:3]  # counted once moved: only the two pending ones are
+    assert (_depth_of(conn, "e", "pending"), _depth_of(conn, "e", "processing")) == (2, 0)
     assert _claim(conn, "e") == ids[3:]
     complete(conn, ids)
     assert archived(conn) == 5 and _depth(conn, "e") == 0

@@ -215,7 +215,9 @@ ACK = _courier_settle("ack(%s::bigint[], %s::integer[])")
 def _courier_dequeue(size: int, *settles: Settle) -> Unit:
     def unit(m: Runner) -> None:
         m.run("SELECT * FROM courier.dequeue(%s, %s, 60)", (TOPIC, size))
-        leased = m.fetch("SELECT id, lease FROM courier.queue WHERE status = 'processing' AND visible_at IS NOT NULL")
+        # Leased in the queue, or in the stage (migration 0057).
+        leased = m.fetch("SELECT id, lease FROM courier.queue WHERE status = 'processing' AND visible_at IS NOT NULL "
+                         "UNION ALL SELECT id, lease FROM courier.send_stage WHERE visible_until IS NOT NULL")
         for settle in settles:
             settle(m, leased)
     return unit
@@ -256,7 +258,9 @@ def _courier_push_delivery(size: int) -> Unit:
     def unit(m: Runner) -> None:
         for _ in range(size):
             m.run("SELECT courier.send(%s, %s::jsonb)", (ENDPOINT, PAYLOAD))
-        held = m.fetch("SELECT id, lease FROM courier.queue WHERE status = 'processing' AND visible_at IS NULL")
+        # Claimed in the queue, or in the stage (migration 0058).
+        held = m.fetch("SELECT id, lease FROM courier.queue WHERE status = 'processing' AND visible_at IS NULL "
+                       "UNION ALL SELECT id, lease FROM courier.send_stage WHERE worker_id IS NOT NULL")
         m.run("SELECT * FROM courier.report_and_claim('bench-cost', %s, (SELECT id FROM courier.endpoints "
               "WHERE name = %s), %s::bigint[], %s::integer[], %s::text[], %s::text[])",
               (size, ENDPOINT, [r[0] for r in held], [r[1] for r in held], ["success"] * len(held), [None] * len(held)))

@@ -224,8 +224,8 @@ def mixed(dsn: str, *, clients: int, seconds: float, rounds: int, messages: int 
         with connect(dsn) as conn:
             delivered = conn.execute("SELECT count(*) FROM courier.archive WHERE status = 'completed'").fetchone()[0]
             dead = conn.execute("SELECT count(*) FROM courier.dlq").fetchone()[0]
-            pending = conn.execute("SELECT count(*) FROM courier.queue WHERE status IN ('pending', 'processing')"
-                                   ).fetchone()[0]
+            pending = conn.execute("SELECT count(*) + (SELECT count(*) FROM courier.send_stage) FROM courier.queue "
+                                   "WHERE status IN ('pending', 'processing')").fetchone()[0]
     accounted = delivered + dead + pending == sent
     return ScenarioResult(
         scenario="mixed", variant=f"{sent:,} msgs 70/20/10", unit="msg/s",

@@ -133,8 +133,8 @@ def _preload(dsn: str, table: str, messages: int) -> None:
 def _left(dsn: str, table: str) -> int:
     with connect(dsn) as conn:
         if table == "courier.queue":
-            return conn.execute("SELECT count(*) FROM courier.queue WHERE status IN ('pending', 'processing')"
-                                ).fetchone()[0]
+            return conn.execute("SELECT count(*) + (SELECT count(*) FROM courier.send_stage) FROM courier.queue "
+                                "WHERE status IN ('pending', 'processing')").fetchone()[0]
         return conn.execute("SELECT count(*) FROM public.bench_pull").fetchone()[0]
 
 

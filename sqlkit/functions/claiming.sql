@@ -14,6 +14,9 @@ DECLARE
     v_released integer;
 BEGIN
     PERFORM courier._require_leases(p_ids, p_leases);
+    IF courier._any_stage_lease(p_leases) THEN  -- claimed where they were staged (_take_staged): into the queue first
+        PERFORM courier._unstage_ids(p_ids);
+    END IF;
     UPDATE courier.queue q
     SET status = 'pending', processing_started_at = NULL, worker_id = NULL,
         next_retry_at = now() + make_interval(secs => greatest(p_delay_seconds, 0)), updated_at = now()
@@ -36,6 +39,9 @@ DECLARE
     v_renewed integer;
 BEGIN
     PERFORM courier._require_leases(p_ids, p_leases);
+    IF courier._any_stage_lease(p_leases) THEN  -- as release_batch
+        PERFORM courier._unstage_ids(p_ids);
+    END IF;
     UPDATE courier.queue q SET processing_started_at = now()
     FROM unnest(p_ids, p_leases) AS u(id, lease)
     WHERE q.id = u.id AND q.lease = u.lease AND q.status = 'processing';

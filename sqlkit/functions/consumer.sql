@@ -61,7 +61,7 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     PERFORM FROM courier.send_stage s
-    WHERE s.id = p_id AND s.endpoint_id = p_topic_id AND s.visible_until IS NULL  -- not leased there
+    WHERE s.id = p_id AND s.endpoint_id = p_topic_id AND s.lease IS NULL  -- not taken there
       AND courier._xmax_status(s.xmax) IN ('aborted', 'in progress')
     FOR UPDATE;
     IF NOT FOUND THEN

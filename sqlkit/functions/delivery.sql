@@ -374,32 +374,57 @@ SET enable_seqscan = off
 AS $$
 DECLARE
     v_processing CONSTANT text := 'processing';
+    v_archived integer[];  -- the endpoint of each message archived
     v_endpoint_ids integer[];
     v_counts integer[];
     v_delivered integer := 0;
     v_endpoint courier.endpoints;
 BEGIN
-    WITH moved AS (
-        DELETE FROM courier.queue q
-        USING unnest(p_ids, p_leases, p_responses) AS u(id, lease, response)  -- NULL p_responses: NULLs
-        WHERE q.id = ANY (p_ids) AND q.status = v_processing AND q.id = u.id AND q.lease = u.lease
-        RETURNING q.*, u.response AS captured
-    ),
-    archived AS (
-        INSERT INTO courier.archive (id, endpoint_id, payload, headers, metadata, status, priority, retry_count,
-                                     max_retries, scheduled_at, expires_at, idempotency_key, correlation_id,
-                                     ordering_key, last_error, error_history, worker_id, response, completed_at,
-                                     created_at)
-        SELECT m.id, m.endpoint_id, m.payload, m.headers, m.metadata, 'completed', m.priority,
-               m.retry_count, m.max_retries, m.scheduled_at, m.expires_at, m.idempotency_key, m.correlation_id,
-               m.ordering_key, m.last_error, m.error_history, m.worker_id,
-               coalesce(m.captured, m.response), now(), m.created_at
-        FROM moved m
-        RETURNING endpoint_id
-    )
-    SELECT array_agg(endpoint_id ORDER BY endpoint_id), array_agg(n ORDER BY endpoint_id)
+    -- The stage first for a claim taken there (odd: _stage_lease), then the queue for the rest,
+    -- as ack looks (the leader may move a claim from the stage into the queue meanwhile).
+    IF courier._any_stage_lease(p_leases) THEN
+        -- A staged message has no headers, metadata, key, schedule or history: the archive's defaults.
+        WITH moved AS (
+            DELETE FROM courier.send_stage s
+            USING unnest(p_ids, p_leases, p_responses) AS u(id, lease, response)
+            WHERE s.id = ANY (p_ids) AND s.worker_id IS NOT NULL AND s.id = u.id AND s.lease = u.lease
+            RETURNING s.id, s.endpoint_id, s.payload, s.created_at, s.worker_id, u.response AS captured
+        ),
+        archived AS (
+            INSERT INTO courier.archive (id, endpoint_id, payload, status, expires_at, worker_id, response,
+                                         completed_at, created_at)
+            SELECT m.id, m.endpoint_id, m.payload, 'completed',
+                   m.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0)),
+                   m.worker_id, m.captured, now(), m.created_at
+            FROM moved m JOIN courier.endpoints e ON e.id = m.endpoint_id, courier.send_limits l
+            RETURNING endpoint_id
+        )
+        SELECT array_agg(a.endpoint_id) INTO v_archived FROM archived a;
+    END IF;
+    IF coalesce(cardinality(v_archived), 0) < cardinality(p_ids) THEN
+        WITH moved AS (
+            DELETE FROM courier.queue q
+            USING unnest(p_ids, p_leases, p_responses) AS u(id, lease, response)  -- NULL p_responses: NULLs
+            WHERE q.id = ANY (p_ids) AND q.status = v_processing AND q.id = u.id AND q.lease = u.lease
+            RETURNING q.*, u.response AS captured
+        ),
+        archived AS (
+            INSERT INTO courier.archive (id, endpoint_id, payload, headers, metadata, status, priority, retry_count,
+                                         max_retries, scheduled_at, expires_at, idempotency_key, correlation_id,
+                                         ordering_key, last_error, error_history, worker_id, response, completed_at,
+                                         created_at)
+            SELECT m.id, m.endpoint_id, m.payload, m.headers, m.metadata, 'completed', m.priority,
+                   m.retry_count, m.max_retries, m.scheduled_at, m.expires_at, m.idempotency_key, m.correlation_id,
+                   m.ordering_key, m.last_error, m.error_history, m.worker_id,
+                   coalesce(m.captured, m.response), now(), m.created_at
+            FROM moved m
+            RETURNING endpoint_id
+        )
+        SELECT v_archived || array_agg(a.endpoint_id) INTO v_archived FROM archived a;
+    END IF;
+    SELECT array_agg(a.endpoint_id ORDER BY a.endpoint_id), array_agg(a.n ORDER BY a.endpoint_id)
     INTO v_endpoint_ids, v_counts
-    FROM (SELECT endpoint_id, count(*)::integer AS n FROM archived GROUP BY endpoint_id) per_endpoint;
+    FROM (SELECT e AS endpoint_id, count(*)::integer AS n FROM unnest(v_archived) AS e GROUP BY e) a;
 
     FOR i IN 1 .. coalesce(cardinality(v_endpoint_ids), 0) LOOP
         v_delivered := v_delivered + v_counts[i];
@@ -486,6 +511,9 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'Outcomes are success, retryable, permanent, disable and snooze';
     END IF;
     v_default_max_retries := courier._setting_int('default_max_retries');
+    IF courier._any_stage_lease(p_leases) THEN  -- claimed where they were staged: into the queue, claim and all
+        PERFORM courier._unstage_ids(p_ids);
+    END IF;
 
     -- Decide everything up front from one read of the claimed rows. The writes below repeat
     -- the lease check, so a claim recovered and handed on meanwhile is never touched.

@@ -1103,12 +1103,24 @@ BEGIN
     v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
     v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
              || set_config('courier.delete_counted', 'on', true);
-    -- The queue, then the stage (messages leased where they were staged: _take_staged), then the
-    -- queue once more for what is still missing: the leader may have moved a leased message from
-    -- the stage into the queue between the first two looks (_move_staged; a move under way is
-    -- waited for, and its row found gone), and a message still staged under another lease is
-    -- moved there to be explained below (_lease_results reads the queue).
-    FOR v_round IN 1..2 LOOP
+    -- The stage first for a lease taken there (odd: _stage_lease; the leader may have moved the
+    -- message into the queue since, lease and all), then the queue for the rest: a move under way
+    -- is waited for and its row found gone, and the next statement sees it in the queue.
+    IF courier._any_stage_lease(p_leases) THEN
+        -- A staged message is not in the depth counters until it is moved: only delivered counts.
+        WITH acked AS (
+            DELETE FROM courier.send_stage s
+            WHERE s.id = ANY (p_ids) AND s.visible_until IS NOT NULL AND s.lease = (v_leases ->> s.id::text)::integer
+            RETURNING s.id, s.endpoint_id
+        ),
+        counted AS (
+            INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
+            SELECT a.endpoint_id, 'delivered', pg_backend_pid(), count(*) FROM acked a GROUP BY a.endpoint_id
+            ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
+        )
+        SELECT array_agg(a.id), count(*) INTO v_acked, v_count FROM acked a;
+    END IF;
+    IF v_count < cardinality(p_ids) THEN
         WITH acked AS (
             DELETE FROM courier.queue q
             WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
@@ -1126,22 +1138,7 @@ BEGIN
             ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
         )
         SELECT v_acked || array_agg(a.id), v_count + count(*) INTO v_acked, v_count FROM acked a;
-        EXIT WHEN v_count = cardinality(p_ids) OR v_round = 2;
-        -- A staged message is not in the depth counters until it is moved: only delivered counts.
-        WITH acked AS (
-            DELETE FROM courier.send_stage s
-            WHERE s.id = ANY (p_ids) AND s.visible_until IS NOT NULL AND s.lease = (v_leases ->> s.id::text)::integer
-            RETURNING s.id, s.endpoint_id
-        ),
-        counted AS (
-            INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
-            SELECT a.endpoint_id, 'delivered', pg_backend_pid(), count(*) FROM acked a GROUP BY a.endpoint_id
-            ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
-        )
-        SELECT v_acked || array_agg(a.id), v_count + count(*) INTO v_acked, v_count FROM acked a;
-        EXIT WHEN v_count = cardinality(p_ids);
-        PERFORM courier._unstage_ids(p_ids);
-    END LOOP;
+    END IF;
     v_set := set_config('courier.delete_counted', 'off', true);
     IF v_count = cardinality(p_ids) THEN  -- the common case: all acked, no second look needed
         RETURN QUERY SELECT u.id, 'acked'::text FROM unnest(p_ids) AS u(id);
@@ -1193,6 +1190,8 @@ DECLARE
     v_lost bigint[];
     v_repeated record;
 BEGIN
+    -- A message still taken in the send stage under another lease is there to be found lost.
+    PERFORM courier._unstage_ids(p_ids);
     SELECT u.id, string_agg(DISTINCT u.lease::text, ', ') AS leases INTO v_repeated
     FROM unnest(p_ids, p_leases) WITH ORDINALITY AS u(id, lease, ord)
     GROUP BY u.id HAVING count(DISTINCT u.lease) > 1
@@ -1290,7 +1289,9 @@ BEGIN
         RETURN QUERY SELECT z.id, z.result FROM courier.snooze(p_ids, p_leases, p_delay_seconds) z;
         RETURN;
     END IF;
-    PERFORM courier._unstage_ids(p_ids);  -- leased where they were staged: into the queue, lease and all
+    IF courier._any_stage_lease(p_leases) THEN  -- leased where they were staged: into the queue, lease and all
+        PERFORM courier._unstage_ids(p_ids);
+    END IF;
     v_leases := jsonb_object(p_ids::text[], p_leases::text[]);  -- as _give_back
     -- A nack moves no count (_counted_status; one past its retries stays in processing until it
     -- is dead-lettered, a DELETE): the update trigger stands aside.
@@ -1388,7 +1389,9 @@ BEGIN
                 coalesce(p_visibility_timeout_seconds::text, 'NULL')
             USING ERRCODE = '22023';
     END IF;
-    PERFORM courier._unstage_ids(p_ids);  -- as nack
+    IF courier._any_stage_lease(p_leases) THEN  -- as nack
+        PERFORM courier._unstage_ids(p_ids);
+    END IF;
     v_leases := jsonb_object(p_ids::text[], p_leases::text[]);  -- as _give_back
     v_set := set_config('courier.update_counted', 'on', true);  -- a longer lease moves no count
     WITH extended AS (
@@ -1498,7 +1501,9 @@ BEGIN
     IF NOT coalesce(courier._pull_leases_ok(p_ids, p_leases), false) THEN
         PERFORM courier._require_pull_leases(p_ids, p_leases);
     END IF;
-    PERFORM courier._unstage_ids(p_ids);  -- as nack
+    IF courier._any_stage_lease(p_leases) THEN  -- as nack
+        PERFORM courier._unstage_ids(p_ids);
+    END IF;
     -- Each row's lease from a jsonb map, as ack finds it, in a plan made once: a join with the
     -- leases, planned again in every call against a bad generic plan, was most of the call.
     v_leases := jsonb_object(p_ids::text[], p_leases::text[]);
@@ -1764,7 +1769,7 @@ BEGIN
         LIMIT 1000) due;
     IF v_due < 1000 THEN  -- and what waits in the stage (migration 0054), which the counters count once moved
         RETURN v_due + (SELECT count(*) FROM (SELECT 1 FROM courier.send_stage s WHERE s.endpoint_id = v_topic.id
-                                                AND (s.visible_until IS NULL OR s.visible_until <= now())
+                                                AND (s.lease IS NULL OR s.visible_until <= now())
                                               LIMIT 1000 - v_due) staged);
     END IF;
     RETURN greatest(v_due, (SELECT coalesce(sum(d.messages), 0) FROM courier.queue_depth d

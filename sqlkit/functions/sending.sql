@@ -724,7 +724,8 @@ $$;
 -- migration 0055: a ctid names a row of one table) into courier.queue in one statement, with the
 -- id, created_at and expiry the send would have given them (a staged message has no delay,
 -- priority or option): pending, or one leased where it waited (migration 0057) in processing
--- under its lease until its visible_until, as a dequeue would have put it there. The queue's
+-- under its lease until its visible_until, as a dequeue would have put it there, or one claimed
+-- there (migration 0058) in processing under its worker and lease, as a claim would have. The queue's
 -- insert trigger counts them (a leased pull message counts as pending: _counted_status). A
 -- message whose endpoint was deleted meanwhile is dropped with it. The caller has locked the
 -- rows. Returns how many it moved.
@@ -736,22 +737,23 @@ DECLARE
 BEGIN
     WITH staged_one AS (
         DELETE FROM ONLY courier.send_stage s WHERE s.ctid = ANY (p_rows)
-        RETURNING s.id, s.endpoint_id, s.created_at, s.payload, s.lease, s.visible_until
+        RETURNING s.id, s.endpoint_id, s.created_at, s.payload, s.lease, s.visible_until, s.worker_id
     ),
     staged_batch AS (
         DELETE FROM courier.send_stage_batch s WHERE s.ctid = ANY (p_batched)
-        RETURNING s.id, s.endpoint_id, s.created_at, s.payload, s.lease, s.visible_until
+        RETURNING s.id, s.endpoint_id, s.created_at, s.payload, s.lease, s.visible_until, s.worker_id
     ),
     staged AS (SELECT * FROM staged_one UNION ALL SELECT * FROM staged_batch)
     INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at, visible_at,
-                               status, lease)
+                               status, lease, worker_id, processing_started_at)
     OVERRIDING SYSTEM VALUE
     SELECT s.id, s.endpoint_id, s.payload, s.created_at,
-           CASE WHEN s.visible_until IS NULL THEN s.created_at ELSE now() END,
+           CASE WHEN s.lease IS NULL THEN s.created_at ELSE now() END,
            s.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0)),
            coalesce(s.visible_until, courier._pull_visible_at(e.protocol, s.created_at)),
-           CASE WHEN s.visible_until IS NULL THEN 'pending' ELSE 'processing' END,
-           coalesce(s.lease, 0)
+           CASE WHEN s.lease IS NULL THEN 'pending' ELSE 'processing' END,
+           coalesce(s.lease, 0), s.worker_id,
+           CASE WHEN s.worker_id IS NOT NULL THEN now() END  -- a claim's start, at most a second late
     FROM staged s JOIN courier.endpoints e ON e.id = s.endpoint_id, courier.send_limits l;
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     RETURN v_moved;
@@ -814,25 +816,24 @@ $$;
 -- A taker's share of the stage (migration 0054), after what the queue holds for its endpoint:
 -- a push claim (claim_batch, with p_worker_id), a pull lease (dequeue, with p_timeout) or a
 -- receive (neither). The oldest staged messages of p_endpoint_id's and those staged 50 ms ago
--- or more (up to max(p_count, 1000)), not under a lease, are locked in one scan, and the first
--- p_count of p_endpoint_id's that have not expired are taken:
--- - leased ones stay where they are, their lease written into their row (migration 0057): a
---   HOT update of a row with one index, where a lease in the queue wrote a wide row and three
---   index entries (about 410 bytes of WAL a message). An ack deletes the row there; the leader
---   moves it into the queue, lease and all, within a second (_move_staged), where every other
---   verb finds it. The caller does not read expires_at, which is NULL for them.
--- - claimed ones go into the queue in processing under the worker, with their first lease,
---   written once where a move and then a claim wrote them twice; the statement counts them, as
---   _claim_due counts its claims (the insert trigger stands aside: courier.insert_counted).
--- - received ones are never written to the queue, and are counted delivered as receive counts
---   its own.
+-- or more (up to max(p_count, 1000)), not taken there already, are locked in one scan, and the
+-- first p_count of p_endpoint_id's that have not expired are taken:
+-- - leased (migration 0057) and claimed (migration 0058) ones stay where they are, the lease, or
+--   the worker and lease, written into their row: a HOT update of a row with one index, where
+--   writing them into the queue taken cost a wide row and its index entries (about 410 bytes of
+--   WAL a message). An ack, or a report of a delivery, deletes the row there; the leader moves
+--   it into the queue, lease and all, within a second (_move_staged), where every other verb
+--   and every listing finds it.
+-- - received ones are never written anywhere, and are counted delivered as receive counts its
+--   own.
 -- The rest (another endpoint's, one past the batch, an expired one, a lapsed lease) go into the
 -- queue as they are (_move_stage_rows), for their own takers: another endpoint's fresh messages
 -- are left for their own taker, which takes them written once, where a move wrote each twice
 -- (the stage, then the queue pending) before its claim or lease wrote it a third time. A staged
 -- message has no priority (0, the lowest), no ordering key and no delay, so nothing in the queue
 -- should have gone before it that the taker's own look did not already take; and level 0 is in
--- every endpoint's priorities, so there is nothing to note. Called by functions that set
+-- every endpoint's priorities, so there is nothing to note. A message taken in the stage is
+-- counted (depth) once it is moved, as a staged one is. Called by functions that set
 -- search_path and no JIT.
 DROP FUNCTION IF EXISTS courier._claim_staged(text, integer, integer);
 DROP FUNCTION IF EXISTS courier._take_staged(integer, integer, integer);  -- its first form, before claims shared it
@@ -849,8 +850,7 @@ DECLARE
     v_taken_batched tid[];  -- as _move_staged
     v_rows tid[];
     v_batched tid[];
-    v_writes integer;
-    v_received boolean := p_worker_id IS NULL AND p_timeout IS NULL;
+    v_ttl interval;
     v_lapsed boolean;
     v_set text;
 BEGIN
@@ -860,20 +860,18 @@ BEGIN
            array_agg(s.ctid) FILTER (WHERE s.taken AND s.tableoid <> 'courier.send_stage'::regclass),
            array_agg(s.ctid) FILTER (WHERE NOT s.taken AND s.tableoid = 'courier.send_stage'::regclass),
            array_agg(s.ctid) FILTER (WHERE NOT s.taken AND s.tableoid <> 'courier.send_stage'::regclass),
-           coalesce(bool_or(s.lapsed), false)
-    INTO v_taken, v_taken_batched, v_rows, v_batched, v_lapsed
-    FROM (SELECT t.tableoid, t.ctid, t.endpoint_id = p_endpoint_id AND t.visible_until IS NOT NULL AS lapsed,
+           coalesce(bool_or(s.lapsed), false), min(s.ttl)
+    INTO v_taken, v_taken_batched, v_rows, v_batched, v_lapsed, v_ttl
+    FROM (SELECT t.tableoid, t.ctid, t.ttl, t.endpoint_id = p_endpoint_id AND t.lease IS NOT NULL AS lapsed,
                  t.takeable AND row_number() OVER (PARTITION BY t.takeable ORDER BY t.id) <= p_count AS taken
-          FROM (SELECT c.tableoid, c.ctid, c.id, c.endpoint_id, c.visible_until,
-                       c.endpoint_id = p_endpoint_id AND c.visible_until IS NULL
-                       AND coalesce(c.created_at + (SELECT make_interval(secs => nullif(coalesce(e.config_ttl_seconds,
-                                                                                                 l.default_message_ttl), 0))
-                                                    FROM courier.endpoints e, courier.send_limits l
-                                                    WHERE e.id = p_endpoint_id) > now(), true) AS takeable
-                FROM (SELECT c.tableoid, c.ctid, c.id, c.endpoint_id, c.created_at, c.visible_until
+          FROM (SELECT c.*, c.endpoint_id = p_endpoint_id AND c.lease IS NULL
+                            AND coalesce(c.created_at + c.ttl > now(), true) AS takeable
+                FROM (SELECT c.tableoid, c.ctid, c.id, c.endpoint_id, c.created_at, c.lease,
+                             (SELECT make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0))
+                              FROM courier.endpoints e, courier.send_limits l WHERE e.id = p_endpoint_id) AS ttl
                       FROM courier.send_stage c
                       WHERE (c.endpoint_id = p_endpoint_id OR c.created_at < statement_timestamp() - interval '50 milliseconds')
-                        AND (c.visible_until IS NULL OR c.visible_until <= now())  -- a lapsed lease is moved
+                        AND (c.lease IS NULL OR c.visible_until <= now())  -- a lapsed lease is moved; a claim never lapses here
                       ORDER BY c.id LIMIT greatest(p_count, 1000) FOR UPDATE SKIP LOCKED) c) t) s;
     IF v_rows IS NOT NULL OR v_batched IS NOT NULL THEN
         PERFORM courier._move_stage_rows(v_rows, v_batched);
@@ -884,70 +882,45 @@ BEGIN
     IF v_taken IS NULL AND v_taken_batched IS NULL THEN
         RETURN;
     END IF;
-    IF p_timeout IS NOT NULL THEN  -- leased in place
+    IF p_worker_id IS NULL AND p_timeout IS NULL THEN  -- received: gone, counted delivered
         RETURN QUERY
-        WITH leased_one AS (
-            UPDATE ONLY courier.send_stage s
-            SET lease = courier._next_lease(0), visible_until = now() + make_interval(secs => p_timeout)
-            WHERE s.ctid = ANY (v_taken)
-            RETURNING s.id, s.lease, s.payload, s.created_at, s.visible_until
+        WITH received_one AS (
+            DELETE FROM ONLY courier.send_stage s WHERE s.ctid = ANY (v_taken)
+            RETURNING s.id, s.payload, s.created_at
         ),
-        leased_batch AS (
-            UPDATE courier.send_stage_batch s
-            SET lease = courier._next_lease(0), visible_until = now() + make_interval(secs => p_timeout)
-            WHERE s.ctid = ANY (v_taken_batched)
-            RETURNING s.id, s.lease, s.payload, s.created_at, s.visible_until
+        received_batch AS (
+            DELETE FROM courier.send_stage_batch s WHERE s.ctid = ANY (v_taken_batched)
+            RETURNING s.id, s.payload, s.created_at
+        ),
+        received AS (SELECT * FROM received_one UNION ALL SELECT * FROM received_batch),
+        delivered AS (
+            INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
+            SELECT p_endpoint_id, 'delivered', pg_backend_pid(), count(*) FROM received r HAVING count(*) > 0
+            ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
         )
-        SELECT l.id, l.lease, l.payload, l.created_at, NULL::timestamptz, l.visible_until
-        FROM (SELECT * FROM leased_one UNION ALL SELECT * FROM leased_batch) l
-        ORDER BY l.id;
+        SELECT r.id, NULL::integer, r.payload, r.created_at, r.created_at + v_ttl, NULL::timestamptz
+        FROM received r ORDER BY r.id;
         RETURN;
     END IF;
-    v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
-    v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
-             || set_config('courier.insert_counted', 'on', true);
+    -- Leased (p_timeout) or claimed (p_worker_id) where it waits.
     RETURN QUERY
-    WITH staged_one AS (
-        DELETE FROM ONLY courier.send_stage s WHERE s.ctid = ANY (v_taken)
-        RETURNING s.id, s.endpoint_id, s.created_at, s.payload
+    WITH taken_one AS (
+        UPDATE ONLY courier.send_stage s
+        SET lease = courier._stage_lease(), worker_id = p_worker_id,
+            visible_until = now() + make_interval(secs => p_timeout)  -- a claim's: NULL
+        WHERE s.ctid = ANY (v_taken)
+        RETURNING s.id, s.lease, s.payload, s.created_at, s.visible_until
     ),
-    staged_batch AS (
-        DELETE FROM courier.send_stage_batch s WHERE s.ctid = ANY (v_taken_batched)
-        RETURNING s.id, s.endpoint_id, s.created_at, s.payload
-    ),
-    timed AS (
-        SELECT s.*, s.created_at + make_interval(secs => nullif(coalesce(e.config_ttl_seconds, l.default_message_ttl), 0))
-                    AS expires_at
-        FROM (SELECT * FROM staged_one UNION ALL SELECT * FROM staged_batch) s
-        JOIN courier.endpoints e ON e.id = s.endpoint_id, courier.send_limits l
-    ),
-    claimed AS (
-        INSERT INTO courier.queue (id, endpoint_id, payload, created_at, updated_at, expires_at,
-                                   status, processing_started_at, worker_id, lease)
-        OVERRIDING SYSTEM VALUE
-        SELECT t.id, t.endpoint_id, t.payload, t.created_at, now(), t.expires_at,
-               'processing', now(), p_worker_id, courier._next_lease(0)
-        FROM timed t
-        WHERE NOT v_received
-        RETURNING *
-    ),
-    counted AS (
-        INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
-        SELECT m.endpoint_id, 'processing', pg_backend_pid(), v_writes >> 6, count(*)
-        FROM claimed m GROUP BY m.endpoint_id
-        ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
-    ),
-    delivered AS (
-        INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
-        SELECT p_endpoint_id, 'delivered', pg_backend_pid(), count(*) FROM timed t
-        WHERE v_received HAVING count(*) > 0
-        ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
+    taken_batch AS (
+        UPDATE courier.send_stage_batch s
+        SET lease = courier._stage_lease(), worker_id = p_worker_id,
+            visible_until = now() + make_interval(secs => p_timeout)
+        WHERE s.ctid = ANY (v_taken_batched)
+        RETURNING s.id, s.lease, s.payload, s.created_at, s.visible_until
     )
-    SELECT m.id, m.lease, m.payload, m.created_at, m.expires_at, NULL::timestamptz FROM claimed m
-    UNION ALL
-    SELECT t.id, NULL, t.payload, t.created_at, t.expires_at, NULL FROM timed t WHERE v_received
-    ORDER BY 1;
-    v_set := set_config('courier.insert_counted', 'off', true);
+    SELECT t.id, t.lease, t.payload, t.created_at, t.created_at + v_ttl, t.visible_until
+    FROM (SELECT * FROM taken_one UNION ALL SELECT * FROM taken_batch) t
+    ORDER BY t.id;
 END
 $$;
 
@@ -1032,7 +1005,7 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 BEGIN
-    RETURN coalesce((SELECT s.created_at FROM courier.send_stage s WHERE s.visible_until IS NULL  -- not leased there
+    RETURN coalesce((SELECT s.created_at FROM courier.send_stage s WHERE s.lease IS NULL  -- not taken there
                      ORDER BY s.id LIMIT 1), 'infinity')
            > statement_timestamp() - interval '100 milliseconds';
 END
