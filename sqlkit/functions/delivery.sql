@@ -380,7 +380,7 @@ DECLARE
     v_delivered integer := 0;
     v_endpoint courier.endpoints;
 BEGIN
-    -- The stage first for a claim taken there (odd: _stage_lease), then the queue for the rest,
+    -- The stage first for a claim taken there (_stage_lease), then the queue for the rest,
     -- as ack looks (the leader may move a claim from the stage into the queue meanwhile).
     IF courier._any_stage_lease(p_leases) THEN
         -- A staged message has no headers, metadata, key, schedule or history: the archive's defaults.

@@ -70,27 +70,29 @@ $$;
 -- never leased). A lease fences every settle, so it must not be guessable: a counter made the
 -- first lease of every message 1, and a consumer that settled the wrong id with its own lease
 -- settled another consumer's message (issue 40). SQL, so it inlines into the UPDATE that uses it.
--- Even (2^30 - 1 values: a guess is right once in a billion tries, within one visibility
--- timeout): an odd lease is one a claim or a dequeue took in the send stage (_stage_lease), so
--- that a settle looks in the stage only for the messages that may be there.
+-- The lower half of the positive integers (2^30 - 1 values: a guess is right once in a billion
+-- tries, within one visibility timeout): a lease in the upper half is one a claim or a dequeue
+-- took in the send stage (_stage_lease), so that a settle looks in the stage only for the
+-- messages that may be there.
 CREATE OR REPLACE FUNCTION courier._next_lease(p_old integer) RETURNS integer
 LANGUAGE sql VOLATILE PARALLEL SAFE
 AS $$
-    SELECT (2 * (1 + (greatest(p_old, 2)::bigint / 2 - 1 + 1 + floor(random() * 1073741822)::bigint) % 1073741823))::integer
+    SELECT (1 + (greatest(p_old, 1)::bigint - 1 + 1 + floor(random() * 1073741822)::bigint) % 1073741823)::integer
 $$;
 
 -- The lease a claim or a dequeue takes where a message waits in the send stage (migrations 0057
--- and 0058): random and odd, as _next_lease's are even. A message moved from the stage into the
--- queue keeps it until it is taken again there. SQL, inlined.
+-- and 0058): random, in the upper half, as _next_lease's are in the lower. A message moved from
+-- the stage into the queue keeps it until it is taken again there. SQL, inlined.
 CREATE OR REPLACE FUNCTION courier._stage_lease() RETURNS integer
 LANGUAGE sql VOLATILE PARALLEL SAFE
-AS $$ SELECT (2 * floor(random() * 1073741823)::bigint + 1)::integer $$;
+AS $$ SELECT (1073741824 + floor(random() * 1073741823)::bigint)::integer $$;
 
--- Whether any of p_leases was taken in the send stage (odd: _stage_lease): only then does a
--- settle look there, or move its messages from there into the queue. SQL, inlined.
+-- Whether any of p_leases was taken in the send stage (_stage_lease): only then does a settle
+-- look there, or move its messages from there into the queue. A plain expression, which inlines
+-- into the caller's IF (a subquery here was planned again in every transaction).
 CREATE OR REPLACE FUNCTION courier._any_stage_lease(p_leases integer[]) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT EXISTS (SELECT FROM unnest(p_leases) AS l(lease) WHERE l.lease % 2 <> 0 AND l.lease > 0) $$;
+AS $$ SELECT 1073741824 <= ANY (p_leases) $$;
 
 -- Depth counters ------------------------------------------------------------------------
 -- Whether a counter write that adds p_delta messages of p_status asks for the commit-time

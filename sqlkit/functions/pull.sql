@@ -1103,7 +1103,7 @@ BEGIN
     v_writes := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
     v_set := set_config('courier.depth_writes', (v_writes + 1)::text, true)
              || set_config('courier.delete_counted', 'on', true);
-    -- The stage first for a lease taken there (odd: _stage_lease; the leader may have moved the
+    -- The stage first for a lease taken there (_stage_lease; the leader may have moved the
     -- message into the queue since, lease and all), then the queue for the rest: a move under way
     -- is waited for and its row found gone, and the next statement sees it in the queue.
     IF courier._any_stage_lease(p_leases) THEN
