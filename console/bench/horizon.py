@@ -96,8 +96,9 @@ def _run(dsn: str, script: str, schedule: Schedule, waiting: str) -> Run:
     return Run(progress, backlog, schedule.warm_up, schedule.warm_up + schedule.pinned)
 
 
-COURIER_WAITING = ("SELECT coalesce(sum(messages), 0) FROM courier.queue_depth "
-                   "WHERE status IN ('pending', 'processing')")
+# The counters count the queue; what waits in the send stage, or is taken there, is counted apart.
+COURIER_WAITING = ("SELECT coalesce(sum(messages), 0) + (SELECT count(*) FROM courier.send_stage) "
+                   "FROM courier.queue_depth WHERE status IN ('pending', 'processing')")
 PGMQ_WAITING = f"SELECT count(*) FROM pgmq.q_{pgmq.QUEUE}"
 
 
