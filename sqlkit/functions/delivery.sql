@@ -465,8 +465,42 @@ CREATE OR REPLACE FUNCTION courier.report_outcomes(p_ids bigint[], p_leases inte
 RETURNS TABLE (delivered integer, retried integer, dead_lettered integer, stale integer)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, courier, pg_temp
-SET plan_cache_mode = force_custom_plan
 SET jit = off
+AS $$
+DECLARE
+    v_n integer := coalesce(cardinality(p_ids), 0);
+BEGIN
+    IF v_n IS DISTINCT FROM coalesce(cardinality(p_outcomes), 0) OR v_n IS DISTINCT FROM coalesce(cardinality(p_errors), 0)
+       OR v_n IS DISTINCT FROM coalesce(cardinality(p_retry_after), v_n)
+       OR v_n IS DISTINCT FROM coalesce(cardinality(p_responses), v_n) THEN
+        RAISE EXCEPTION '[courier] report_outcomes needs one outcome, error, retry-after and response per id'
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM courier._require_leases(p_ids, p_leases);
+    IF v_n > 0 AND 'success' = ALL (p_outcomes) THEN  -- NULL, not true, when an outcome is NULL
+        -- Every outcome a success: the lean path.
+        delivered := courier._report_delivered(p_ids, p_leases, p_responses);
+        retried := 0;
+        dead_lettered := 0;
+        stale := v_n - delivered;
+        PERFORM courier._count_stale_reports('report', stale, p_ids);
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM courier._report_mixed(p_ids, p_leases, p_outcomes, p_errors, p_retry_after, p_responses);
+END
+$$;
+
+-- report_outcomes's general path: any outcome other than a success, validated here. Its own
+-- function for its planner setting: the values decide its plans (a join of the report's arrays
+-- with the queue), so each statement is planned with them. The lean path above runs in plans made
+-- once: under this setting its three statements were planned again in every report, about 56,000
+-- instructions a delivered message (BENCHMARKS.md, "A report planned once").
+CREATE OR REPLACE FUNCTION courier._report_mixed(p_ids bigint[], p_leases integer[], p_outcomes text[],
+                                                 p_errors text[], p_retry_after integer[], p_responses jsonb[])
+RETURNS TABLE (delivered integer, retried integer, dead_lettered integer, stale integer)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     v_n integer := coalesce(cardinality(p_ids), 0);
@@ -487,23 +521,6 @@ DECLARE
     v_failed_dead boolean[];
     v_failed_n integer := 0;
 BEGIN
-    IF v_n IS DISTINCT FROM coalesce(cardinality(p_outcomes), 0) OR v_n IS DISTINCT FROM coalesce(cardinality(p_errors), 0)
-       OR v_n IS DISTINCT FROM coalesce(cardinality(p_retry_after), v_n)
-       OR v_n IS DISTINCT FROM coalesce(cardinality(p_responses), v_n) THEN
-        RAISE EXCEPTION '[courier] report_outcomes needs one outcome, error, retry-after and response per id'
-            USING ERRCODE = '22023';
-    END IF;
-    PERFORM courier._require_leases(p_ids, p_leases);
-    IF v_n > 0 AND 'success' = ALL (p_outcomes) THEN  -- NULL, not true, when an outcome is NULL
-        -- Every outcome a success: the lean path.
-        delivered := courier._report_delivered(p_ids, p_leases, p_responses);
-        retried := 0;
-        dead_lettered := 0;
-        stale := v_n - delivered;
-        PERFORM courier._count_stale_reports('report', stale, p_ids);
-        RETURN NEXT;
-        RETURN;
-    END IF;
     SELECT string_agg(DISTINCT coalesce(o, 'NULL'), ', ') INTO v_bad FROM unnest(p_outcomes) AS o
     WHERE o IS NULL OR o NOT IN ('success', 'retryable', 'permanent', 'disable', 'snooze');
     IF v_bad IS NOT NULL THEN
