@@ -495,7 +495,10 @@ BEGIN
         SET status = 'processing', processing_started_at = now(), worker_id = p_worker_id, updated_at = now(),
             lease = courier._next_lease(q.lease)
         WHERE q.id = ANY (ARRAY(SELECT id FROM candidates))
-        RETURNING q.*
+        -- What the claim returns, not the whole row: each row is copied into the CTE and sorted.
+        RETURNING q.id, q.endpoint_id, q.payload, q.headers, q.metadata, q.priority, q.retry_count, q.max_retries,
+                  q.correlation_id, q.ordering_key, q.idempotency_key, q.scheduled_at, q.expires_at, q.created_at,
+                  q.lease
     ),
     -- The claim counts itself, as dequeue does (pull.sql): every candidate is claimed, and each
     -- was pending. The update trigger stands aside for this statement (courier.update_counted):

@@ -406,7 +406,10 @@ BEGIN
             DELETE FROM courier.queue q
             USING unnest(p_ids, p_leases, p_responses) AS u(id, lease, response)  -- NULL p_responses: NULLs
             WHERE q.id = ANY (p_ids) AND q.status = v_processing AND q.id = u.id AND q.lease = u.lease
-            RETURNING q.*, u.response AS captured
+            -- What the archive keeps, not the whole row (push messages have no key or binary body).
+            RETURNING q.id, q.endpoint_id, q.payload, q.headers, q.metadata, q.priority, q.retry_count, q.max_retries,
+                      q.scheduled_at, q.expires_at, q.idempotency_key, q.correlation_id, q.ordering_key,
+                      q.last_error, q.error_history, q.worker_id, q.response, q.created_at, u.response AS captured
         ),
         archived AS (
             INSERT INTO courier.archive (id, endpoint_id, payload, headers, metadata, status, priority, retry_count,
