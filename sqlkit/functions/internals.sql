@@ -500,7 +500,11 @@ $$;
 -- Only updates that name one of these columns can change them, so only those are checked:
 -- claims, reports, releases and renewals never name them, and skip the per-row trigger and
 -- the jsonb comparison of its WHEN clause altogether (issue 13).
-CREATE OR REPLACE TRIGGER queue_payload_immutable BEFORE UPDATE OF payload, headers, payload_binary, body
+-- AFTER, not BEFORE: the error undoes the statement either way, and a table with any BEFORE
+-- UPDATE row trigger has every UPDATE lock each row before it changes it (ExecBRUpdateTriggers,
+-- whatever columns the trigger names): a lock record of 54 bytes of WAL a message in every nack,
+-- release, extend_lease, snooze and retry, which pgmq's set_vt does not write.
+CREATE OR REPLACE TRIGGER queue_payload_immutable AFTER UPDATE OF payload, headers, payload_binary, body
     ON courier.queue
     FOR EACH ROW
     WHEN (OLD.payload IS DISTINCT FROM NEW.payload OR OLD.headers IS DISTINCT FROM NEW.headers
