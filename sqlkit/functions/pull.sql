@@ -1297,28 +1297,26 @@ BEGIN
     -- is dead-lettered, a DELETE): the update trigger stands aside.
     v_set := set_config('courier.update_counted', 'on', true);
     -- Past max_retries or the DLQ threshold, as dequeue reads them (config's typed columns, else
-    -- consume_limits) in the statement: no call per message.
-    WITH held AS (
-        SELECT q.id, q.retry_count + 1 > least(coalesce(q.max_retries, e.config_max_retries, l.default_max_retries),
-                                            nullif(coalesce(e.config_dlq_threshold, l.default_dlq_threshold), 0) - 1)
-                     AS exhausted
-        FROM courier.queue q
-        JOIN courier.endpoints e ON e.id = q.endpoint_id
-        LEFT JOIN courier.consume_limits l ON true  -- never missing (see dequeue); were it, no cap
-        WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
-          AND q.lease = (v_leases ->> q.id::text)::integer
-        FOR UPDATE OF q
-    ),
-    nacked AS (
+    -- consume_limits) in the statement: no call per message. One UPDATE, whose WHERE a concurrent
+    -- settle makes PostgreSQL check again on the row's new version (so two nacks of one lease
+    -- count one attempt), with no row lock taken first: a SELECT ... FOR UPDATE before it wrote a
+    -- lock record of 54 bytes a message. A message past its retries stays in processing (the
+    -- dead-letter step below deletes it): that is how RETURNING tells it apart.
+    WITH nacked AS (
         UPDATE courier.queue q
         SET retry_count = q.retry_count + 1, last_error = v_error, updated_at = now(),
             error_history = q.error_history || jsonb_build_object('attempt', q.retry_count + 1, 'at', now(),
                                                                   'outcome', 'nack', 'error', v_error),
-            status = CASE WHEN h.exhausted THEN q.status ELSE 'pending' END,
-            visible_at = CASE WHEN h.exhausted THEN q.visible_at ELSE now() + make_interval(secs => p_delay_seconds) END
-        FROM held h
-        WHERE q.id = h.id
-        RETURNING q.id, h.exhausted
+            status = CASE WHEN q.retry_count + 1 > least(coalesce(q.max_retries, e.config_max_retries, l.default_max_retries),
+                                                         nullif(coalesce(e.config_dlq_threshold, l.default_dlq_threshold), 0) - 1)
+                          THEN q.status ELSE 'pending' END,
+            visible_at = CASE WHEN q.retry_count + 1 > least(coalesce(q.max_retries, e.config_max_retries, l.default_max_retries),
+                                                             nullif(coalesce(e.config_dlq_threshold, l.default_dlq_threshold), 0) - 1)
+                              THEN q.visible_at ELSE now() + make_interval(secs => p_delay_seconds) END
+        FROM courier.endpoints e LEFT JOIN courier.consume_limits l ON true  -- never missing (see dequeue); were it, no cap
+        WHERE q.id = ANY (p_ids) AND q.status = 'processing' AND q.visible_at IS NOT NULL
+          AND q.lease = (v_leases ->> q.id::text)::integer AND e.id = q.endpoint_id
+        RETURNING q.id, q.status = 'processing' AS exhausted
     )
     SELECT array_agg(n.id) FILTER (WHERE NOT n.exhausted), array_agg(n.id) FILTER (WHERE n.exhausted)
     INTO v_nacked, v_dead FROM nacked n;
