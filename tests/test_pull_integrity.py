@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 from pathlib import Path
 
 import psycopg
@@ -120,6 +121,32 @@ def test_an_id_under_two_leases_in_one_fenced_call_is_refused_and_changes_nothin
     assert [row[:2] for row in results] == [(message_id, results[0][1])] * 2 and results[0][1] != "lease_lost"
     retries = scalar(conn, "SELECT retry_count FROM courier.queue WHERE id = %s", (message_id,))
     assert retries in (None, before[3] + ("nack" in call))
+
+
+@pytest.mark.parametrize("call", [
+    "SELECT * FROM courier.nack(%(ids)s, %(leases)s, 'boom')",
+    "SELECT * FROM courier.release(%(ids)s, %(leases)s)",
+])
+def test_two_settles_of_one_lease_at_once_apply_once(dsn, conn, orders, call):
+    """The second waits for the first to commit, then finds the lease settled: one attempt
+    counted, one answer that applied. No row lock is taken before the UPDATE (it wrote a lock
+    record a message), so the UPDATE's own fenced WHERE must be what keeps them apart."""
+    message_id = scalar(conn, "SELECT courier.enqueue('orders', '{}')")
+    [(_, lease)] = dequeue(conn)
+    params = {"ids": [message_id], "leases": [lease]}
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn, autocommit=True) as second:
+        [(_, applied)] = first.execute(call, params).fetchall()
+        result: list = []
+        racer = threading.Thread(target=lambda: result.extend(second.execute(call, params).fetchall()))
+        racer.start()
+        racer.join(0.5)
+        assert racer.is_alive(), "the second settle waits for the first's commit"
+        first.commit()
+        racer.join(10)
+    assert applied in ("nacked", "released")
+    assert result and result[0][1] != applied
+    if "nack" in call:
+        assert scalar(conn, "SELECT retry_count FROM courier.queue WHERE id = %s", (message_id,)) == 1
 
 
 # Item 4: idempotency keys outlive the ack or receive that completes their message --------------
