@@ -497,8 +497,9 @@ $$;
 -- report_outcomes's general path: any outcome other than a success, validated here. Its own
 -- function for its planner setting: the values decide its plans (a join of the report's arrays
 -- with the queue), so each statement is planned with them. The lean path above runs in plans made
--- once: under this setting its three statements were planned again in every report, about 56,000
--- instructions a delivered message (BENCHMARKS.md, "A report planned once").
+-- once: under this setting its three statements were planned again in every report, about 9,000
+-- instructions a delivered message in a worker's cycle of ten (BENCHMARKS.md, "A report planned
+-- once").
 CREATE OR REPLACE FUNCTION courier._report_mixed(p_ids bigint[], p_leases integer[], p_outcomes text[],
                                                  p_errors text[], p_retry_after integer[], p_responses jsonb[])
 RETURNS TABLE (delivered integer, retried integer, dead_lettered integer, stale integer)
