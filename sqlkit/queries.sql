@@ -165,7 +165,7 @@ LIMIT 1;
 -- name: search_messages
 -- Active messages in the order the queue works through them: in flight first (oldest claim
 -- first, on queue_processing_started_idx, then pull messages under a lease, which have no
--- claim time, by id on queue_pull_leased_idx), then pending in claim order, priority DESC then
+-- claim time, by id from queue_pull_leased_idx), then pending in claim order, priority DESC then
 -- FIFO by id (per endpoint, the first rows of queue_ready_idx and of queue_pending_rest_idx,
 -- which hold the pending push messages between them, and of a pull topic's queue_pull_due_idx,
 -- in the order its consumers take them), then
@@ -189,7 +189,7 @@ FROM (
     (SELECT 0, NULL, q.id, w.name, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id,
             q.created_at, q.scheduled_at, q.next_retry_at, q.last_error
      FROM courier.queue q JOIN wanted w ON w.id = q.endpoint_id
-     WHERE q.status = 'processing' AND q.visible_at IS NOT NULL
+     WHERE q.status = 'processing' AND q.visible_at IS NOT NULL AND q.lease > 0
        AND (%(status)s::text IS NULL OR %(status)s::text = 'processing')
      ORDER BY q.id
      LIMIT %(limit)s)
@@ -217,8 +217,7 @@ FROM (
          (SELECT q.id, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id, q.created_at,
                  q.scheduled_at, q.next_retry_at, q.last_error
           FROM courier.queue q
-          WHERE q.endpoint_id = w.id AND q.visible_at IS NOT NULL AND q.status IN ('pending', 'processing')
-            AND q.status = 'pending'
+          WHERE q.endpoint_id = w.id AND q.visible_at IS NOT NULL AND q.status = 'pending'
           ORDER BY q.priority DESC, q.visible_at, q.id
           LIMIT %(limit)s)
          ORDER BY priority DESC, id

@@ -283,3 +283,28 @@ def test_migration_files_follow_the_baseline_without_gaps():
     versions = [m.version for m in migrate.available()]
     assert migrate.available()[0].label == f"{migrate.BASELINE_VERSION:04d}_baseline"
     assert versions == list(range(migrate.BASELINE_VERSION, migrate.BASELINE_VERSION + len(versions)))
+
+
+def test_pull_leases_in_flight_keep_their_fences_and_due_order_across_their_index_split(empty_dsn):
+    """Migration 0059 gives leased pull messages an index of their own. Messages written before
+    it (a running lease, a lapsed one, pending and scheduled ones) come through it as they were:
+    the running lease's holder can still ack it, and a dequeue takes the pending message and the
+    lapsed lease in due order, counting the lost attempt, and nothing scheduled for later."""
+    migrate.migrate(empty_dsn, target=58)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        topic = scalar(conn, "INSERT INTO courier.endpoints (name, protocol) VALUES ('moved', 'pull') RETURNING id")
+        rows = {}
+        for name, status, lease, due in [("pending", "pending", 0, "-10 seconds"),
+                                         ("running", "processing", 7, "60 seconds"),
+                                         ("lapsed", "processing", 9, "-5 seconds"),
+                                         ("later", "pending", 0, "1 hour")]:
+            rows[name] = scalar(conn, "INSERT INTO courier.queue (endpoint_id, payload, status, lease, visible_at) "
+                                      "VALUES (%s, jsonb_build_object('name', %s::text), %s, %s, now() + %s::interval) "
+                                      "RETURNING id", (topic, name, status, lease, due))
+    migrate.migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert scalar(conn, "SELECT leased FROM courier.topics()") == 2  # running, lapsed: from the leased index
+        taken = conn.execute("SELECT payload ->> 'name', retry_count FROM courier.dequeue('moved', 10)").fetchall()
+        assert taken == [("pending", 0), ("lapsed", 1)]
+        assert scalar(conn, "SELECT courier.ack(%s, 9)", (rows["lapsed"],)) == "lease_lost"
+        assert scalar(conn, "SELECT courier.ack(%s, 7)", (rows["running"],)) == "acked"

@@ -1,6 +1,7 @@
-"""Every dequeue, receive and peek of a pull topic is served by queue_pull_due_idx, never a scan,
-with 100k messages scheduled for the future in the same topic (at every priority) and 100k due in
-another (LonnyMQ). The candidates come one priority level at a time, a range each.
+"""Every dequeue, receive and peek of a pull topic is served by queue_pull_due_idx (pending
+messages) and queue_pull_leased_idx (leases, lapsed or not), never a scan, with 100k messages
+scheduled for the future in the same topic (at every priority) and 100k due in another
+(LonnyMQ). The candidates come one priority level at a time, a range of each index.
 
 Two proofs: the plans of the functions' candidate queries (generic, as plpgsql runs them after a
 few calls, and with their actual row counts), and the server's own scan counters across real
@@ -22,17 +23,27 @@ DUE = 1000
 FUTURE = 100_000
 OTHER = 100_000
 
-CANDIDATES = """
+
+def _range(status: str, alias: str) -> str:
+    return f"""SELECT * FROM (
+            SELECT q.id, q.visible_at AS due FROM courier.queue q
+            WHERE q.endpoint_id = $1 AND q.priority = p.priority
+              AND q.visible_at <= now() AND q.visible_at IS NOT NULL AND {status}
+              AND (q.expires_at IS NULL OR q.expires_at > now())
+            ORDER BY q.visible_at, q.id
+            LIMIT $2
+            FOR UPDATE SKIP LOCKED) {alias}"""
+
+
+# Pending messages from queue_pull_due_idx and lapsed leases from queue_pull_leased_idx (migration
+# 0059), merged in due order, per priority level: dequeue's and receive's candidates.
+CANDIDATES = f"""
     SELECT c.id FROM generate_series(10, 0, -1) AS p(priority)
     CROSS JOIN LATERAL (
-        SELECT q.id FROM courier.queue q
-        WHERE q.endpoint_id = $1 AND q.priority = p.priority
-          AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-          AND q.status IN ('pending', 'processing')
-          AND (q.expires_at IS NULL OR q.expires_at > now())
-        ORDER BY q.visible_at, q.id
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED) c
+        SELECT m.* FROM ({_range("q.status = 'pending'", "due")}
+                         UNION ALL {_range("q.status = 'processing' AND q.lease > 0", "lapsed")}) m
+        ORDER BY m.due, m.id
+        LIMIT $2) c
     LIMIT $2"""
 
 
@@ -84,9 +95,10 @@ def test_the_candidate_query_walks_the_due_index(big_topic, mode):
         conn.execute(f"PREPARE candidates(integer, integer) AS {CANDIDATES}")
         plan = plan_of(conn, "EXPLAIN (FORMAT JSON) EXECUTE candidates(1, 100)")
         on_queue = [n for n in plan if n.get("Relation Name") == "queue"]
-        assert [n["Node Type"] for n in on_queue] == ["Index Scan"]
-        assert on_queue[0]["Index Name"] == "queue_pull_due_idx"
-        assert "visible_at" in on_queue[0]["Index Cond"]  # the range stops at now(): tomorrow's rows unread
+        assert [n["Node Type"] for n in on_queue] == ["Index Scan", "Index Scan"]
+        assert [n["Index Name"] for n in on_queue] == ["queue_pull_due_idx", "queue_pull_leased_idx"]
+        for scan in on_queue:  # each range stops at now(): tomorrow's rows unread
+            assert "visible_at" in scan["Index Cond"]
         conn.rollback()
 
 
@@ -94,11 +106,13 @@ def test_future_messages_are_never_read(big_topic):
     with psycopg.connect(big_topic) as conn:
         plan = plan_of(conn, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
                              + CANDIDATES.replace("$1", "1").replace("$2", "100"))
-        [scan] = [n for n in plan if n.get("Relation Name") == "queue"]
+        due, lapsed = [n for n in plan if n.get("Relation Name") == "queue"]
         assert plan[0]["Actual Rows"] == 100
-        assert scan["Actual Loops"] == 11  # one range per priority level, highest first
-        assert scan.get("Rows Removed by Filter", 0) == 0  # no level stepped over tomorrow's rows
-        assert scan["Shared Hit Blocks"] + scan.get("Shared Read Blocks", 0) < 200  # of thousands of pages
+        for scan in (due, lapsed):
+            assert scan["Actual Loops"] == 11  # one range per priority level, highest first
+            assert scan.get("Rows Removed by Filter", 0) == 0  # no level stepped over tomorrow's rows
+        assert lapsed["Actual Rows"] == 0  # nothing is leased
+        assert due["Shared Hit Blocks"] + due.get("Shared Read Blocks", 0) < 200  # of thousands of pages
         conn.rollback()
 
 
@@ -216,7 +230,7 @@ def test_the_expiry_reaper_reads_only_messages_with_an_expiry(big_topic):
             leased = [r[0] for r in conn.execute("SELECT id FROM courier.dequeue('other', 2)")]
             pending = [r[0] for r in conn.execute(
                 "SELECT id FROM courier.queue WHERE endpoint_id = 2 AND priority = 0 AND visible_at <= now() "
-                "AND visible_at IS NOT NULL AND status IN ('pending', 'processing') ORDER BY visible_at, id LIMIT 3")]
+                "AND visible_at IS NOT NULL AND status = 'pending' ORDER BY visible_at, id LIMIT 3")]
             conn.execute("UPDATE courier.queue SET expires_at = now() - interval '1 second' WHERE id = ANY (%s)",
                          (leased + pending,))
             assert scalar(conn, "SELECT courier.run_expiry_reaper()") == 5

@@ -242,13 +242,12 @@ $$;
 
 -- Leased pull messages, which the counters hold as pending (_counted_status): by endpoint, and of
 -- one endpoint. Both read queue_pull_leased_idx, which holds only messages under a lease, so they
--- cost what is in flight, however many messages wait; the endpoint is not a condition an index
--- could take (`+ 0`), since the indexes that lead with it hold every pending message as well.
+-- cost what is in flight, however many messages wait (lease > 0 is its predicate's: migration 0059).
 CREATE OR REPLACE FUNCTION courier._leased_by_endpoint() RETURNS TABLE (endpoint_id integer, leased bigint)
 LANGUAGE sql STABLE
 AS $$
     SELECT q.endpoint_id, count(*) FROM courier.queue q
-    WHERE q.status = 'processing' AND q.visible_at IS NOT NULL
+    WHERE q.status = 'processing' AND q.visible_at IS NOT NULL AND q.lease > 0
     GROUP BY q.endpoint_id
 $$;
 
@@ -256,7 +255,7 @@ CREATE OR REPLACE FUNCTION courier._leased_count(p_endpoint_id integer) RETURNS 
 LANGUAGE sql STABLE
 AS $$
     SELECT count(*) FROM courier.queue q
-    WHERE q.status = 'processing' AND q.visible_at IS NOT NULL AND q.endpoint_id + 0 = p_endpoint_id
+    WHERE q.status = 'processing' AND q.visible_at IS NOT NULL AND q.lease > 0 AND q.endpoint_id = p_endpoint_id
 $$;
 
 -- The counting triggers. Almost every write moves messages of one endpoint from one status (or

@@ -39,7 +39,7 @@ AS $$
             SELECT id, created_at, scheduled_at FROM courier.queue
             WHERE endpoint_id = p_endpoint_id AND priority = p.priority
               AND visible_at <= now() AND visible_at IS NOT NULL
-              AND status IN ('pending', 'processing') AND status = 'pending'  -- past lapsed leases
+              AND status = 'pending'  -- queue_pull_due_idx holds no lease, lapsed or not
             ORDER BY visible_at, id LIMIT 1) l
     ) q
     ORDER BY q.id LIMIT 1

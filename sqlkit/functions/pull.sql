@@ -9,8 +9,8 @@
 -- Pull messages are rows of courier.queue like any other; what marks them is visible_at
 -- (see the baseline migration), which is never NULL for them and always NULL for push messages. While a
 -- message is processing, visible_at is the end of its visibility timeout, and the row is due
--- again once that passes: dequeue and receive take pending rows and such lapsed leases alike,
--- from queue_pull_due_idx. processing_started_at stays NULL for pull rows so that the push
+-- again once that passes: dequeue and receive take pending rows (queue_pull_due_idx) and such
+-- lapsed leases (queue_pull_leased_idx) alike, in due order. processing_started_at stays NULL for pull rows so that the push
 -- engine's stale recovery (which counts from it) never takes a message a consumer holds.
 --
 -- Statuses follow queue-ti's lifecycle: pending -> processing -> ack -> deleted (the row goes);
@@ -709,10 +709,11 @@ $$;
 -- topic hands out nothing. A message with an ordering key waits while another message of its
 -- key is in processing or ahead of it (whatever their priorities: a key keeps its id order).
 --
--- The candidates come one priority level at a time, highest first, each a range of
--- queue_pull_due_idx (endpoint, priority, due time, id) that stops at the first message not
--- yet due: a level costs one index descent when it holds nothing due, and no level steps over
--- messages scheduled for later or leased, however many a higher one holds.
+-- The candidates come one priority level at a time, highest first, each two ranges keyed
+-- (endpoint, priority, due time, id): of queue_pull_due_idx (pending messages) and of
+-- queue_pull_leased_idx (leased ones, due when the lease lapsed), each stopping at the first
+-- message not yet due. A level costs two index descents when it holds nothing due, and no level
+-- steps over messages scheduled for later or leased, however many a higher one holds.
 --
 -- One statement picks the candidates (SKIP LOCKED) and leases them, finding each row again by
 -- its ctid (a TID scan; the rows are locked, so their ctids hold): looking the batch up again
@@ -726,7 +727,7 @@ $$;
 -- plpgsql planned the candidates query again on every call: a generic plan cannot see the
 -- LIMIT, so it looks dearer than a custom one, and re-planning was about a fifth of a
 -- dequeue(10)'s backend CPU. The generic plans are the ones tests/test_pull_plans.py proves are
--- served by indexes: queue_pull_due_idx for the candidates, a TID scan for the update.
+-- served by indexes: the two pull indexes for the candidates, a TID scan for the update.
 CREATE OR REPLACE FUNCTION courier.dequeue(p_topic text, p_count integer DEFAULT 1,
                                            p_visibility_timeout_seconds integer DEFAULT NULL)
 RETURNS TABLE (id bigint, lease integer, payload jsonb, payload_binary bytea, body text, metadata jsonb, key text,
@@ -814,32 +815,61 @@ BEGIN
                 -- Each priority level the topic has used (migration 0039), highest first.
                 SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
                 CROSS JOIN LATERAL (
-                    SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
-                           q.status = 'processing' AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
-                    FROM courier.queue q
-                    WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
-                      AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-                      AND q.status IN ('pending', 'processing')
-                      AND (q.expires_at IS NULL OR q.expires_at > now())
-                      -- Ordering keys, as the push claim's rule: one message of a key at a time, in id order.
-                      -- No other message of the key in processing under a running lease, and none before it
-                      -- (a smaller id) waiting: pending, scheduled, held back, or in processing under a
-                      -- lapsed lease, which is taken again first. A batch never holds two of a key: the
-                      -- second sees the first pending in the statement's snapshot, as a concurrent consumer
-                      -- does until the first one's lease commits. Inline subplans on the ordering indexes
-                      -- on ordering_key, run only for rows with a key (a plpgsql function per row was 4x
-                      -- dearer: a dequeue past 19,000 messages of busy keys took 125 ms instead of 32 ms).
-                      AND (q.ordering_key IS NULL OR (
-                            NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                        WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
-                                          AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
-                                          AND (q2.visible_at > now() OR q2.id < q.id))
-                        AND NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                        WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
-                                          AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
-                    ORDER BY q.visible_at, q.id
-                    LIMIT v_want
-                    FOR UPDATE SKIP LOCKED) c
+                    -- Due pending messages and lapsed leases, each from its own index (migration
+                    -- 0059), merged in due order. A lapsed lease the merge leaves out stays
+                    -- locked, untouched, until this transaction ends: a lapse is rare, and locking
+                    -- the two ranges lazily would need a Merge Append, which PostgreSQL does not
+                    -- plan for a UNION whose branches lock.
+                    -- Ordering keys, as the push claim's rule: one message of a key at a time, in id order.
+                    -- No other message of the key in processing under a running lease, and none before it
+                    -- (a smaller id) waiting: pending, scheduled, held back, or in processing under a
+                    -- lapsed lease, which is taken again first. A batch never holds two of a key: the
+                    -- second sees the first pending in the statement's snapshot, as a concurrent consumer
+                    -- does until the first one's lease commits. Inline subplans on the ordering indexes
+                    -- on ordering_key, run only for rows with a key (a plpgsql function per row was 4x
+                    -- dearer: a dequeue past 19,000 messages of busy keys took 125 ms instead of 32 ms).
+                    SELECT m.* FROM (
+                        SELECT * FROM (
+                            SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
+                                   false AS exhausted
+                            FROM courier.queue q
+                            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                              AND q.visible_at <= now() AND q.visible_at IS NOT NULL AND q.status = 'pending'
+                              AND (q.expires_at IS NULL OR q.expires_at > now())
+                              AND (q.ordering_key IS NULL OR (
+                                    NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                                  AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
+                                                  AND (q2.visible_at > now() OR q2.id < q.id))
+                                AND NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
+                                                  AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
+                            ORDER BY q.visible_at, q.id
+                            LIMIT v_want
+                            FOR UPDATE SKIP LOCKED) due
+                        UNION ALL
+                        SELECT * FROM (
+                            SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
+                                   courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
+                            FROM courier.queue q
+                            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                              AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+                              AND q.status = 'processing' AND q.lease > 0  -- the leased index (migration 0059)
+                              AND (q.expires_at IS NULL OR q.expires_at > now())
+                              AND (q.ordering_key IS NULL OR (
+                                    NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                                  AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
+                                                  AND (q2.visible_at > now() OR q2.id < q.id))
+                                AND NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
+                                                  AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
+                            ORDER BY q.visible_at, q.id
+                            LIMIT v_want
+                            FOR UPDATE SKIP LOCKED) lapsed
+                    ) m
+                    ORDER BY m.due, m.id
+                    LIMIT v_want) c
                 WHERE v_topic.priorities & (1 << p.priority) <> 0
                 LIMIT v_want
             ),
@@ -871,17 +901,39 @@ BEGIN
                 -- Each priority level the topic has used (migration 0039), highest first.
                 SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
                 CROSS JOIN LATERAL (
-                    SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
-                           q.status = 'processing' AND courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
-                    FROM courier.queue q
-                    WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
-                      AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-                      AND q.status IN ('pending', 'processing')
-                      AND (q.expires_at IS NULL OR q.expires_at > now())
-                      AND q.ordering_key IS NULL  -- the topic has never had one (see above)
-                    ORDER BY q.visible_at, q.id
-                    LIMIT v_want
-                    FOR UPDATE SKIP LOCKED) c
+                    -- Due pending messages and lapsed leases, each from its own index (migration
+                    -- 0059), merged in due order. A lapsed lease the merge leaves out stays
+                    -- locked, untouched, until this transaction ends: a lapse is rare, and locking
+                    -- the two ranges lazily would need a Merge Append, which PostgreSQL does not
+                    -- plan for a UNION whose branches lock.
+                    SELECT m.* FROM (
+                        SELECT * FROM (
+                            SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
+                                   false AS exhausted
+                            FROM courier.queue q
+                            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                              AND q.visible_at <= now() AND q.visible_at IS NOT NULL AND q.status = 'pending'
+                              AND (q.expires_at IS NULL OR q.expires_at > now())
+                              AND q.ordering_key IS NULL  -- the topic has never had one (see above)
+                            ORDER BY q.visible_at, q.id
+                            LIMIT v_want
+                            FOR UPDATE SKIP LOCKED) due
+                        UNION ALL
+                        SELECT * FROM (
+                            SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
+                                   courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
+                            FROM courier.queue q
+                            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                              AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+                              AND q.status = 'processing' AND q.lease > 0  -- the leased index (migration 0059)
+                              AND (q.expires_at IS NULL OR q.expires_at > now())
+                              AND q.ordering_key IS NULL  -- the topic has never had one (see above)
+                            ORDER BY q.visible_at, q.id
+                            LIMIT v_want
+                            FOR UPDATE SKIP LOCKED) lapsed
+                    ) m
+                    ORDER BY m.due, m.id
+                    LIMIT v_want) c
                 WHERE v_topic.priorities & (1 << p.priority) <> 0
                 LIMIT v_want
             ),
@@ -940,8 +992,7 @@ BEGIN
             SELECT q.id FROM courier.queue q
             WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
               AND q.visible_at = '-infinity' AND q.visible_at IS NOT NULL
-              AND q.status IN ('pending', 'processing')
-              AND q.status = 'processing'  -- parked rows only: a pending one was never taken (sends refuse -infinity)
+              AND q.status = 'processing' AND q.lease > 0  -- parked rows only, in the leased index
             LIMIT v_limit) d
         WHERE v_topic.priorities & (1 << p.priority) <> 0;
         IF v_dead IS NOT NULL THEN
@@ -1638,15 +1689,33 @@ BEGIN
             INTO v_tids, v_keyed, v_ordered FROM (
                 SELECT d.* FROM generate_series(10, 0, -1) AS p(priority)  -- highest first, as in dequeue
                 CROSS JOIN LATERAL (
-                    SELECT q.ctid, q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed,
-                           q.ordering_key IS NOT NULL AS ordered
-                    FROM courier.queue q
-                    WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
-                      AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-                      AND q.status IN ('pending', 'processing')
-                    ORDER BY q.visible_at, q.id
-                    LIMIT v_left
-                    FOR UPDATE SKIP LOCKED) d
+                    -- pending messages and lapsed leases, merged in due order, as in dequeue
+                    SELECT m.* FROM (
+                        SELECT * FROM (
+                            SELECT q.ctid, q.id, q.visible_at AS due,
+                                   q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed,
+                                   q.ordering_key IS NOT NULL AS ordered
+                            FROM courier.queue q
+                            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                              AND q.visible_at <= now() AND q.visible_at IS NOT NULL AND q.status = 'pending'
+                            ORDER BY q.visible_at, q.id
+                            LIMIT v_left
+                            FOR UPDATE SKIP LOCKED) due
+                        UNION ALL
+                        SELECT * FROM (
+                            SELECT q.ctid, q.id, q.visible_at AS due,
+                                   q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed,
+                                   q.ordering_key IS NOT NULL AS ordered
+                            FROM courier.queue q
+                            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                              AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+                              AND q.status = 'processing' AND q.lease > 0  -- the leased index (migration 0059)
+                            ORDER BY q.visible_at, q.id
+                            LIMIT v_left
+                            FOR UPDATE SKIP LOCKED) lapsed
+                    ) m
+                    ORDER BY m.due, m.id
+                    LIMIT v_left) d
                 WHERE v_topic.priorities & (1 << p.priority) <> 0  -- the levels it has used (migration 0039)
                 LIMIT v_left) c;
             IF v_ordered THEN
@@ -1660,22 +1729,47 @@ BEGIN
             SELECT array_agg(c.ctid), array_agg(c.ctid) FILTER (WHERE c.keyed) INTO v_tids, v_keyed FROM (
                 SELECT d.* FROM generate_series(10, 0, -1) AS p(priority)  -- highest first, as in dequeue
                 CROSS JOIN LATERAL (
-                    SELECT q.ctid, q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed
-                    FROM courier.queue q
-                    WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
-                      AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-                      AND q.status IN ('pending', 'processing')
-                      AND (q.ordering_key IS NULL OR (  -- ordering keys: as in dequeue
-                            NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                        WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
-                                          AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
-                                          AND (q2.visible_at > now() OR q2.id < q.id))
-                        AND NOT EXISTS (SELECT 1 FROM courier.queue q2
-                                        WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
-                                          AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
-                    ORDER BY q.visible_at, q.id
-                    LIMIT v_left
-                    FOR UPDATE SKIP LOCKED) d
+                    -- pending messages and lapsed leases, merged in due order, as in dequeue; ordering keys too
+                    SELECT m.* FROM (
+                        SELECT * FROM (
+                            SELECT q.ctid, q.id, q.visible_at AS due,
+                                   q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed
+                            FROM courier.queue q
+                            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                              AND q.visible_at <= now() AND q.visible_at IS NOT NULL AND q.status = 'pending'
+                              AND (q.ordering_key IS NULL OR (
+                                    NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                                  AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
+                                                  AND (q2.visible_at > now() OR q2.id < q.id))
+                                AND NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
+                                                  AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
+                            ORDER BY q.visible_at, q.id
+                            LIMIT v_left
+                            FOR UPDATE SKIP LOCKED) due
+                        UNION ALL
+                        SELECT * FROM (
+                            SELECT q.ctid, q.id, q.visible_at AS due,
+                                   q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed
+                            FROM courier.queue q
+                            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                              AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+                              AND q.status = 'processing' AND q.lease > 0  -- the leased index (migration 0059)
+                              AND (q.ordering_key IS NULL OR (
+                                    NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
+                                                  AND q2.endpoint_id = q.endpoint_id AND q2.id <> q.id
+                                                  AND (q2.visible_at > now() OR q2.id < q.id))
+                                AND NOT EXISTS (SELECT 1 FROM courier.queue q2
+                                                WHERE q2.ordering_key = q.ordering_key AND q2.status = 'pending'
+                                                  AND q2.endpoint_id = q.endpoint_id AND q2.id < q.id)))
+                            ORDER BY q.visible_at, q.id
+                            LIMIT v_left
+                            FOR UPDATE SKIP LOCKED) lapsed
+                    ) m
+                    ORDER BY m.due, m.id
+                    LIMIT v_left) d
                 WHERE v_topic.priorities & (1 << p.priority) <> 0  -- the levels it has used (migration 0039)
                 LIMIT v_left) c;
         END IF;
@@ -1729,8 +1823,8 @@ END
 $$;
 
 -- A cheap estimate of the topic's due messages, for a consumer deciding whether to receive
--- (NServiceBus's peek): exact up to 1000 from the due index, beyond that the maintained count
--- of pending and processing messages. For <topic>.dlq, its dead letters due now (not leased).
+-- (NServiceBus's peek): exact up to 1000 from the two pull indexes, beyond that the maintained
+-- count of pending and processing messages. For <topic>.dlq, its dead letters due now (not leased).
 CREATE OR REPLACE FUNCTION courier.peek(p_topic text) RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, courier, pg_temp
@@ -1757,11 +1851,16 @@ BEGIN
     v_topic := courier._pull_topic(p_topic);
     SELECT count(*) INTO v_due FROM (
         SELECT 1 FROM generate_series(10, 0, -1) AS p(priority)  -- the due range of each priority
-        CROSS JOIN LATERAL (
-            SELECT 1 FROM courier.queue q
-            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
-              AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-              AND q.status IN ('pending', 'processing')
+        CROSS JOIN LATERAL (  -- pending messages and lapsed leases, each from its own index
+            (SELECT 1 FROM courier.queue q
+             WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+               AND q.visible_at <= now() AND q.visible_at IS NOT NULL AND q.status = 'pending'
+             LIMIT 1000)
+            UNION ALL
+            (SELECT 1 FROM courier.queue q
+             WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+               AND q.visible_at <= now() AND q.visible_at IS NOT NULL AND q.status = 'processing' AND q.lease > 0
+             LIMIT 1000)
             LIMIT 1000) q
         WHERE v_topic.priorities & (1 << p.priority) <> 0
         LIMIT 1000) due;
@@ -2066,8 +2165,8 @@ AS $$
 $$;
 
 -- When the first lease still running on a topic runs out: per priority level, the first
--- leased message after now() in queue_pull_due_idx (only messages scheduled later than it can
--- come before it there), the earliest of those. The console and `courier topic list` show it.
+-- message after now() in queue_pull_leased_idx, the earliest of those. The console and
+-- `courier topic list` show it.
 CREATE OR REPLACE FUNCTION courier._next_lease_deadline(p_endpoint_id integer) RETURNS timestamptz
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, courier, pg_temp
@@ -2077,8 +2176,7 @@ AS $$
     CROSS JOIN LATERAL (
         SELECT q.visible_at FROM courier.queue q
         WHERE q.endpoint_id = p_endpoint_id AND q.priority = p.priority
-          AND q.visible_at > now() AND q.visible_at IS NOT NULL AND q.status IN ('pending', 'processing')
-          AND q.status = 'processing'
+          AND q.visible_at > now() AND q.visible_at IS NOT NULL AND q.status = 'processing' AND q.lease > 0
         ORDER BY q.visible_at LIMIT 1) l
 $$;
 
