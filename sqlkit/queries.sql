@@ -189,7 +189,7 @@ FROM (
     (SELECT 0, NULL, q.id, w.name, q.status, q.priority, q.retry_count, q.ordering_key, q.correlation_id,
             q.created_at, q.scheduled_at, q.next_retry_at, q.last_error
      FROM courier.queue q JOIN wanted w ON w.id = q.endpoint_id
-     WHERE q.status = 'processing' AND q.visible_at IS NOT NULL AND q.lease > 0
+     WHERE q.status = 'processing' AND q.visible_at IS NOT NULL AND q.processing_started_at IS NULL
        AND (%(status)s::text IS NULL OR %(status)s::text = 'processing')
      ORDER BY q.id
      LIMIT %(limit)s)

@@ -304,6 +304,7 @@ def test_pull_leases_in_flight_keep_their_fences_and_due_order_across_their_inde
     migrate.migrate(empty_dsn)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert scalar(conn, "SELECT leased FROM courier.topics()") == 2  # running, lapsed: from the leased index
+        assert scalar(conn, "SELECT leases FROM courier.endpoints WHERE name = 'moved'")  # receive looks for lapses
         taken = conn.execute("SELECT payload ->> 'name', retry_count FROM courier.dequeue('moved', 10)").fetchall()
         assert taken == [("pending", 0), ("lapsed", 1)]
         assert scalar(conn, "SELECT courier.ack(%s, 9)", (rows["lapsed"],)) == "lease_lost"

@@ -41,7 +41,7 @@ CANDIDATES = f"""
     SELECT c.id FROM generate_series(10, 0, -1) AS p(priority)
     CROSS JOIN LATERAL (
         SELECT m.* FROM ({_range("q.status = 'pending'", "due")}
-                         UNION ALL {_range("q.status = 'processing' AND q.lease > 0", "lapsed")}) m
+                         UNION ALL {_range("q.status = 'processing' AND q.processing_started_at IS NULL", "lapsed")}) m
         ORDER BY m.due, m.id
         LIMIT $2) c
     LIMIT $2"""

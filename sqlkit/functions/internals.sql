@@ -242,12 +242,13 @@ $$;
 
 -- Leased pull messages, which the counters hold as pending (_counted_status): by endpoint, and of
 -- one endpoint. Both read queue_pull_leased_idx, which holds only messages under a lease, so they
--- cost what is in flight, however many messages wait (lease > 0 is its predicate's: migration 0059).
+-- cost what is in flight, however many messages wait (processing_started_at IS NULL is in its
+-- predicate: migration 0059).
 CREATE OR REPLACE FUNCTION courier._leased_by_endpoint() RETURNS TABLE (endpoint_id integer, leased bigint)
 LANGUAGE sql STABLE
 AS $$
     SELECT q.endpoint_id, count(*) FROM courier.queue q
-    WHERE q.status = 'processing' AND q.visible_at IS NOT NULL AND q.lease > 0
+    WHERE q.status = 'processing' AND q.visible_at IS NOT NULL AND q.processing_started_at IS NULL
     GROUP BY q.endpoint_id
 $$;
 
@@ -255,7 +256,8 @@ CREATE OR REPLACE FUNCTION courier._leased_count(p_endpoint_id integer) RETURNS 
 LANGUAGE sql STABLE
 AS $$
     SELECT count(*) FROM courier.queue q
-    WHERE q.status = 'processing' AND q.visible_at IS NOT NULL AND q.lease > 0 AND q.endpoint_id = p_endpoint_id
+    WHERE q.status = 'processing' AND q.visible_at IS NOT NULL AND q.processing_started_at IS NULL
+      AND q.endpoint_id = p_endpoint_id
 $$;
 
 -- The counting triggers. Almost every write moves messages of one endpoint from one status (or

@@ -789,6 +789,14 @@ BEGIN
     IF NOT v_topic.enabled OR v_topic.paused_at IS NOT NULL THEN  -- paused (pause_endpoint): nothing, no error
         RETURN;
     END IF;
+    -- Its first lease: receive looks for lapsed leases on the topic from then on (migration 0059).
+    -- The mark never waits, as receive's ordering-key mark: a dequeue that finds the topic's row
+    -- locked (another first dequeue marking it, in a transaction still open) goes on without it,
+    -- and the next one marks. Until then only receive would miss a lapsed lease; dequeue never does.
+    IF NOT v_topic.leases THEN
+        UPDATE courier.endpoints SET leases = true
+        WHERE id = (SELECT e.id FROM courier.endpoints e WHERE e.id = v_topic.id AND NOT e.leases FOR UPDATE SKIP LOCKED);
+    END IF;
     IF v_rate > 0 THEN
         v_limit := courier._take_throughput(v_topic, p_count);
         IF v_limit < 1 THEN
@@ -813,7 +821,7 @@ BEGIN
             RETURN QUERY
             WITH candidates AS (
                 -- Each priority level the topic has used (migration 0039), highest first.
-                SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
+                SELECT p.priority, c.tid, c.id, c.due FROM generate_series(10, 0, -1) AS p(priority)
                 CROSS JOIN LATERAL (
                     -- Due pending messages and lapsed leases, each from its own index (migration
                     -- 0059), merged in due order. A lapsed lease the merge leaves out stays
@@ -830,8 +838,7 @@ BEGIN
                     -- dearer: a dequeue past 19,000 messages of busy keys took 125 ms instead of 32 ms).
                     SELECT m.* FROM (
                         SELECT * FROM (
-                            SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
-                                   false AS exhausted
+                            SELECT q.ctid AS tid, q.id, q.visible_at AS due
                             FROM courier.queue q
                             WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
                               AND q.visible_at <= now() AND q.visible_at IS NOT NULL AND q.status = 'pending'
@@ -849,12 +856,12 @@ BEGIN
                             FOR UPDATE SKIP LOCKED) due
                         UNION ALL
                         SELECT * FROM (
-                            SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
-                                   courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
+                            SELECT q.ctid AS tid, q.id, q.visible_at AS due
                             FROM courier.queue q
                             WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
                               AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-                              AND q.status = 'processing' AND q.lease > 0  -- the leased index (migration 0059)
+                              AND q.status = 'processing'
+                              AND q.processing_started_at IS NULL  -- the leased index (migration 0059)
                               AND (q.expires_at IS NULL OR q.expires_at > now())
                               AND (q.ordering_key IS NULL OR (
                                     NOT EXISTS (SELECT 1 FROM courier.queue q2
@@ -893,13 +900,13 @@ BEGIN
             SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
                    coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
             FROM leased t JOIN candidates c ON c.id = t.id
-            WHERE NOT c.exhausted
+            WHERE t.visible_at <> '-infinity'  -- not parked for the DLQ (below)
             ORDER BY c.priority DESC, c.due, c.id;
         ELSE  -- the same statement but for the ordering-key test (tests/test_pull_integrity.py holds them so)
             RETURN QUERY
             WITH candidates AS (
                 -- Each priority level the topic has used (migration 0039), highest first.
-                SELECT c.* FROM generate_series(10, 0, -1) AS p(priority)
+                SELECT p.priority, c.tid, c.id, c.due FROM generate_series(10, 0, -1) AS p(priority)
                 CROSS JOIN LATERAL (
                     -- Due pending messages and lapsed leases, each from its own index (migration
                     -- 0059), merged in due order. A lapsed lease the merge leaves out stays
@@ -908,8 +915,7 @@ BEGIN
                     -- plan for a UNION whose branches lock.
                     SELECT m.* FROM (
                         SELECT * FROM (
-                            SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
-                                   false AS exhausted
+                            SELECT q.ctid AS tid, q.id, q.visible_at AS due
                             FROM courier.queue q
                             WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
                               AND q.visible_at <= now() AND q.visible_at IS NOT NULL AND q.status = 'pending'
@@ -920,12 +926,12 @@ BEGIN
                             FOR UPDATE SKIP LOCKED) due
                         UNION ALL
                         SELECT * FROM (
-                            SELECT q.ctid AS tid, q.id, q.priority, q.visible_at AS due,
-                                   courier._lease_exhausted(q.retry_count, q.max_retries, v_max_retries, v_dlq_cap) AS exhausted
+                            SELECT q.ctid AS tid, q.id, q.visible_at AS due
                             FROM courier.queue q
                             WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
                               AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-                              AND q.status = 'processing' AND q.lease > 0  -- the leased index (migration 0059)
+                              AND q.status = 'processing'
+                              AND q.processing_started_at IS NULL  -- the leased index (migration 0059)
                               AND (q.expires_at IS NULL OR q.expires_at > now())
                               AND q.ordering_key IS NULL  -- the topic has never had one (see above)
                             ORDER BY q.visible_at, q.id
@@ -957,7 +963,7 @@ BEGIN
             SELECT t.id, t.lease, t.payload, t.payload_binary, t.body, t.metadata, t.key, t.retry_count,
                    coalesce(t.max_retries, v_max_retries), t.created_at, t.visible_at
             FROM leased t JOIN candidates c ON c.id = t.id
-            WHERE NOT c.exhausted
+            WHERE t.visible_at <> '-infinity'  -- not parked for the DLQ (below)
             ORDER BY c.priority DESC, c.due, c.id;
         END IF;
         GET DIAGNOSTICS v_got = ROW_COUNT;
@@ -992,7 +998,7 @@ BEGIN
             SELECT q.id FROM courier.queue q
             WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
               AND q.visible_at = '-infinity' AND q.visible_at IS NOT NULL
-              AND q.status = 'processing' AND q.lease > 0  -- parked rows only, in the leased index
+              AND q.status = 'processing' AND q.processing_started_at IS NULL  -- parked rows: the leased index
             LIMIT v_limit) d
         WHERE v_topic.priorities & (1 << p.priority) <> 0;
         IF v_dead IS NOT NULL THEN
@@ -1685,39 +1691,59 @@ BEGIN
         -- transaction ends, once per topic. The mark never waits: a receive that finds the
         -- topic's row locked (another receive marking it) goes on checked without marking.
         IF NOT v_topic.ordering_keys THEN
-            SELECT array_agg(c.ctid), array_agg(c.ctid) FILTER (WHERE c.keyed), bool_or(c.ordered)
-            INTO v_tids, v_keyed, v_ordered FROM (
-                SELECT d.* FROM generate_series(10, 0, -1) AS p(priority)  -- highest first, as in dequeue
-                CROSS JOIN LATERAL (
-                    -- pending messages and lapsed leases, merged in due order, as in dequeue
-                    SELECT m.* FROM (
-                        SELECT * FROM (
-                            SELECT q.ctid, q.id, q.visible_at AS due,
-                                   q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed,
-                                   q.ordering_key IS NOT NULL AS ordered
-                            FROM courier.queue q
-                            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
-                              AND q.visible_at <= now() AND q.visible_at IS NOT NULL AND q.status = 'pending'
-                            ORDER BY q.visible_at, q.id
-                            LIMIT v_left
-                            FOR UPDATE SKIP LOCKED) due
-                        UNION ALL
-                        SELECT * FROM (
-                            SELECT q.ctid, q.id, q.visible_at AS due,
-                                   q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed,
-                                   q.ordering_key IS NOT NULL AS ordered
-                            FROM courier.queue q
-                            WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
-                              AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-                              AND q.status = 'processing' AND q.lease > 0  -- the leased index (migration 0059)
-                            ORDER BY q.visible_at, q.id
-                            LIMIT v_left
-                            FOR UPDATE SKIP LOCKED) lapsed
-                    ) m
-                    ORDER BY m.due, m.id
-                    LIMIT v_left) d
-                WHERE v_topic.priorities & (1 << p.priority) <> 0  -- the levels it has used (migration 0039)
-                LIMIT v_left) c;
+            -- A topic never dequeued from holds no lease (endpoints.leases, migration 0059): its
+            -- pending messages alone, from queue_pull_due_idx.
+            IF v_topic.leases THEN
+                SELECT array_agg(c.ctid), array_agg(c.ctid) FILTER (WHERE c.keyed), bool_or(c.ordered)
+                INTO v_tids, v_keyed, v_ordered FROM (
+                    SELECT d.* FROM generate_series(10, 0, -1) AS p(priority)  -- highest first, as in dequeue
+                    CROSS JOIN LATERAL (
+                        -- pending messages and lapsed leases, merged in due order, as in dequeue
+                        SELECT m.* FROM (
+                            SELECT * FROM (
+                                SELECT q.ctid, q.id, q.visible_at AS due,
+                                       q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed,
+                                       q.ordering_key IS NOT NULL AS ordered
+                                FROM courier.queue q
+                                WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                                  AND q.visible_at <= now() AND q.visible_at IS NOT NULL AND q.status = 'pending'
+                                ORDER BY q.visible_at, q.id
+                                LIMIT v_left
+                                FOR UPDATE SKIP LOCKED) due
+                            UNION ALL
+                            SELECT * FROM (
+                                SELECT q.ctid, q.id, q.visible_at AS due,
+                                       q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed,
+                                       q.ordering_key IS NOT NULL AS ordered
+                                FROM courier.queue q
+                                WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                                  AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+                                  AND q.status = 'processing'
+                                  AND q.processing_started_at IS NULL  -- the leased index (migration 0059)
+                                ORDER BY q.visible_at, q.id
+                                LIMIT v_left
+                                FOR UPDATE SKIP LOCKED) lapsed
+                        ) m
+                        ORDER BY m.due, m.id
+                        LIMIT v_left) d
+                    WHERE v_topic.priorities & (1 << p.priority) <> 0  -- the levels it has used (migration 0039)
+                    LIMIT v_left) c;
+            ELSE
+                SELECT array_agg(c.ctid), array_agg(c.ctid) FILTER (WHERE c.keyed), bool_or(c.ordered)
+                INTO v_tids, v_keyed, v_ordered FROM (
+                    SELECT d.* FROM generate_series(10, 0, -1) AS p(priority)  -- highest first, as in dequeue
+                    CROSS JOIN LATERAL (
+                        SELECT q.ctid, q.idempotency_key IS NOT NULL AND (q.expires_at IS NULL OR q.expires_at > now()) AS keyed,
+                               q.ordering_key IS NOT NULL AS ordered
+                        FROM courier.queue q
+                        WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
+                          AND q.visible_at <= now() AND q.visible_at IS NOT NULL AND q.status = 'pending'
+                        ORDER BY q.visible_at, q.id
+                        LIMIT v_left
+                        FOR UPDATE SKIP LOCKED) d
+                    WHERE v_topic.priorities & (1 << p.priority) <> 0  -- the levels it has used (migration 0039)
+                    LIMIT v_left) c;
+            END IF;
             IF v_ordered THEN
                 UPDATE courier.endpoints SET ordering_keys = true
                 WHERE id = (SELECT e.id FROM courier.endpoints e WHERE e.id = v_topic.id AND NOT e.ordering_keys
@@ -1755,7 +1781,8 @@ BEGIN
                             FROM courier.queue q
                             WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
                               AND q.visible_at <= now() AND q.visible_at IS NOT NULL
-                              AND q.status = 'processing' AND q.lease > 0  -- the leased index (migration 0059)
+                              AND q.status = 'processing'
+                              AND q.processing_started_at IS NULL  -- the leased index (migration 0059)
                               AND (q.ordering_key IS NULL OR (
                                     NOT EXISTS (SELECT 1 FROM courier.queue q2
                                                 WHERE q2.ordering_key = q.ordering_key AND q2.status = 'processing'
@@ -1859,7 +1886,8 @@ BEGIN
             UNION ALL
             (SELECT 1 FROM courier.queue q
              WHERE q.endpoint_id = v_topic.id AND q.priority = p.priority
-               AND q.visible_at <= now() AND q.visible_at IS NOT NULL AND q.status = 'processing' AND q.lease > 0
+               AND q.visible_at <= now() AND q.visible_at IS NOT NULL
+               AND q.status = 'processing' AND q.processing_started_at IS NULL
              LIMIT 1000)
             LIMIT 1000) q
         WHERE v_topic.priorities & (1 << p.priority) <> 0
@@ -2176,7 +2204,8 @@ AS $$
     CROSS JOIN LATERAL (
         SELECT q.visible_at FROM courier.queue q
         WHERE q.endpoint_id = p_endpoint_id AND q.priority = p.priority
-          AND q.visible_at > now() AND q.visible_at IS NOT NULL AND q.status = 'processing' AND q.lease > 0
+          AND q.visible_at > now() AND q.visible_at IS NOT NULL
+          AND q.status = 'processing' AND q.processing_started_at IS NULL
         ORDER BY q.visible_at LIMIT 1) l
 $$;
 
