@@ -117,6 +117,27 @@ def test_the_claims_update_uses_the_primary_key_even_with_a_generic_plan(deep_qu
     assert "queue_pkey" in {n.get("Index Name") for n in nodes}
 
 
+def ready_claim_query(conn) -> str:
+    """The query of _claim_ready, the claim of an endpoint with only ready, unkeyed messages."""
+    body = scalar(conn, "SELECT prosrc FROM pg_proc WHERE proname = '_claim_ready'")
+    match = re.fullmatch(r".*\bBEGIN\s+RETURN QUERY\s+(.*?);\s*v_set := [^;]*;\s*END\s*", body, re.DOTALL)
+    assert match, body
+    return match[1]
+
+
+def test_the_ready_claim_reads_one_range_of_its_index_and_finds_its_rows_by_ctid(deep_queue):
+    """With its generic plan (the one plpgsql keeps) the lean claim reads the head of
+    queue_ready_idx, never a priority level of queue_due_idx, and updates what it locked by TID:
+    no scan of the queue, no descent of the primary key per row."""
+    nodes = generic_claim_plan(deep_queue, ready_claim_query(deep_queue))
+    on_queue = [n for n in nodes if n.get("Relation Name") == "queue" and "Scan" in n["Node Type"]]
+    assert sorted((n["Node Type"], n.get("Index Name")) for n in on_queue) == [
+        ("Index Scan", "queue_ready_idx"), ("Tid Scan", None)], on_queue
+    claimed = deep_queue.execute("SELECT id, priority FROM courier._claim_ready('w', 50, 1)").fetchall()
+    assert claimed == sorted(claimed, key=lambda row: (-row[1], row[0])) and len(claimed) == 50
+    assert {row[1] for row in claimed} == {10}  # the highest priority first, in id order
+
+
 def test_claim_batch_asks_the_claim_indexes_whether_anything_is_pending_before_it_claims(busy_queue):
     """claim_batch runs _claim_due only where the endpoint has pending messages, asked of the heads of
     queue_ready_idx and queue_pending_rest_idx, with the generic plan plpgsql keeps."""

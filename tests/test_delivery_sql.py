@@ -450,6 +450,38 @@ def test_stale_processing_messages_are_recovered(conn, hook):
     assert claim(conn, hook) == [stale]
 
 
+def test_a_claim_takes_the_lean_path_only_while_nothing_is_scheduled_or_keyed(conn, hook):
+    """claim_batch claims with _claim_ready, which skips the priority levels of scheduled and
+    retrying messages and the ordering-key checks, only when its probes found neither kind
+    waiting: a due retry of a higher priority still comes first, and a keyed message is taken
+    in its key's order."""
+    low = send(conn, 3)
+    high = scalar(conn, "SELECT courier.send_with_options('hook', '{}', p_priority => 5, "
+                        "p_scheduled_at => now() + interval '1 minute')")
+    conn.execute("UPDATE courier.queue SET scheduled_at = now() WHERE id = %s", (high,))  # due now
+    assert claim(conn, hook, 2) == [high, low[0]]
+    a1 = scalar(conn, "SELECT courier.send_with_options('hook', '{}', p_ordering_key => 'cust-a')")
+    a2 = scalar(conn, "SELECT courier.send_with_options('hook', '{}', p_ordering_key => 'cust-a')")
+    assert claim(conn, hook, 10) == [low[1], low[2], a1]
+    assert status_of(conn, a2) == "pending"
+
+
+def test_a_claim_on_an_unmarked_endpoint_hands_out_no_keyed_message(conn, hook):
+    """The mark of an endpoint whose messages have carried an ordering key (_note_ordering_keys)
+    decides only whether the claim checks keys, never whether a key is honoured: on an endpoint
+    not marked (as one read just before its first keyed message committed) the claim takes only
+    messages without a key, and the next claim, reading the mark, takes the key's head."""
+    a1 = scalar(conn, "SELECT courier.send_with_options('hook', '{}', p_ordering_key => 'cust-a')")
+    a2 = scalar(conn, "SELECT courier.send_with_options('hook', '{}', p_ordering_key => 'cust-a')")
+    [plain] = send(conn, 1)
+    conn.execute("UPDATE courier.endpoints SET ordering_keys = false WHERE id = %s", (hook,))
+    assert claim(conn, hook) == [plain]
+    assert claim(conn, hook) == []
+    conn.execute("UPDATE courier.endpoints SET ordering_keys = true WHERE id = %s", (hook,))
+    assert claim(conn, hook) == [a1]
+    assert status_of(conn, a2) == "pending"
+
+
 def test_rate_limit_defers_instead_of_failing(conn):
     conn.execute("""SELECT courier.create_endpoint('hook', 'noop', '{"rate_limit": {"rate": 1, "burst": 3}}')""")
     hook = endpoint_id(conn)

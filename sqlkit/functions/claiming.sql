@@ -522,6 +522,68 @@ BEGIN
 END
 $$;
 
+-- _claim_due for the common case, which claim_batch asks of its probes: the endpoint has no
+-- message scheduled or waiting for a retry, and its messages have never carried an ordering key
+-- (endpoints.ordering_keys, which every write of a keyed message sets in its own transaction:
+-- _note_ordering_keys, as dequeue relies on). One range of queue_ready_idx, no priority levels
+-- of queue_due_idx, no ordering-key checks: _claim_due readies all of them in every execution,
+-- whether or not a row needs them (285,000 instructions of a claim of one; BENCHMARKS.md, "A
+-- claim that readies only what the endpoint uses"). It takes only messages without a key, so a
+-- keyed message committed after claim_batch read the endpoint waits for the next claim, which
+-- reads the mark. The rows are found again by ctid (a TID scan: they are locked, so their ctids
+-- hold), as dequeue's are, instead of a descent of the primary key each.
+CREATE OR REPLACE FUNCTION courier._claim_ready(p_worker_id text, p_batch_size integer, p_endpoint_id integer)
+RETURNS SETOF courier.claimed_message
+LANGUAGE plpgsql
+SET search_path = pg_catalog, courier, pg_temp
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_writes integer := coalesce(nullif(current_setting('courier.depth_writes', true), '')::integer, 0);
+    v_set text := set_config('courier.depth_writes', (v_writes + 1)::text, true)
+                  || set_config('courier.update_counted', 'on', true);
+BEGIN
+    RETURN QUERY
+    WITH candidates AS (
+        SELECT q.ctid AS tid
+        FROM courier.queue q
+        WHERE q.endpoint_id = p_endpoint_id
+          AND q.status = 'pending' AND q.scheduled_at IS NULL AND q.next_retry_at IS NULL
+          AND q.visible_at IS NULL  -- push messages only, as queue_ready_idx holds
+          AND (q.expires_at IS NULL OR q.expires_at > now())
+          AND q.ordering_key IS NULL  -- the endpoint has never had one (claim_batch)
+        ORDER BY q.priority DESC, q.id
+        LIMIT p_batch_size
+        FOR UPDATE OF q SKIP LOCKED
+    ),
+    claimed AS (
+        UPDATE courier.queue q
+        SET status = 'processing', processing_started_at = now(), worker_id = p_worker_id, updated_at = now(),
+            lease = courier._next_lease(q.lease)
+        WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
+        RETURNING q.id, q.payload, q.headers, q.metadata, q.priority, q.retry_count, q.max_retries,
+                  q.idempotency_key, q.expires_at, q.created_at, q.lease
+    ),
+    counted AS (
+        INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
+        SELECT p_endpoint_id, s.status, pg_backend_pid(), v_writes >> 6, s.delta
+        FROM (SELECT count(*) AS moved FROM candidates) m
+        CROSS JOIN LATERAL (VALUES ('pending', -m.moved), ('processing', m.moved)) AS s(status, delta)
+        WHERE m.moved > 0
+        ON CONFLICT (endpoint_id, status, backend_pid, slot) DO UPDATE SET messages = d.messages + excluded.messages
+    )
+    SELECT c.id, p_endpoint_id, e.name, e.protocol, c.payload, c.headers, c.metadata, c.priority,
+           c.retry_count, coalesce(c.max_retries, (e.retry_policy ->> 'max_retries')::integer,
+                                   (SELECT value::integer FROM courier.settings WHERE name = 'default_max_retries')),
+           NULL::uuid, NULL::text, c.idempotency_key, NULL::timestamptz, c.expires_at, c.created_at, c.lease
+    FROM claimed c, courier.endpoints e
+    WHERE e.id = p_endpoint_id
+    ORDER BY c.priority DESC, c.id;
+    v_set := set_config('courier.update_counted', 'off', true);
+END
+$$;
+
 -- Claims for one endpoint, honouring its circuit and rate limit. A closed circuit claims
 -- normally. An open circuit claims nothing until its cooldown has passed; then the one
 -- worker whose compare-and-swap moves it to half_open claims a single probe message (and
@@ -546,6 +608,8 @@ DECLARE
     v_tokens double precision;
     v_claimed integer;
     v_staged integer;
+    v_ready boolean;
+    v_scheduled boolean;
 BEGIN
     -- A disabled or paused endpoint (pause_endpoint) has nothing to claim.
     SELECT * INTO v_endpoint FROM courier.endpoints WHERE id = p_endpoint_id AND enabled AND paused_at IS NULL;
@@ -594,15 +658,22 @@ BEGIN
     -- read low after a crash until rebuilt, and a message must never wait on a counter. Each
     -- probe is ordered as its index is: an EXISTS would drop the order, and the planner then
     -- prefers a sequential scan that expects to meet a pending row early.
+    -- Both answers in one statement: they also choose the claim, _claim_ready where only ready
+    -- messages wait on an endpoint that has never had an ordering key.
     v_claimed := 0;
-    IF (SELECT q.id FROM courier.queue q WHERE q.endpoint_id = p_endpoint_id AND q.status = 'pending'
-          AND q.scheduled_at IS NULL AND q.next_retry_at IS NULL AND q.visible_at IS NULL  -- queue_ready_idx
-        ORDER BY q.priority DESC, q.id LIMIT 1) IS NOT NULL
-       OR (SELECT q.id FROM courier.queue q WHERE q.endpoint_id = p_endpoint_id AND q.status = 'pending'
-             AND (q.scheduled_at IS NOT NULL OR q.next_retry_at IS NOT NULL)
-             AND q.visible_at IS NULL  -- queue_pending_rest_idx
-           ORDER BY q.priority DESC, q.id LIMIT 1) IS NOT NULL THEN
+    SELECT (SELECT q.id FROM courier.queue q WHERE q.endpoint_id = p_endpoint_id AND q.status = 'pending'
+              AND q.scheduled_at IS NULL AND q.next_retry_at IS NULL AND q.visible_at IS NULL  -- queue_ready_idx
+            ORDER BY q.priority DESC, q.id LIMIT 1) IS NOT NULL,
+           (SELECT q.id FROM courier.queue q WHERE q.endpoint_id = p_endpoint_id AND q.status = 'pending'
+              AND (q.scheduled_at IS NOT NULL OR q.next_retry_at IS NOT NULL)
+              AND q.visible_at IS NULL  -- queue_pending_rest_idx
+            ORDER BY q.priority DESC, q.id LIMIT 1) IS NOT NULL
+    INTO v_ready, v_scheduled;
+    IF v_scheduled OR (v_ready AND v_endpoint.ordering_keys) THEN
         RETURN QUERY SELECT * FROM courier._claim_due(p_worker_id, v_limit, p_endpoint_id);
+        GET DIAGNOSTICS v_claimed = ROW_COUNT;
+    ELSIF v_ready THEN
+        RETURN QUERY SELECT * FROM courier._claim_ready(p_worker_id, v_limit, p_endpoint_id);
         GET DIAGNOSTICS v_claimed = ROW_COUNT;
     END IF;
     -- Then staged single sends (migration 0054), which are newer than what the queue holds and
