@@ -18,7 +18,8 @@ def test_bench_cost_counts_each_operation_beside_pgmq(dsn):
     for operation in ("send", "send to a pull topic", "enqueue (pull topic)", "send_batch of 100",
                       "enqueue_batch of 100", "dequeue(1) + ack", "dequeue(10) + ack", "dequeue(100) + ack",
                       "dequeue(1) + nack", "dequeue(1) + release", "dequeue(1) + extend + ack",
-                      "push: send + claim(10) + report", "pull: enqueue + dequeue(10) + ack",
+                      "push: send + claim(10) + report", "push: claim(100) + report of a backlog",
+                      "pull: enqueue + dequeue(10) + ack",
                       "pull: enqueue + receive(10)", "receive(1)", "receive(100)"):
         wal = results[f"{operation}: WAL bytes/msg"]
         assert wal.lower_is_better and wal.target_ratio == 1.0

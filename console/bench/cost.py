@@ -271,6 +271,21 @@ def _courier_push_delivery(size: int) -> Unit:
     return unit
 
 
+def _courier_push_drain(size: int) -> Unit:
+    """A worker draining a backlog in the queue, as drain-noop's: one report_and_claim that reports
+    the `size` messages it holds delivered (to the archive) and claims the next `size`."""
+    def unit(m: Runner) -> None:
+        held = m.fetch("SELECT id, lease FROM courier.queue WHERE status = 'processing' AND visible_at IS NULL")
+        m.run("SELECT * FROM courier.report_and_claim('bench-cost', %s, (SELECT id FROM courier.endpoints "
+              "WHERE name = %s), %s::bigint[], %s::integer[], %s::text[], %s::text[])",
+              (size, ENDPOINT, [r[0] for r in held], [r[1] for r in held], ["success"] * len(held), [None] * len(held)))
+    return unit
+
+
+def _pgmq_archive(m: Runner, read: list[tuple]) -> None:
+    m.run("SELECT * FROM pgmq.archive(%s, %s::bigint[])", (pgmq.QUEUE, [r[0] for r in read]))
+
+
 def _courier_pull_delivery(size: int, take: Unit, topic: str = TOPIC) -> Unit:
     """A pull topic's messages from producer to consumer: `size` enqueues, each in its own
     transaction, then `take` (a dequeue and ack, or a receive) of the lot."""
@@ -342,6 +357,10 @@ OPERATIONS = (
     # A push message's whole life in the database: sent, claimed and reported by a worker.
     Operation("push: send + claim(10) + report", 10, 50, _courier_push_delivery(10), _pgmq_send_read_delete(10),
               _pgq_insert_take(10), counted=30),
+    # A backlog in the queue drained as drain-noop's worker drains it, each delivered message kept in
+    # the archive: pgmq's read and archive (its move to pgmq.a_<queue>) are its peer.
+    Operation("push: claim(100) + report of a backlog", 100, 20, _courier_push_drain(100),
+              _pgmq_read(100, _pgmq_archive), _pgq_take_batch, preload=1, counted=10, topic=ENDPOINT),
     # A pull message's whole life, enqueued one at a time and taken ten at a time.
     Operation("pull: enqueue + dequeue(10) + ack", 10, 50, _courier_pull_delivery(10, _courier_dequeue_ack(10)),
               _pgmq_send_read_delete(10), _pgq_insert_take(10), counted=30),
@@ -405,8 +424,10 @@ def _fill(conn: psycopg.Connection, side: str, messages: int, per_unit: int = 1,
     if side == "pgq":
         pgq.fill(conn, messages // per_unit, per_unit)
         return
-    conn.execute("TRUNCATE courier.queue, courier.send_stage")  # the sends' rows, staged ones too
-    conn.execute(f"TRUNCATE pgmq.q_{pgmq.QUEUE}")
+    # The sends' rows, staged ones too, and what earlier operations archived: each side's archive
+    # the same for every backend counted.
+    conn.execute("TRUNCATE courier.queue, courier.send_stage, courier.archive")
+    conn.execute(f"TRUNCATE pgmq.q_{pgmq.QUEUE}, pgmq.a_{pgmq.QUEUE}")
     if side == "courier" and messages:
         # To the queue, whatever the leader's thread said (a batch to a pull topic stages), and
         # the stage as alive after as before, for the sends measured next.
