@@ -466,6 +466,24 @@ def test_a_claim_takes_the_lean_path_only_while_nothing_is_scheduled_or_keyed(co
     assert status_of(conn, a2) == "pending"
 
 
+def test_the_lean_claim_returns_a_message_as_the_full_claim_does(conn):
+    """_claim_ready and _claim_due are two statements for one claim: the same message, with every
+    feature the lean path takes (correlation id, idempotency key, headers, metadata, expiry, its
+    own max_retries), comes back the same from both."""
+    columns = ("endpoint_name, protocol, payload, headers, metadata, priority, retry_count, max_retries, "
+               "correlation_id, ordering_key, idempotency_key, scheduled_at, expires_at")
+    claimed = {}
+    for name, keyed in (("lean", False), ("full", True)):
+        endpoint = scalar(conn, "SELECT courier.create_endpoint(%s, 'noop', '{}')", (name,))
+        conn.execute("SELECT courier.send_with_options(%s, '{\"n\": 1}', p_priority => 4, p_idempotency_key => 'k-1', "
+                     "p_correlation_id => '550e8400-e29b-41d4-a716-446655440000', p_headers => '{\"h\": \"v\"}', "
+                     "p_metadata => '{\"m\": 1}', p_max_retries => 7)", (name,))
+        conn.execute("UPDATE courier.endpoints SET ordering_keys = %s WHERE id = %s", (keyed, endpoint))
+        claimed[name] = conn.execute(f"SELECT {columns} FROM courier.claim_batch('w', 10, %s)", (endpoint,)).fetchall()
+    assert claimed["lean"] == [("lean", *claimed["full"][0][1:])]
+    assert claimed["lean"][0][8] is not None and claimed["lean"][0][10] == "k-1"
+
+
 def test_a_claim_on_an_unmarked_endpoint_hands_out_no_keyed_message(conn, hook):
     """The mark of an endpoint whose messages have carried an ordering key (_note_ordering_keys)
     decides only whether the claim checks keys, never whether a key is honoured: on an endpoint

@@ -565,7 +565,7 @@ BEGIN
             lease = courier._next_lease(q.lease)
         WHERE q.ctid = ANY (ARRAY(SELECT c.tid FROM candidates c))
         RETURNING q.id, q.payload, q.headers, q.metadata, q.priority, q.retry_count, q.max_retries,
-                  q.idempotency_key, q.expires_at, q.created_at, q.lease
+                  q.correlation_id, q.idempotency_key, q.expires_at, q.created_at, q.lease
     ),
     counted AS (
         INSERT INTO courier.queue_depth AS d (endpoint_id, status, backend_pid, slot, messages)
@@ -578,7 +578,7 @@ BEGIN
     SELECT c.id, p_endpoint_id, e.name, e.protocol, c.payload, c.headers, c.metadata, c.priority,
            c.retry_count, coalesce(c.max_retries, (e.retry_policy ->> 'max_retries')::integer,
                                    (SELECT value::integer FROM courier.settings WHERE name = 'default_max_retries')),
-           NULL::uuid, NULL::text, c.idempotency_key, NULL::timestamptz, c.expires_at, c.created_at, c.lease
+           c.correlation_id, NULL::text, c.idempotency_key, NULL::timestamptz, c.expires_at, c.created_at, c.lease  -- no key, no schedule
     FROM claimed c, courier.endpoints e
     WHERE e.id = p_endpoint_id
     ORDER BY c.priority DESC, c.id;
