@@ -63,6 +63,14 @@ async def fetch_all_async(conn: psycopg.AsyncConnection, name: str,
             return await cur.fetchall()
 
 
+async def fetch_tuples_async(conn: psycopg.AsyncConnection, name: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """Rows as tuples, for a caller that reads many by position (the worker's claims)."""
+    with translated():
+        async with conn.cursor() as cur:
+            await cur.execute(query(name), params)
+            return await cur.fetchall()
+
+
 async def fetch_value_async(conn: psycopg.AsyncConnection, name: str, params: Any = None) -> Any:
     with translated():
         async with conn.cursor() as cur:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from sqlkit import queries
 from sqlkit.connection import AsyncDatabase
 from sqlkit.linger import Linger
-from sqlkit.messages import ClaimedMessage, claimed_from_row
+from sqlkit.messages import CLAIM_COLUMNS, ClaimedMessage, claimed_from_values
 
 from .awake import WakeHold
 from .capacity import Capacity
@@ -309,13 +309,13 @@ class Claims:
         if unslotted:
             self._stats.round_trips += 1
             async with self._db.connection() as conn:
-                return self._decoded(await queries.fetch_all_async(conn, "claim_for_endpoint", params)), False, None
+                return self._decoded(await queries.fetch_tuples_async(conn, "claim_for_endpoint", params)), False, None
         batch = self._reporter.take()
         try:
             self._stats.round_trips += 1
             async with self._db.connection() as conn:
-                rows = await queries.fetch_all_async(conn, "report_and_claim",
-                                                     {**params, **report_params(batch), "linger": linger})
+                rows = await queries.fetch_tuples_async(conn, "report_and_claim",
+                                                        {**params, **report_params(batch), "linger": linger})
         except BaseException as error:
             self._reporter.give_back(batch, error)
             if not batch or not isinstance(error, Exception):
@@ -327,26 +327,31 @@ class Claims:
             self._reporter.wake()
             self._stats.round_trips += 1
             async with self._db.connection() as conn:
-                return self._decoded(await queries.fetch_all_async(conn, "claim_for_endpoint", params)), False, None
-        slotless = bool(rows) and bool(rows[0].get("busy"))
+                return self._decoded(await queries.fetch_tuples_async(conn, "claim_for_endpoint", params)), False, None
+        # After the claim's columns, every row carries the report's counts and the claim's flags.
+        delivered, retried, dead_lettered, stale, busy, committing = (
+            rows[0][CLAIM_COLUMNS:] if rows else (0, 0, 0, 0, False, None))
+        slotless = bool(busy)
         # A claim that found a slot looked after the report, in its transaction: what the report
         # unblocked for this endpoint (an ordering key's next message) it has seen already.
-        await self._reporter.reported(batch, rows, looked=None if slotless else endpoint_id)
-        return self._decoded(rows), slotless, rows[0].get("committing") if rows else None
+        await self._reporter.reported(batch, {"delivered": delivered, "retried": retried,
+                                              "dead_lettered": dead_lettered, "stale": stale},
+                                      looked=None if slotless else endpoint_id)
+        return self._decoded(rows), slotless, committing
 
-    def _decoded(self, rows: list[dict]) -> list[ClaimedMessage]:
+    def _decoded(self, rows: list[tuple]) -> list[ClaimedMessage]:
         """The claimed messages of a claim's rows, their leases recorded."""
         # report-and-claim's row of counts, when nothing was claimed, has no id
-        rows = [row for row in rows if row["id"] is not None]
-        self._leases.taken((row["id"] for row in rows), time.monotonic())
+        rows = [row for row in rows if row[0] is not None]
+        self._leases.taken((row[0] for row in rows), time.monotonic())
         claimed = []
         for row in rows:
             try:
-                claimed.append(claimed_from_row(row))
+                claimed.append(claimed_from_values(row))
             except Exception as error:  # RecursionError, bad JSON: this message fails alone
                 log.error("claimed message cannot be decoded",
-                          extra={"message_id": row["id"], "error": one_line(error)})
-                undecodable = claimed_from_row({**row, "headers": "{}", "metadata": "{}"})
+                          extra={"message_id": row[0], "error": one_line(error)})
+                undecodable = claimed_from_values((*row[:5], "{}", "{}", *row[7:CLAIM_COLUMNS]))
                 self._reporter.add(undecodable, Outcome.permanent(
                     f"the worker cannot decode this message's headers or metadata: {one_line(error)[:200]}"))
         return claimed

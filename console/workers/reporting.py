@@ -110,13 +110,14 @@ class Reporter:
         if error is not None and _transient(error):
             self._unanswered.update(message.id for message, _ in batch)
 
-    async def reported(self, batch: list[Report], rows: list[dict[str, Any]], looked: int | None = None) -> None:
+    async def reported(self, batch: list[Report], counts: dict[str, Any], looked: int | None = None) -> None:
         """The outcomes of `batch` went with a claim (report_and_claim), which committed:
-        `rows`, its answer, carries the counts of what they did. `looked`: the endpoint whose
-        claim ran after them in that transaction, and so already saw what they unblocked."""
+        `counts`, from its answer, are what they did (delivered, retried, dead_lettered, stale).
+        `looked`: the endpoint whose claim ran after them in that transaction, and so already saw
+        what they unblocked."""
         self._reports_sending -= len(batch)
         if batch:
-            self._count_reported(rows[0], batch)
+            self._count_reported(counts, batch)
             await self._forget(batch, looked)
 
     async def run(self, drained: Callable[[], bool]) -> None:
@@ -254,15 +255,19 @@ class Reporter:
             self._wake_endpoint(endpoint_id)
 
 
-def report_params(batch: list[Report]) -> dict[str, list[Any]]:
-    """The outcomes of a batch as report_outcomes and report_and_claim take them."""
+def report_params(batch: list[Report]) -> dict[str, list[Any] | None]:
+    """The outcomes of a batch as report_outcomes and report_and_claim take them. Retry-afters and
+    responses, most often none at all, go as NULL then, which both read as one NULL per id: an
+    array of 500 NULLs each was dumped in Python, in every claim of a drain."""
+    retry_after = [outcome.retry_after for _, outcome in batch]
+    responses = [_jsonb(outcome.response) for _, outcome in batch]
     return {
         "ids": [message.id for message, _ in batch],
         "leases": [message.lease for message, _ in batch],
         "outcomes": [str(outcome.kind) for _, outcome in batch],
         "errors": [outcome.error for _, outcome in batch],
-        "retry_after": [outcome.retry_after for _, outcome in batch],
-        "responses": [_jsonb(outcome.response) for _, outcome in batch],
+        "retry_after": retry_after if any(value is not None for value in retry_after) else None,
+        "responses": responses if any(value is not None for value in responses) else None,
     }
 
 
