@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -226,9 +226,7 @@ def claim_batch(conn: psycopg.Connection, worker_id: str, batch_size: int, endpo
 CLAIM_COLUMNS = 18
 """The claim queries' first columns (claim_for_endpoint, report_and_claim), in ClaimedMessage's
 field order: id to database_id."""
-_CLAIM_NAMES = ("id", "endpoint_id", "endpoint_name", "protocol", "payload_json", "headers", "metadata", "priority",
-                "retry_count", "max_retries", "correlation_id", "ordering_key", "idempotency_key", "scheduled_at",
-                "expires_at", "created_at", "lease", "database_id")
+_CLAIM_NAMES = tuple(field.name for field in fields(ClaimedMessage))
 
 
 def claimed_from_row(row: dict[str, Any]) -> ClaimedMessage:

@@ -191,3 +191,23 @@ def test_embedded_database_lifecycle(tmp_path: Path):
         assert [e["pending_messages"] for e in json.loads(listed.stdout)] == [1]
     finally:
         run("db", "stop")
+
+
+def test_the_claim_queries_answer_in_the_order_the_worker_reads_them(conn, webhook):
+    """The worker builds each claimed message from its row by position (claimed_from_values), and
+    reads report_and_claim's counts and flags after them: a column moved in queries.sql would
+    hand a dispatcher one field for another, so the order is held here."""
+    from sqlkit import queries
+    endpoint = conn.execute("SELECT id FROM courier.endpoints WHERE name = %s", (webhook,)).fetchone()[0]
+    conn.execute("SELECT courier.send(%s, '{}')", (webhook,))
+    claim = {"worker_id": "w", "batch_size": 1, "endpoint_id": endpoint}
+    report = {"ids": [], "leases": [], "outcomes": [], "errors": [], "retry_after": None, "responses": None,
+              "linger": False}
+    for name, params, after in (
+            ("claim_for_endpoint", claim, ()),
+            ("report_and_claim", {**claim, **report},
+             ("delivered", "retried", "dead_lettered", "stale", "busy", "committing"))):
+        with conn.cursor() as cur:
+            cur.execute(queries.query(name), params)
+            assert tuple(column.name for column in cur.description) == messages._CLAIM_NAMES + after, name
+            assert len(messages._CLAIM_NAMES) == messages.CLAIM_COLUMNS
