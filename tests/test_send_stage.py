@@ -498,3 +498,50 @@ def test_a_worker_delivers_every_message_of_staged_batches(dsn, conn):
         worker.wait(30)
     assert _staged(conn) == [] and _depth(conn, "e") == 0
     assert scalar(conn, "SELECT count(DISTINCT id) FROM courier.archive WHERE id = ANY (%s)", (sent,)) == 505
+
+
+@pytest.mark.parametrize("entry", ["report_outcomes", "report_and_claim"])
+def test_a_report_of_claims_from_the_stage_and_the_queue_counts_each_endpoint_once(conn, entry):
+    """A worker's report of successes, some claimed where they were staged and some in the queue,
+    for two endpoints: each delivery is archived and counted once for its endpoint, each
+    endpoint's row changes as a success changes it, and a report whose lease went stale is
+    counted stale and leaves its message alone. report_and_claim takes this path without calling
+    report_outcomes, and answers the same."""
+    for name in ("e1", "e2"):
+        conn.execute("SELECT courier.create_endpoint(%s, 'noop', '{}')", (name,))
+    queued = [scalar(conn, "SELECT courier.send('e1', '{}')") for _ in range(2)]  # no mover yet: the queue
+    _stage_alive(conn)
+    staged = [scalar(conn, "SELECT courier.send(%s, '{}')", (name,)) for name in ("e1", "e2")]
+    assert _staged(conn) == staged
+    claims = {}
+    for name in ("e1", "e2"):
+        claims.update(conn.execute("SELECT c.id, c.lease FROM courier.claim_batch('w', 10, "
+                                   "(SELECT id FROM courier.endpoints WHERE name = %s)) c", (name,)).fetchall())
+    assert sorted(claims) == sorted(queued + staged) and _taken_in_stage(conn) == staged
+    # e2 closed with failures counted, and never a success; e1's last success a minute ago.
+    conn.execute("UPDATE courier.endpoints SET circuit_failure_count = 2 WHERE name = 'e2'")
+    conn.execute("UPDATE courier.endpoints SET last_success_at = now() - interval '1 minute' WHERE name = 'e1'")
+    stale_id = queued[1]
+    ids = [queued[0], staged[0], staged[1], stale_id]
+    leases = [claims[i] for i in ids[:3]] + [claims[stale_id] + 1]
+    outcomes, errors = ["success"] * 4, [None] * 4
+    if entry == "report_outcomes":
+        counts = conn.execute("SELECT delivered, retried, dead_lettered, stale "
+                              "FROM courier.report_outcomes(%s, %s, %s, %s)",
+                              (ids, leases, outcomes, errors)).fetchone()
+    else:
+        counts = conn.execute(
+            "SELECT delivered, retried, dead_lettered, stale FROM courier.report_and_claim('w', 1, "
+            "(SELECT id FROM courier.endpoints WHERE name = 'e1'), %s, %s, %s, %s)",
+            (ids, leases, outcomes, errors)).fetchone()
+    assert counts == (3, 0, 0, 1)
+    assert [message_status(conn, i) for i in ids] == ["completed"] * 3 + ["processing"]
+    assert _taken_in_stage(conn) == []
+    delivered = dict(conn.execute(
+        "SELECT e.name, sum(t.total)::integer FROM courier.delivery_totals t JOIN courier.endpoints e "
+        "ON e.id = t.endpoint_id WHERE t.outcome = 'delivered' GROUP BY e.name").fetchall())
+    assert delivered == {"e1": 2, "e2": 1}
+    assert scalar(conn, "SELECT sum(total)::integer FROM courier.delivery_totals WHERE outcome = 'stale_report'") == 1
+    rows = {name: rest for name, *rest in conn.execute(
+        "SELECT name, circuit_failure_count, last_success_at > now() - interval '1 second' FROM courier.endpoints")}
+    assert rows == {"e1": [0, True], "e2": [0, True]}
