@@ -198,9 +198,9 @@ def test_the_outcome_buffer_stays_bounded_while_outcomes_cannot_be_recorded(dsn,
     conn.execute("SELECT courier.create_endpoint('held', 'noop', '{}')")
     conn.execute("SELECT courier.send_batch('held', ARRAY(SELECT jsonb_build_object('n', g) "
                  "FROM generate_series(1, 2000) g))")
-    # Both archive moves: the all-success report's and the general one's.
-    conn.execute("ALTER FUNCTION courier._report_delivered(bigint[], integer[], jsonb[]) SET lock_timeout = '100ms'")
-    conn.execute("ALTER FUNCTION courier._archive_delivered(bigint[], integer[], jsonb[]) SET lock_timeout = '100ms'")
+    # The archive move of every report, all successes or not.
+    conn.execute("ALTER FUNCTION courier._report_delivered(bigint[], integer[], jsonb[], boolean) "
+                 "SET lock_timeout = '100ms'")
     settings = PoolSettings(poll_interval=0.05, report_interval=0.005, batch_size=20, max_unreported=100,
                             maintenance=None)
     pool = WorkerPool(dsn, settings)

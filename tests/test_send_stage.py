@@ -545,3 +545,41 @@ def test_a_report_of_claims_from_the_stage_and_the_queue_counts_each_endpoint_on
     rows = {name: rest for name, *rest in conn.execute(
         "SELECT name, circuit_failure_count, last_success_at > now() - interval '1 second' FROM courier.endpoints")}
     assert rows == {"e1": [0, True], "e2": [0, True]}
+
+
+def test_a_report_with_failures_moves_only_the_failures_from_the_stage(conn):
+    """A report of claims taken in the stage, some delivered and some not: the delivered ones go
+    from the stage to the archive, as an all-success report's do, and only the failures are
+    written into the queue, where their retries and history are kept. The endpoint is settled
+    once for both: a success resets its circuit's count and the failures of the same report
+    count from zero."""
+    conn.execute("SELECT courier.create_endpoint('e', 'noop', '{}')")
+    _stage_alive(conn)
+    sent = [scalar(conn, "SELECT courier.send('e', '{}')") for _ in range(6)]
+    conn.execute("UPDATE courier.endpoints SET circuit_failure_count = 3 WHERE name = 'e'")
+    with conn.transaction():
+        claimed = conn.execute("SELECT c.id, c.lease FROM courier.claim_batch('w', 10, "
+                               "(SELECT id FROM courier.endpoints WHERE name = 'e')) c").fetchall()
+        assert [i for i, _ in claimed] == sent and _taken_in_stage(conn) == sent
+        outcomes = ["success", "retryable", "success", "permanent", "success", "snooze"]
+        writes_before = _queue_writes(conn)
+        counts = conn.execute("SELECT delivered, retried, dead_lettered, stale FROM courier.report_outcomes("
+                              "%s, %s, %s, %s, %s)", ([i for i, _ in claimed], [lease for _, lease in claimed],
+                                                      outcomes, [None, "HTTP 503", None, "HTTP 410", None, None],
+                                                      [None, None, None, None, None, 30])).fetchone()
+        inserted = _queue_writes(conn)[0] - writes_before[0]
+    assert counts == (3, 2, 1, 0)
+    assert inserted == 3  # the three failures, moved into the queue; no success passes through it
+    assert [message_status(conn, i) for i in sent] == ["completed", "pending", "completed", "failed", "completed",
+                                                        "pending"]
+    assert conn.execute("SELECT retry_count, last_error FROM courier.queue WHERE id = %s", (sent[1],)).fetchone() == \
+        (1, "HTTP 503")
+    assert conn.execute("SELECT retry_count FROM courier.queue WHERE id = %s", (sent[5],)).fetchone() == (0,)
+    assert _taken_in_stage(conn) == [] and _staged(conn) == []
+    totals = dict(conn.execute("SELECT outcome, sum(total)::integer FROM courier.delivery_totals "
+                               "WHERE outcome IN ('delivered', 'failed_attempt') GROUP BY outcome").fetchall())
+    assert totals == {"delivered": 3, "failed_attempt": 2}
+    assert conn.execute("SELECT circuit_state, circuit_failure_count, last_error, last_success_at IS NOT NULL, "
+                        "last_failure_at IS NOT NULL FROM courier.endpoints WHERE name = 'e'").fetchone() == \
+        ("closed", 1, "HTTP 410", True, True)
+    assert (_depth_of(conn, "e", "pending"), _depth_of(conn, "e", "processing")) == (2, 0)

@@ -255,39 +255,9 @@ BEGIN
 END
 $$;
 
--- The report path's move: delivered messages, each only while it is still in processing under
--- the lease its worker names (the fence is in the DELETE itself, so a claim recovered and
--- handed on between the report's read and this write is never archived), with its captured
--- response. Returns how many moved.
-CREATE OR REPLACE FUNCTION courier._archive_delivered(p_ids bigint[], p_leases integer[], p_responses jsonb[])
-RETURNS integer
-LANGUAGE plpgsql
-SET plan_cache_mode = force_custom_plan
-AS $$
-DECLARE
-    v_moved integer;
-BEGIN
-    WITH moved AS (
-        DELETE FROM courier.queue q
-        USING unnest(p_ids, p_leases, p_responses) AS u(id, lease, response)
-        -- = ANY keeps the DELETE on the primary key: joined to the unnest alone, the planner
-        -- hashed every row in processing.
-        WHERE q.id = ANY (p_ids) AND q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
-        RETURNING q.*, u.response AS captured
-    )
-    INSERT INTO courier.archive (id, endpoint_id, payload, headers, metadata, status, priority, retry_count,
-                                 max_retries, scheduled_at, expires_at, idempotency_key, correlation_id,
-                                 ordering_key, last_error, error_history, worker_id, response, completed_at,
-                                 created_at)
-    SELECT m.id, m.endpoint_id, m.payload, m.headers, m.metadata, 'completed', m.priority,
-           m.retry_count, m.max_retries, m.scheduled_at, m.expires_at, m.idempotency_key, m.correlation_id,
-           m.ordering_key, m.last_error, m.error_history, m.worker_id, coalesce(m.captured, m.response),
-           now(), m.created_at
-    FROM moved m;
-    GET DIAGNOSTICS v_moved = ROW_COUNT;
-    RETURN v_moved;
-END
-$$;
+-- The report path's move of delivered messages is _report_delivered's now (delivery.sql), for
+-- both kinds of report.
+DROP FUNCTION IF EXISTS courier._archive_delivered(bigint[], integer[], jsonb[]);
 
 -- The delivered, archived message of this endpoint that still holds p_key: delivered less than
 -- idempotency_retention_seconds ago. A duplicate of it returns its id, as a duplicate of a

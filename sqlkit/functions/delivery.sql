@@ -363,8 +363,13 @@ $$;
 -- hash whatever the estimates: a nested loop (or a lookup by array_position) compares every
 -- reported id with every row, 7 ms at a batch of 1000.
 -- Returns how many messages it moved; a report naming an id twice is answered once.
-CREATE OR REPLACE FUNCTION courier._report_delivered(p_ids bigint[], p_leases integer[], p_responses jsonb[])
-RETURNS integer
+-- p_settle false (report_outcomes's general path, which settles each endpoint once for its
+-- successes and failures together): no endpoint row is changed and no stale report counted, and
+-- endpoint_ids and counts name every endpoint delivered to; true: only those whose row it changed.
+DROP FUNCTION IF EXISTS courier._report_delivered(bigint[], integer[], jsonb[]);
+CREATE OR REPLACE FUNCTION courier._report_delivered(p_ids bigint[], p_leases integer[], p_responses jsonb[],
+                                                     p_settle boolean, OUT delivered integer,
+                                                     OUT endpoint_ids integer[], OUT counts integer[])
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET enable_nestloop = off
@@ -376,7 +381,7 @@ DECLARE
     v_processing CONSTANT text := 'processing';
     v_delivered integer := 0;
     v_found integer;
-    v_endpoint_ids integer[];  -- endpoints whose row a delivery changes: last_success_at, circuit
+    v_endpoint_ids integer[];  -- endpoints whose row a delivery changes (last_success_at, circuit), or all
     v_counts integer[];
     v_more_ids integer[];
     v_more_counts integer[];
@@ -406,17 +411,18 @@ BEGIN
             FROM moved m JOIN courier.endpoints e ON e.id = m.endpoint_id, courier.send_limits l
             RETURNING endpoint_id
         ),
-        delivered AS (SELECT a.endpoint_id, count(*)::integer AS n FROM archived a GROUP BY a.endpoint_id),
+        per_endpoint AS (SELECT a.endpoint_id, count(*)::integer AS n FROM archived a GROUP BY a.endpoint_id),
         counted AS (
             INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
-            SELECT g.endpoint_id, 'delivered', pg_backend_pid(), g.n FROM delivered g
+            SELECT g.endpoint_id, 'delivered', pg_backend_pid(), g.n FROM per_endpoint g
             ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
         )
         SELECT coalesce(sum(g.n), 0),
-               array_agg(g.endpoint_id ORDER BY g.endpoint_id) FILTER (WHERE courier._delivery_changes_endpoint(e)),
-               array_agg(g.n ORDER BY g.endpoint_id) FILTER (WHERE courier._delivery_changes_endpoint(e))
+               array_agg(g.endpoint_id ORDER BY g.endpoint_id)
+                   FILTER (WHERE NOT p_settle OR courier._delivery_changes_endpoint(e)),
+               array_agg(g.n ORDER BY g.endpoint_id) FILTER (WHERE NOT p_settle OR courier._delivery_changes_endpoint(e))
         INTO v_found, v_endpoint_ids, v_counts
-        FROM delivered g LEFT JOIN courier.endpoints e ON e.id = g.endpoint_id;
+        FROM per_endpoint g LEFT JOIN courier.endpoints e ON e.id = g.endpoint_id;
         v_delivered := v_found;
     END IF;
     IF v_delivered < cardinality(p_ids) THEN
@@ -441,17 +447,18 @@ BEGIN
             FROM moved m
             RETURNING endpoint_id
         ),
-        delivered AS (SELECT a.endpoint_id, count(*)::integer AS n FROM archived a GROUP BY a.endpoint_id),
+        per_endpoint AS (SELECT a.endpoint_id, count(*)::integer AS n FROM archived a GROUP BY a.endpoint_id),
         counted AS (
             INSERT INTO courier.delivery_totals AS d (endpoint_id, outcome, backend_pid, total)
-            SELECT g.endpoint_id, 'delivered', pg_backend_pid(), g.n FROM delivered g
+            SELECT g.endpoint_id, 'delivered', pg_backend_pid(), g.n FROM per_endpoint g
             ON CONFLICT (endpoint_id, outcome, backend_pid) DO UPDATE SET total = d.total + excluded.total
         )
         SELECT coalesce(sum(g.n), 0),
-               array_agg(g.endpoint_id ORDER BY g.endpoint_id) FILTER (WHERE courier._delivery_changes_endpoint(e)),
-               array_agg(g.n ORDER BY g.endpoint_id) FILTER (WHERE courier._delivery_changes_endpoint(e))
+               array_agg(g.endpoint_id ORDER BY g.endpoint_id)
+                   FILTER (WHERE NOT p_settle OR courier._delivery_changes_endpoint(e)),
+               array_agg(g.n ORDER BY g.endpoint_id) FILTER (WHERE NOT p_settle OR courier._delivery_changes_endpoint(e))
         INTO v_found, v_more_ids, v_more_counts
-        FROM delivered g LEFT JOIN courier.endpoints e ON e.id = g.endpoint_id;
+        FROM per_endpoint g LEFT JOIN courier.endpoints e ON e.id = g.endpoint_id;
         v_delivered := v_delivered + v_found;
         IF v_endpoint_ids IS NULL THEN
             v_endpoint_ids := v_more_ids;
@@ -461,6 +468,12 @@ BEGIN
             FROM (SELECT u.id, sum(u.n)::integer AS n
                   FROM unnest(v_endpoint_ids || v_more_ids, v_counts || v_more_counts) AS u(id, n) GROUP BY u.id) a;
         END IF;
+    END IF;
+    delivered := v_delivered;
+    endpoint_ids := v_endpoint_ids;
+    counts := v_counts;
+    IF NOT p_settle THEN
+        RETURN;
     END IF;
 
     FOR i IN 1 .. coalesce(cardinality(v_endpoint_ids), 0) LOOP
@@ -478,7 +491,6 @@ BEGIN
     IF v_delivered < cardinality(p_ids) THEN  -- reports whose lease went stale: counted and logged
         PERFORM courier._count_stale_reports('report', cardinality(p_ids) - v_delivered, p_ids);
     END IF;
-    RETURN v_delivered;
 END
 $$;
 
@@ -539,7 +551,7 @@ DECLARE
 BEGIN
     IF courier._only_successes(p_ids, p_leases, p_outcomes, p_errors, p_retry_after, p_responses) THEN
         -- Every outcome a success: the lean path (stale reports counted there).
-        delivered := courier._report_delivered(p_ids, p_leases, p_responses);
+        delivered := (courier._report_delivered(p_ids, p_leases, p_responses, true)).delivered;
         retried := 0;
         dead_lettered := 0;
         stale := v_n - delivered;
@@ -557,35 +569,46 @@ BEGIN
 END
 $$;
 
--- report_outcomes's general path: any outcome other than a success, validated here. Its own
--- function for its planner setting: the values decide its plans (a join of the report's arrays
--- with the queue), so each statement is planned with them. The lean path above runs in plans made
--- once: under this setting its three statements were planned again in every report, about 9,000
--- instructions a delivered message in a worker's cycle of ten (BENCHMARKS.md, "A report planned
--- once").
+-- report_outcomes's general path: any outcome other than a success, validated here. Its successes
+-- are archived as an all-success report's are (_report_delivered, from the stage or the queue,
+-- in plans made once), and only its failures are moved from the stage into the queue, where
+-- their retries and history are kept: moving the whole report there first, and archiving its
+-- successes from there, cost a report of 100 with one failure five times an all-success one
+-- (BENCHMARKS.md, "A worker's cycle in fewer statements"). Its own function for its planner
+-- setting: the failures' values decide their plans (a join of the report's arrays with the
+-- queue), so its statements are planned with them.
 CREATE OR REPLACE FUNCTION courier._report_mixed(p_ids bigint[], p_leases integer[], p_outcomes text[],
                                                  p_errors text[], p_retry_after integer[], p_responses jsonb[])
 RETURNS TABLE (delivered integer, retried integer, dead_lettered integer, stale integer)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
+SET jit = off  -- as its callers: _report_delivered forces index scans (tests/test_claim_plans.py)
 AS $$
 DECLARE
     v_n integer := coalesce(cardinality(p_ids), 0);
     v_bad text;
     v_success_ids bigint[];
+    v_success_leases integer[];
     v_success_responses jsonb[];
+    v_other_ids bigint[];
+    v_other_leases integer[];
+    v_other_outcomes text[];
+    v_other_errors text[];
+    v_other_retry_after integer[];
+    v_successes record;  -- _report_delivered's: delivered, endpoint_ids, counts
+    v_success_endpoints integer[];  -- every endpoint delivered to, and how many
+    v_success_counts integer[];
     v_failed_ids bigint[];
     v_failed_outcomes text[];
     v_failed_errors text[];
     v_failed_delays integer[];
     v_failed_retry_after integer[];
+    v_failed_leases integer[];
+    v_failed_dead boolean[];
     v_dead_ids bigint[];
     v_endpoints jsonb;
     v_endpoint jsonb;
     v_default_max_retries integer;
-    v_success_leases integer[];
-    v_failed_leases integer[];
-    v_failed_dead boolean[];
     v_failed_n integer := 0;
 BEGIN
     SELECT string_agg(DISTINCT coalesce(o, 'NULL'), ', ') INTO v_bad FROM unnest(p_outcomes) AS o
@@ -594,67 +617,86 @@ BEGIN
         RAISE EXCEPTION '[courier] unknown outcome(s): %', v_bad
             USING ERRCODE = '22023', HINT = 'Outcomes are success, retryable, permanent, disable and snooze';
     END IF;
-    v_default_max_retries := courier._setting_int('default_max_retries');
-    IF courier._any_stage_lease(p_leases) THEN  -- claimed where they were staged: into the queue, claim and all
-        PERFORM courier._unstage_ids(p_ids);
-    END IF;
+    SELECT array_agg(u.id) FILTER (WHERE u.outcome = 'success'), array_agg(u.lease) FILTER (WHERE u.outcome = 'success'),
+           array_agg(u.response) FILTER (WHERE u.outcome = 'success'),
+           array_agg(u.id) FILTER (WHERE u.outcome <> 'success'), array_agg(u.lease) FILTER (WHERE u.outcome <> 'success'),
+           array_agg(u.outcome) FILTER (WHERE u.outcome <> 'success'),
+           array_agg(u.error) FILTER (WHERE u.outcome <> 'success'),
+           array_agg(u.retry_after) FILTER (WHERE u.outcome <> 'success')
+    INTO v_success_ids, v_success_leases, v_success_responses, v_other_ids, v_other_leases, v_other_outcomes,
+         v_other_errors, v_other_retry_after
+    FROM unnest(p_ids, p_leases, p_outcomes, p_errors,
+                coalesce(p_retry_after, array_fill(NULL::integer, ARRAY[v_n])),
+                coalesce(p_responses, array_fill(NULL::jsonb, ARRAY[v_n])))
+         AS u(id, lease, outcome, error, retry_after, response);
 
-    -- Decide everything up front from one read of the claimed rows. The writes below repeat
-    -- the lease check, so a claim recovered and handed on meanwhile is never touched.
-    WITH reported AS (
-        -- A broker client's error often quotes the URL it used: redacted before anything stores it.
-        SELECT u.id, u.lease, u.outcome, courier._redact_text(u.error) AS error, u.response, q.endpoint_id,
-               CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400) END AS retry_after,
-               q.retry_count + 1 > coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
-                                            v_default_max_retries) AS exhausted,
-               CASE WHEN u.outcome = 'retryable' THEN
-                   CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400)
-                        ELSE courier.retry_delay(e.retry_policy, q.retry_count) END
-                    WHEN u.outcome = 'snooze' THEN least(greatest(coalesce(u.retry_after, 0), 0), 86400)
-               END AS delay
-        FROM unnest(p_ids, p_leases, p_outcomes, p_errors,
-                    coalesce(p_retry_after, array_fill(NULL::integer, ARRAY[v_n])),
-                    coalesce(p_responses, array_fill(NULL::jsonb, ARRAY[v_n])))
-             AS u(id, lease, outcome, error, retry_after, response)
-        JOIN courier.queue q ON q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
-        JOIN courier.endpoints e ON e.id = q.endpoint_id
-    ),
-    per_endpoint AS (
-        SELECT r.endpoint_id, e.name, e.config, e.last_success_at,
-               count(*) FILTER (WHERE r.outcome = 'success') AS successes,
-               count(*) FILTER (WHERE r.outcome = 'retryable') AS failures,
-               count(*) FILTER (WHERE r.outcome NOT IN ('success', 'snooze')) AS all_failures,
-               bool_or(r.outcome = 'disable') AS gone,
-               (array_agg(r.error ORDER BY r.id DESC) FILTER (WHERE r.outcome NOT IN ('success', 'snooze')))[1]
-                   AS last_error
-        FROM reported r JOIN courier.endpoints e ON e.id = r.endpoint_id
-        GROUP BY r.endpoint_id, e.name, e.config, e.last_success_at
-    )
-    SELECT array_agg(id ORDER BY id) FILTER (WHERE outcome = 'success'),
-           array_agg(lease ORDER BY id) FILTER (WHERE outcome = 'success'),
-           array_agg(response ORDER BY id) FILTER (WHERE outcome = 'success'),
-           array_agg(id ORDER BY id) FILTER (WHERE outcome <> 'success'),
-           array_agg(lease ORDER BY id) FILTER (WHERE outcome <> 'success'),
-           array_agg(outcome ORDER BY id) FILTER (WHERE outcome <> 'success'),
-           array_agg(error ORDER BY id) FILTER (WHERE outcome <> 'success'),
-           array_agg(delay ORDER BY id) FILTER (WHERE outcome <> 'success'),
-           array_agg(retry_after ORDER BY id) FILTER (WHERE outcome <> 'success'),
-           array_agg(outcome IN ('permanent', 'disable') OR (outcome = 'retryable' AND exhausted) ORDER BY id)
-               FILTER (WHERE outcome <> 'success'),
-           (SELECT jsonb_agg(to_jsonb(p)) FROM per_endpoint p)
-    INTO v_success_ids, v_success_leases, v_success_responses, v_failed_ids, v_failed_leases, v_failed_outcomes,
-         v_failed_errors, v_failed_delays, v_failed_retry_after, v_failed_dead, v_endpoints
-    FROM reported;
-
+    -- Delivered messages go straight to the archive with their captured responses; each
+    -- endpoint is settled below, once for its successes and failures together.
+    delivered := 0;
     IF v_success_ids IS NOT NULL THEN
-        -- Delivered messages go straight to the archive with their captured responses.
-        delivered := courier._archive_delivered(v_success_ids, v_success_leases,
-                                                coalesce(v_success_responses,
-                                                         array_fill(NULL::jsonb, ARRAY[cardinality(v_success_ids)])));
-    ELSE
-        delivered := 0;
+        v_successes := courier._report_delivered(v_success_ids, v_success_leases, v_success_responses, false);
+        delivered := v_successes.delivered;
+        v_success_endpoints := v_successes.endpoint_ids;
+        v_success_counts := v_successes.counts;
     END IF;
-    IF v_failed_ids IS NULL THEN  -- the common case: skip the failure statements altogether
+
+    IF v_other_ids IS NOT NULL THEN
+        v_default_max_retries := courier._setting_int('default_max_retries');
+        IF courier._any_stage_lease(v_other_leases) THEN  -- claimed where they were staged: into the queue, claim and all
+            PERFORM courier._unstage_ids(v_other_ids);
+        END IF;
+        -- Decide everything up front from one read of the claimed rows. The writes below repeat
+        -- the lease check, so a claim recovered and handed on meanwhile is never touched.
+        WITH reported AS (
+            -- A broker client's error often quotes the URL it used: redacted before anything stores it.
+            SELECT u.id, u.lease, u.outcome, courier._redact_text(u.error) AS error, q.endpoint_id,
+                   CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400) END AS retry_after,
+                   q.retry_count + 1 > coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
+                                                v_default_max_retries) AS exhausted,
+                   CASE WHEN u.outcome = 'retryable' THEN
+                       CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400)
+                            ELSE courier.retry_delay(e.retry_policy, q.retry_count) END
+                        WHEN u.outcome = 'snooze' THEN least(greatest(coalesce(u.retry_after, 0), 0), 86400)
+                   END AS delay
+            FROM unnest(v_other_ids, v_other_leases, v_other_outcomes, v_other_errors, v_other_retry_after)
+                 AS u(id, lease, outcome, error, retry_after)
+            JOIN courier.queue q ON q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
+            JOIN courier.endpoints e ON e.id = q.endpoint_id
+        ),
+        failures AS (
+            SELECT r.endpoint_id,
+                   count(*) FILTER (WHERE r.outcome = 'retryable') AS failures,
+                   count(*) FILTER (WHERE r.outcome <> 'snooze') AS all_failures,
+                   bool_or(r.outcome = 'disable') AS gone,
+                   (array_agg(r.error ORDER BY r.id DESC) FILTER (WHERE r.outcome <> 'snooze'))[1] AS last_error
+            FROM reported r GROUP BY r.endpoint_id
+        ),
+        per_endpoint AS (
+            SELECT e.id AS endpoint_id, e.name, e.config, e.last_success_at,
+                   coalesce(s.n, 0) AS successes, coalesce(f.failures, 0) AS failures,
+                   coalesce(f.all_failures, 0) AS all_failures, coalesce(f.gone, false) AS gone, f.last_error
+            FROM failures f
+            FULL JOIN unnest(v_success_endpoints, v_success_counts) AS s(endpoint_id, n)
+                 ON s.endpoint_id = f.endpoint_id
+            JOIN courier.endpoints e ON e.id = coalesce(f.endpoint_id, s.endpoint_id)
+        )
+        SELECT array_agg(id ORDER BY id), array_agg(lease ORDER BY id), array_agg(outcome ORDER BY id),
+               array_agg(error ORDER BY id), array_agg(delay ORDER BY id), array_agg(retry_after ORDER BY id),
+               array_agg(outcome IN ('permanent', 'disable') OR (outcome = 'retryable' AND exhausted) ORDER BY id),
+               (SELECT jsonb_agg(to_jsonb(p) ORDER BY p.endpoint_id) FROM per_endpoint p)
+        INTO v_failed_ids, v_failed_leases, v_failed_outcomes, v_failed_errors, v_failed_delays, v_failed_retry_after,
+             v_failed_dead, v_endpoints
+        FROM reported;
+    ELSE
+        SELECT jsonb_agg(jsonb_build_object('endpoint_id', e.id, 'name', e.name, 'config', e.config,
+                                            'last_success_at', e.last_success_at, 'successes', s.n, 'failures', 0,
+                                            'all_failures', 0, 'gone', false) ORDER BY e.id)
+        INTO v_endpoints
+        FROM unnest(v_success_endpoints, v_success_counts) AS s(endpoint_id, n)
+        JOIN courier.endpoints e ON e.id = s.endpoint_id;
+    END IF;
+
+    IF v_failed_ids IS NULL THEN
         retried := 0;
         dead_lettered := 0;
     ELSE
@@ -698,8 +740,7 @@ BEGIN
         PERFORM courier._update_circuit_breaker((v_endpoint ->> 'endpoint_id')::integer,
                                                 (v_endpoint ->> 'successes')::integer,
                                                 (v_endpoint ->> 'failures')::integer);
-        PERFORM courier._add_delivery_totals((v_endpoint ->> 'endpoint_id')::integer, 'delivered',
-                                             (v_endpoint ->> 'successes')::bigint);
+        -- Its deliveries were counted where they were archived (_report_delivered).
         PERFORM courier._add_delivery_totals((v_endpoint ->> 'endpoint_id')::integer, 'failed_attempt',
                                              (v_endpoint ->> 'all_failures')::bigint);
         IF (v_endpoint ->> 'gone')::boolean
@@ -779,7 +820,7 @@ BEGIN
     -- All successes, report_outcomes's lean path, is taken here without calling it: its statement
     -- and call cost a worker's cycle of one about 3% more.
     IF courier._only_successes(p_ids, p_leases, p_outcomes, p_errors, p_retry_after, p_responses) THEN
-        v_delivered := courier._report_delivered(p_ids, p_leases, p_responses);
+        v_delivered := (courier._report_delivered(p_ids, p_leases, p_responses, true)).delivered;
         v_stale := cardinality(p_ids) - v_delivered;
     ELSIF coalesce(cardinality(p_ids), 0) > 0 THEN
         SELECT r.delivered, r.retried, r.dead_lettered, r.stale INTO v_delivered, v_retried, v_dead_lettered, v_stale
