@@ -188,6 +188,40 @@ def test_a_worker_planned_against_an_empty_queue_still_reads_the_queue_by_its_in
     assert scans == 0
 
 
+def test_a_report_with_failures_planned_against_an_empty_queue_reads_only_its_rows(conn, webhook):
+    """report_outcomes's general path keeps one plan a session, as the all-success path does: made
+    against a queue analyzed while empty, it still finds the report's rows by id, never reading
+    the 2,000 other claims in processing beside them (by a scan or an index range)."""
+    conn.execute("VACUUM ANALYZE courier.queue")
+    endpoint = scalar(conn, "SELECT id FROM courier.endpoints LIMIT 1")
+    name = scalar(conn, "SELECT name FROM courier.endpoints WHERE id = %s", (endpoint,))
+
+    def send_claim_and_report(count: int) -> tuple:
+        for _ in range(count):
+            conn.execute("SELECT courier.send_with_options(%s, '{}')", (name,))
+        held = conn.execute("SELECT c.id, c.lease FROM courier.claim_batch('w', %s, %s) c",
+                            (count, endpoint)).fetchall()
+        outcomes = ["success", "retryable"] * (len(held) // 2)
+        return conn.execute("SELECT delivered, retried FROM courier.report_outcomes(%s, %s, %s, %s)",
+                            ([i for i, _ in held], [lease for _, lease in held], outcomes,
+                             [None if o == "success" else "HTTP 503" for o in outcomes])).fetchone()
+
+    for _ in range(6):  # past plpgsql's first plans, into the ones it keeps
+        assert send_claim_and_report(2) == (1, 1)
+        conn.execute("UPDATE courier.queue SET next_retry_at = NULL WHERE status = 'pending'")
+    conn.execute("DELETE FROM courier.queue")
+    conn.execute("SELECT courier.set_setting('max_queue_size', '0')")
+    conn.execute("INSERT INTO courier.queue (endpoint_id, payload, status, processing_started_at, worker_id) "
+                 "SELECT %s, '{}', 'processing', now(), 'x' FROM generate_series(1, 2000)", (endpoint,))
+    for _ in range(2):  # what this connection's earlier statements counted, out of the way
+        conn.execute("SELECT pg_stat_force_next_flush()")
+    with conn.transaction():
+        assert send_claim_and_report(10) == (5, 5)
+        scans, read = conn.execute("SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables "
+                                   "WHERE relid = 'courier.queue'::regclass").fetchone()
+    assert scans == 0 and read < 200
+
+
 def test_worker_functions_never_jit(conn):
     """JIT-compiling a 3 ms claim cost 30 ms on a server with JIT on (the default with LLVM)."""
     configs = dict(conn.execute("SELECT proname, proconfig FROM pg_proc WHERE proname IN "

@@ -574,15 +574,20 @@ $$;
 -- in plans made once), and only its failures are moved from the stage into the queue, where
 -- their retries and history are kept: moving the whole report there first, and archiving its
 -- successes from there, cost a report of 100 with one failure five times an all-success one
--- (BENCHMARKS.md, "A worker's cycle in fewer statements"). Its own function for its planner
--- setting: the failures' values decide their plans (a join of the report's arrays with the
--- queue), so its statements are planned with them.
+-- (BENCHMARKS.md, "A worker's cycle in fewer statements").
 CREATE OR REPLACE FUNCTION courier._report_mixed(p_ids bigint[], p_leases integer[], p_outcomes text[],
                                                  p_errors text[], p_retry_after integer[], p_responses jsonb[])
 RETURNS TABLE (delivered integer, retried integer, dead_lettered integer, stale integer)
 LANGUAGE plpgsql
-SET plan_cache_mode = force_custom_plan
-SET jit = off  -- as its callers: _report_delivered forces index scans (tests/test_claim_plans.py)
+-- Plans made once, as _report_delivered's (see there): planned with each report's values, its
+-- statements and those of the functions it calls cost a report of ten with one failure about
+-- 6,600,000 instructions (BENCHMARKS.md, "A worker's cycle in fewer statements"). Its reads of
+-- the failures find them by id (= ANY), and with nested loops off a join with the report's
+-- arrays is hashed rather than read again for every row.
+SET plan_cache_mode = force_generic_plan
+SET enable_nestloop = off
+SET enable_seqscan = off
+SET jit = off  -- as its callers: it forces index scans (tests/test_claim_plans.py)
 AS $$
 DECLARE
     v_n integer := coalesce(cardinality(p_ids), 0);
@@ -661,6 +666,7 @@ BEGIN
             FROM unnest(v_other_ids, v_other_leases, v_other_outcomes, v_other_errors, v_other_retry_after)
                  AS u(id, lease, outcome, error, retry_after)
             JOIN courier.queue q ON q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
+                                AND q.id = ANY (v_other_ids)
             JOIN courier.endpoints e ON e.id = q.endpoint_id
         ),
         failures AS (
