@@ -537,3 +537,30 @@ def test_an_idle_open_circuit_logs_no_event_per_poll(conn, hook):
     make_due(conn)
     assert len(claim(conn, hook)) == 1
     assert scalar(conn, "SELECT count(*) FROM courier.event_log WHERE event_type = 'circuit.half_open'") == 1
+
+
+def test_retries_not_yet_due_leave_the_claim_on_its_lean_path(conn, hook):
+    """A retry backing off, or a message scheduled for later, sends the claim down the full path
+    (_claim_due) only once it is due: until then the lean claim (_claim_ready) takes the ready
+    messages, and the due message, of a higher priority, comes first as soon as it is due."""
+    ready = send(conn, 2)
+    later = scalar(conn, "SELECT courier.send_with_options('hook', '{}', p_priority => 5, "
+                         "p_scheduled_at => now() + interval '1 minute')")
+    conn.execute("SET track_functions = 'pl'")
+
+    def calls() -> dict[str, int]:
+        """This backend's calls of each claim not yet flushed to the statistics: compare two
+        readings in one transaction."""
+        return dict(conn.execute("SELECT funcname, calls FROM pg_stat_xact_user_functions "
+                                 "WHERE funcname IN ('_claim_ready', '_claim_due')").fetchall())
+
+    def claimed_by(batch: int) -> tuple[list[int], list[str]]:
+        with conn.transaction():
+            before = calls()
+            ids = claim(conn, hook, batch)
+            after = calls()
+        return ids, [name for name, n in sorted(after.items()) if n > before.get(name, 0)]
+
+    assert claimed_by(1) == ([ready[0]], ["_claim_ready"])
+    conn.execute("UPDATE courier.queue SET scheduled_at = now() WHERE id = %s", (later,))  # due now
+    assert claimed_by(2) == ([later, ready[1]], ["_claim_due"])
