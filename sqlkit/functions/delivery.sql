@@ -362,7 +362,7 @@ $$;
 -- that index held one row. And nested loops are off, so that the ids' unnest is joined by
 -- hash whatever the estimates: a nested loop (or a lookup by array_position) compares every
 -- reported id with every row, 7 ms at a batch of 1000.
--- Returns how many messages it moved; a report naming an id twice is answered once.
+-- delivered: how many messages it moved; a report naming an id twice is answered once.
 -- p_settle false (report_outcomes's general path, which settles each endpoint once for its
 -- successes and failures together): no endpoint row is changed and no stale report counted, and
 -- endpoint_ids and counts name every endpoint delivered to; true: only those whose row it changed.
@@ -615,6 +615,7 @@ DECLARE
     v_endpoint jsonb;
     v_default_max_retries integer;
     v_failed_n integer := 0;
+    v_processing CONSTANT text := 'processing';  -- a variable, for the generic plans: see _report_delivered
 BEGIN
     SELECT string_agg(DISTINCT coalesce(o, 'NULL'), ', ') INTO v_bad FROM unnest(p_outcomes) AS o
     WHERE o IS NULL OR o NOT IN ('success', 'retryable', 'permanent', 'disable', 'snooze');
@@ -650,57 +651,51 @@ BEGIN
         IF courier._any_stage_lease(v_other_leases) THEN  -- claimed where they were staged: into the queue, claim and all
             PERFORM courier._unstage_ids(v_other_ids);
         END IF;
-        -- Decide everything up front from one read of the claimed rows. The writes below repeat
-        -- the lease check, so a claim recovered and handed on meanwhile is never touched.
-        WITH reported AS (
-            -- A broker client's error often quotes the URL it used: redacted before anything stores it.
-            SELECT u.id, u.lease, u.outcome, courier._redact_text(u.error) AS error, q.endpoint_id,
-                   CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400) END AS retry_after,
-                   q.retry_count + 1 > coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
-                                                v_default_max_retries) AS exhausted,
-                   CASE WHEN u.outcome = 'retryable' THEN
-                       CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400)
-                            ELSE courier.retry_delay(e.retry_policy, q.retry_count) END
-                        WHEN u.outcome = 'snooze' THEN least(greatest(coalesce(u.retry_after, 0), 0), 86400)
-                   END AS delay
-            FROM unnest(v_other_ids, v_other_leases, v_other_outcomes, v_other_errors, v_other_retry_after)
-                 AS u(id, lease, outcome, error, retry_after)
-            JOIN courier.queue q ON q.id = u.id AND q.lease = u.lease AND q.status = 'processing'
-                                AND q.id = ANY (v_other_ids)
-            JOIN courier.endpoints e ON e.id = q.endpoint_id
-        ),
-        failures AS (
-            SELECT r.endpoint_id,
-                   count(*) FILTER (WHERE r.outcome = 'retryable') AS failures,
-                   count(*) FILTER (WHERE r.outcome <> 'snooze') AS all_failures,
-                   bool_or(r.outcome = 'disable') AS gone,
-                   (array_agg(r.error ORDER BY r.id DESC) FILTER (WHERE r.outcome <> 'snooze'))[1] AS last_error
-            FROM reported r GROUP BY r.endpoint_id
-        ),
-        per_endpoint AS (
-            SELECT e.id AS endpoint_id, e.name, e.config, e.last_success_at,
-                   coalesce(s.n, 0) AS successes, coalesce(f.failures, 0) AS failures,
-                   coalesce(f.all_failures, 0) AS all_failures, coalesce(f.gone, false) AS gone, f.last_error
-            FROM failures f
-            FULL JOIN unnest(v_success_endpoints, v_success_counts) AS s(endpoint_id, n)
-                 ON s.endpoint_id = f.endpoint_id
-            JOIN courier.endpoints e ON e.id = coalesce(f.endpoint_id, s.endpoint_id)
-        )
-        SELECT array_agg(id ORDER BY id), array_agg(lease ORDER BY id), array_agg(outcome ORDER BY id),
-               array_agg(error ORDER BY id), array_agg(delay ORDER BY id), array_agg(retry_after ORDER BY id),
-               array_agg(outcome IN ('permanent', 'disable') OR (outcome = 'retryable' AND exhausted) ORDER BY id),
-               (SELECT jsonb_agg(to_jsonb(p) ORDER BY p.endpoint_id) FROM per_endpoint p)
-        INTO v_failed_ids, v_failed_leases, v_failed_outcomes, v_failed_errors, v_failed_delays, v_failed_retry_after,
-             v_failed_dead, v_endpoints
-        FROM reported;
-    ELSE
-        SELECT jsonb_agg(jsonb_build_object('endpoint_id', e.id, 'name', e.name, 'config', e.config,
-                                            'last_success_at', e.last_success_at, 'successes', s.n, 'failures', 0,
-                                            'all_failures', 0, 'gone', false) ORDER BY e.id)
-        INTO v_endpoints
-        FROM unnest(v_success_endpoints, v_success_counts) AS s(endpoint_id, n)
-        JOIN courier.endpoints e ON e.id = s.endpoint_id;
     END IF;
+    -- Decide everything up front from one read of the failures' rows (none when there are none:
+    -- then only the successes' endpoints). The writes below repeat the lease check, so a claim
+    -- recovered and handed on meanwhile is never touched.
+    WITH reported AS (
+        -- A broker client's error often quotes the URL it used: redacted before anything stores it.
+        SELECT u.id, u.lease, u.outcome, courier._redact_text(u.error) AS error, q.endpoint_id,
+               CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400) END AS retry_after,
+               q.retry_count + 1 > coalesce(q.max_retries, (e.retry_policy ->> 'max_retries')::integer,
+                                            v_default_max_retries) AS exhausted,
+               CASE WHEN u.outcome = 'retryable' THEN
+                   CASE WHEN u.retry_after IS NOT NULL THEN least(greatest(u.retry_after, 0), 86400)
+                        ELSE courier.retry_delay(e.retry_policy, q.retry_count) END
+                    WHEN u.outcome = 'snooze' THEN least(greatest(coalesce(u.retry_after, 0), 0), 86400)
+               END AS delay
+        FROM unnest(v_other_ids, v_other_leases, v_other_outcomes, v_other_errors, v_other_retry_after)
+             AS u(id, lease, outcome, error, retry_after)
+        JOIN courier.queue q ON q.id = u.id AND q.lease = u.lease AND q.status = v_processing
+                            AND q.id = ANY (v_other_ids)
+        JOIN courier.endpoints e ON e.id = q.endpoint_id
+    ),
+    failures AS (
+        SELECT r.endpoint_id,
+               count(*) FILTER (WHERE r.outcome = 'retryable') AS failures,
+               count(*) FILTER (WHERE r.outcome <> 'snooze') AS all_failures,
+               bool_or(r.outcome = 'disable') AS gone,
+               (array_agg(r.error ORDER BY r.id DESC) FILTER (WHERE r.outcome <> 'snooze'))[1] AS last_error
+        FROM reported r GROUP BY r.endpoint_id
+    ),
+    per_endpoint AS (
+        SELECT e.id AS endpoint_id, e.name, e.config, e.last_success_at,
+               coalesce(s.n, 0) AS successes, coalesce(f.failures, 0) AS failures,
+               coalesce(f.all_failures, 0) AS all_failures, coalesce(f.gone, false) AS gone, f.last_error
+        FROM failures f
+        FULL JOIN unnest(v_success_endpoints, v_success_counts) AS s(endpoint_id, n)
+             ON s.endpoint_id = f.endpoint_id
+        JOIN courier.endpoints e ON e.id = coalesce(f.endpoint_id, s.endpoint_id)
+    )
+    SELECT array_agg(id ORDER BY id), array_agg(lease ORDER BY id), array_agg(outcome ORDER BY id),
+           array_agg(error ORDER BY id), array_agg(delay ORDER BY id), array_agg(retry_after ORDER BY id),
+           array_agg(outcome IN ('permanent', 'disable') OR (outcome = 'retryable' AND exhausted) ORDER BY id),
+           (SELECT jsonb_agg(to_jsonb(p) ORDER BY p.endpoint_id) FROM per_endpoint p)
+    INTO v_failed_ids, v_failed_leases, v_failed_outcomes, v_failed_errors, v_failed_delays, v_failed_retry_after,
+         v_failed_dead, v_endpoints
+    FROM reported;
 
     IF v_failed_ids IS NULL THEN
         retried := 0;
@@ -721,7 +716,7 @@ BEGIN
         FROM unnest(v_failed_ids, v_failed_leases, v_failed_outcomes, v_failed_errors, v_failed_delays,
                     v_failed_retry_after, v_failed_dead)
              AS f(id, lease, outcome, error, delay, retry_after, dead)
-        WHERE q.id = f.id AND q.id = ANY (v_failed_ids) AND q.lease = f.lease AND q.status = 'processing'
+        WHERE q.id = f.id AND q.id = ANY (v_failed_ids) AND q.lease = f.lease AND q.status = v_processing
         RETURNING q.id, f.dead
         )
         SELECT count(*), array_agg(id) FILTER (WHERE dead) INTO v_failed_n, v_dead_ids FROM failed;
